@@ -1,0 +1,97 @@
+"""Linux CPU and NUMA-node sets: list strings (`0-23,96-119`) and bitmasks.
+
+Three spellings of one thing: the kernel's list format (`local_cpulist`, `nvidia-smi` affinity
+cells), the kernel's hex mask (`local_cpus`: 32-bit words, most significant first, comma separated)
+and NVML's `nvmlDeviceGetCpuAffinity` array (unsigned longs, least significant first).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from parsers.errors import ParseError
+
+# A CPU or node number beyond this is not a real machine; bounding it keeps `0-999999999` from
+# allocating a huge set out of untrusted text.
+MAX_CPU = 1 << 16
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?")
+
+
+def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
+    """Parse a kernel list string (`0-3,8,10-11`, stride groups `0-15:2/4`); empty means no CPUs.
+
+    Raises ParseError naming `field` on anything else.
+    """
+    text = text.strip()
+    if not text:
+        return frozenset()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        match = _RANGE.fullmatch(part.strip())
+        if match is None:
+            raise ParseError(f"{part!r} is not a CPU number or range", field=field)
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise ParseError(f"range {part!r} runs backwards", field=field)
+        if last >= MAX_CPU:
+            raise ParseError(f"{last} is beyond the largest CPU number {MAX_CPU - 1}", field=field)
+        if match.group(3) is None:
+            cpus.update(range(first, last + 1))
+            continue
+        used, group = int(match.group(3)), int(match.group(4))
+        if group == 0 or used > group:
+            raise ParseError(f"stride {part!r} is not used/group with 0 < used <= group", field=field)
+        cpus.update(c for c in range(first, last + 1) if (c - first) % group < used)
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """The canonical list string: ascending, consecutive numbers merged into ranges."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def canonical_cpulist(text: str, *, field: str = "cpulist") -> str:
+    """Rewrite a list string in canonical form (`1-1` becomes `1`). Raises ParseError."""
+    return format_cpulist(parse_cpulist(text, field=field))
+
+
+def parse_cpumask(text: str, *, field: str = "cpumask") -> frozenset[int]:
+    """Parse the kernel's hex mask (`ffff,0000ffff`, words of 32 bits, most significant first).
+
+    Raises ParseError naming `field`.
+    """
+    words = text.strip().split(",")
+    if not words or any(not re.fullmatch(r"[0-9a-fA-F]{1,8}", w) for w in words):
+        raise ParseError(f"{text.strip()!r} is not a comma-separated hex CPU mask", field=field)
+    if len(words) * 32 > MAX_CPU:
+        raise ParseError(f"mask of {len(words)} words is longer than any machine", field=field)
+    cpus: set[int] = set()
+    for position, word in enumerate(reversed(words)):
+        value = int(word, 16)
+        cpus.update(position * 32 + bit for bit in range(32) if value >> bit & 1)
+    return frozenset(cpus)
+
+
+def cpus_from_mask_words(words: Sequence[int], *, word_bits: int = 64) -> frozenset[int]:
+    """CPUs set in NVML's affinity array: unsigned longs, least significant word first.
+
+    Raises ParseError for a negative word or one wider than `word_bits`.
+    """
+    cpus: set[int] = set()
+    for position, word in enumerate(words):
+        if word < 0 or word >> word_bits:
+            raise ParseError(f"mask word {word:#x} does not fit {word_bits} bits", field="cpumask")
+        cpus.update(position * word_bits + bit for bit in range(word_bits) if word >> bit & 1)
+    return frozenset(cpus)

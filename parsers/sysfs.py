@@ -1,0 +1,56 @@
+"""Values of single sysfs files, as text: ids, classes, `numa_node`, NUMA `distance` rows.
+
+The caller reads the file; these functions only judge the text. Unknown is None, never -1.
+"""
+
+from __future__ import annotations
+
+from parsers.errors import ParseError
+
+
+def parse_int(text: str, *, field: str) -> int:
+    """A decimal integer file. Raises ParseError naming `field`."""
+    value = text.strip()
+    try:
+        return int(value, 10)
+    except ValueError:
+        raise ParseError(f"{value!r} is not an integer", field=field) from None
+
+
+def parse_hex(text: str, *, field: str) -> int:
+    """A `0x`-prefixed hex file such as `vendor` (`0x10de`) or `class` (`0x030200`).
+
+    Raises ParseError naming `field`.
+    """
+    value = text.strip()
+    try:
+        if not value.lower().startswith("0x"):
+            raise ValueError
+        return int(value, 16)
+    except ValueError:
+        raise ParseError(f"{value!r} is not a 0x-prefixed hex number", field=field) from None
+
+
+def parse_numa_node(text: str, *, field: str = "numa_node") -> int | None:
+    """A device's `numa_node`: -1 (no locality reported: VMs, single-socket boards) is None.
+
+    Raises ParseError naming `field` for a non-integer or a number below -1.
+    """
+    node = parse_int(text, field=field)
+    if node < -1:
+        raise ParseError(f"{node} is not a NUMA node", field=field)
+    return None if node == -1 else node
+
+
+def parse_distance_row(text: str, *, field: str = "distance") -> tuple[int, ...]:
+    """A NUMA node's `distance` file: space-separated SLIT distances (`10 21`).
+
+    Raises ParseError naming `field`.
+    """
+    parts = text.split()
+    if not parts:
+        raise ParseError("empty distance row", field=field)
+    row = tuple(parse_int(p, field=field) for p in parts)
+    if any(d < 0 or d > 255 for d in row):
+        raise ParseError(f"{text.strip()!r}: SLIT distances lie in 0..255", field=field)
+    return row

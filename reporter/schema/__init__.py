@@ -1,0 +1,1 @@
+"""The one topology model and its projections: schema v1 JSON, labels, the matrix text."""
