@@ -1,0 +1,66 @@
+"""The exception tree of topo-reporter. Library errors are mapped onto it once, at the boundary.
+
+    TopoReporterError                 anything we raise on purpose; the CLI prints it as one line
+    ├── ConfigError                   a bad flag, environment variable or settings file
+    ├── InputError                    a file or annotation we were handed does not read
+    │   └── SchemaError               JSON that is not valid schema v1 (names the field)
+    ├── CollectError                  a source failed as a whole
+    │   └── NvmlUnavailable           NVML could not be initialised (driver, runtime, permissions)
+    └── PublishError                  the Kubernetes API refused or could not be reached
+        ├── ApiTransientError         worth retrying: connection, timeout, 429, 5xx, 409
+        └── ApiPermanentError         not worth retrying until something changes: 401, 403, 404, 422
+
+Every message is written for the person who has to act on it: what happened and what to do.
+"""
+
+from __future__ import annotations
+
+
+class TopoReporterError(Exception):
+    """Base of every error topo-reporter raises on purpose."""
+
+
+class ConfigError(TopoReporterError):
+    """A setting is missing or invalid."""
+
+
+class InputError(TopoReporterError):
+    """Input handed to us (a file, stdin, an annotation) cannot be read."""
+
+
+class SchemaError(InputError):
+    """A topology document does not validate against schema v1."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class CollectError(TopoReporterError):
+    """A collector could not observe the machine at all."""
+
+
+class NvmlUnavailable(CollectError):
+    """NVML did not initialise; the message says what to check."""
+
+
+class PublishError(TopoReporterError):
+    """Publishing to the Kubernetes API failed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ApiTransientError(PublishError):
+    """A failure that a retry may cure (connection refused, timeout, 429, 5xx, 409 conflict)."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status=status)
+
+
+class ApiPermanentError(PublishError):
+    """A failure no retry cures until an operator acts (401, 403, 404, 422)."""
