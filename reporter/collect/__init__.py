@@ -1,0 +1,56 @@
+"""Sources of topology: NVML, sysfs, and simulated machines.
+
+A scan asks each source in turn and says, per source, whether it observed the machine (`ok`),
+found nothing to observe (`no_data`: no GPU is not a failure) or failed (`failed`, with the reason).
+The agent decides what to publish from that; a collector never decides to publish nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from reporter.schema.model import Topology
+
+
+class SourceState(enum.Enum):
+    OK = "ok"
+    NO_DATA = "no_data"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """What one source did during one scan."""
+
+    name: str
+    """`nvml` or `sysfs`."""
+    state: SourceState
+    duration_s: float
+    error: str | None = None
+    """For FAILED: one line saying what happened and what to check."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """The merged topology of one scan and how each source fared."""
+
+    topology: Topology | None
+    """None when no source observed anything usable."""
+    sources: tuple[SourceStatus, ...]
+
+    @property
+    def failed(self) -> tuple[SourceStatus, ...]:
+        return tuple(s for s in self.sources if s.state is SourceState.FAILED)
+
+    @property
+    def degraded(self) -> bool:
+        """A source that should have answered failed (NVML did not load, sysfs unreadable)."""
+        return bool(self.failed)
+
+
+class Scanner(Protocol):
+    """Anything that can scan the machine; the agent's only view of the collectors."""
+
+    def scan(self) -> ScanResult: ...
