@@ -30,7 +30,8 @@ def sysfs_entries(machine: Machine) -> tuple[dict[str, str], dict[str, str]]:
     for node in machine.numa_nodes:
         base = f"devices/system/node/node{node.id}"
         files[f"{base}/cpulist"] = format_cpulist(node.cpus) + "\n"
-        files[f"{base}/distance"] = " ".join(str(d) for d in node.distances) + "\n"
+        if node.distances:
+            files[f"{base}/distance"] = " ".join(str(d) for d in node.distances) + "\n"
     return files, links
 
 
