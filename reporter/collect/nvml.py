@@ -140,14 +140,14 @@ class NvmlCollector:
         handles: list[Any] = []
         gpus: list[Gpu] = []
         for index in range(count):
+            handle = None
             try:
                 handle = self._call(index, "nvmlDeviceGetHandleByIndex", index)
-                handles.append(handle)
                 gpus.append(self._gpu(index, handle))
             except _GpuLost:
                 log.warning("nvml_gpu_lost", gpu=index)
-                handles.append(None)
                 gpus.append(Gpu(index=index, lost=True))
+            handles.append(handle)
         pcie = self._pcie(handles, gpus)
         nvlinks, nvswitch = self._nvlinks(handles, gpus)
         links = tuple(
@@ -332,7 +332,9 @@ class NvmlCollector:
             except n.NVMLError_GpuIsLost as e:
                 raise _GpuLost("nvmlDeviceGetNvLinkState") from e
             except n.NVMLError as e:
-                raise CollectError(f"NVML NVLink {link} state on GPU {index} failed: {e}") from e
+                raise CollectError(
+                    f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"
+                ) from e
             if state != n.NVML_FEATURE_ENABLED:
                 continue
             info = self._call(index, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
