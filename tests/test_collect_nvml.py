@@ -14,6 +14,7 @@ from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.errors import CollectError, NvmlUnavailable
+from reporter.hostfs import DirHostFS
 from reporter.schema.model import Source, Topology
 
 
@@ -120,7 +121,9 @@ def test_gpu_is_lost_from_any_call_marks_only_that_gpu(function: str) -> None:
     assert topology.links[0][2].token == "SYS"
 
 
-@pytest.mark.parametrize("code", [fake.NVML_ERROR_NOT_SUPPORTED, fake.NVML_ERROR_FUNCTION_NOT_FOUND])
+@pytest.mark.parametrize(
+    "code", [fake.NVML_ERROR_NOT_SUPPORTED, fake.NVML_ERROR_FUNCTION_NOT_FOUND]
+)
 @pytest.mark.parametrize(
     ("function", "field", "value"),
     [
@@ -241,13 +244,9 @@ def test_nvml_shuts_down_after_each_collect() -> None:
 
 def test_a_node_without_nvidia_gpus_and_without_nvml_is_no_data(tmp_path: Path) -> None:
     (tmp_path / "bus/pci/devices").mkdir(parents=True)
-    from reporter.hostfs import DirHostFS
-
     machine = load_machine("single-gpu")
     faults = Faults(init=fake.NVML_ERROR_LIBRARY_NOT_FOUND)
-    result = CollectorScanner(
-        "auto", DirHostFS(tmp_path), lambda: FakeNvml(machine, faults)
-    ).scan()
+    result = CollectorScanner("auto", DirHostFS(tmp_path), lambda: FakeNvml(machine, faults)).scan()
     assert result.topology is None
     assert [s.state for s in result.sources] == [SourceState.NO_DATA, SourceState.NO_DATA]
     assert not result.degraded

@@ -10,7 +10,7 @@ import pytest
 
 from parsers.nvsmi import parse_topo
 from reporter.collect.simulate.machine import load_machine
-from reporter.collect.simulate.sysfs_tree import sysfs_entries
+from reporter.collect.simulate.sysfs_tree import sysfs_entries, write_tree
 from reporter.collect.sysfs import SysfsCollector
 from reporter.errors import CollectError
 from reporter.hostfs import DirHostFS, MemoryHostFS
@@ -38,7 +38,12 @@ def test_the_asus_tree_gives_the_same_matrix_as_nvidia_smi_on_that_host() -> Non
         (n.name, n.links, n.peers) for n in real.nics
     ]
     assert [(g.cpus, g.numa) for g in ours.gpus] == [(g.cpus, g.numa) for g in real.gpus]
-    assert [g.pci for g in ours.gpus] == ["0000:01:00.0", "0000:41:00.0", "0000:c1:00.0", "0000:e1:00.0"]
+    assert [g.pci for g in ours.gpus] == [
+        "0000:01:00.0",
+        "0000:41:00.0",
+        "0000:c1:00.0",
+        "0000:e1:00.0",
+    ]
     assert [n.distances for n in ours.numa_nodes] == [(10, 32), (32, 10)]
 
 
@@ -147,8 +152,6 @@ def test_the_memory_tree_resolves_like_the_disk_tree(tmp_path: Path) -> None:
     machine = load_machine("dgx-a100")
     files, links = sysfs_entries(machine)
     memory = MemoryHostFS(files, links)
-    from reporter.collect.simulate.sysfs_tree import write_tree
-
     write_tree(machine, tmp_path)
     disk = DirHostFS(tmp_path)
     for path in ["bus/pci/devices/0000:c1:00.0", "class/infiniband/mlx5_3/device"]:

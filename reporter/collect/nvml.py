@@ -1,4 +1,4 @@
-"""The NVML collector: GPUs, their PCIe paths, NVLink bonds and affinity, as the driver reports them.
+"""The NVML collector: GPUs, their PCIe paths, NVLinks and affinity, as the driver reports them.
 
 This is the only module that imports `pynvml` (PyPI `nvidia-ml-py`, never the deprecated `pynvml`
 package). The collector is handed the NVML module object, so the simulated machine's fake runs
@@ -11,9 +11,9 @@ check. It never writes anything and never decides what gets published.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import uuid
 from collections.abc import Callable
-import dataclasses
 from typing import Any, TypeVar
 
 import structlog
@@ -41,9 +41,9 @@ _FALLBACK_WORDS = 64
 _WORD_BITS = 64
 
 _INIT_HINT = (
-    "check that the NVIDIA driver is loaded on the node (nvidia-smi works there), that the pod runs "
-    "with the NVIDIA container runtime (runtimeClassName: nvidia), NVIDIA_VISIBLE_DEVICES=all and "
-    "NVIDIA_DRIVER_CAPABILITIES including utility"
+    "check that the NVIDIA driver is loaded on the node (nvidia-smi works there), that the pod "
+    "runs with the NVIDIA container runtime (runtimeClassName: nvidia), "
+    "NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES including utility"
 )
 
 
@@ -61,7 +61,7 @@ def load_pynvml() -> NvmlModule:
     return pynvml
 
 
-class _GpuLost(Exception):
+class _GpuLostError(Exception):
     """Internal: a call said the GPU fell off the bus."""
 
 
@@ -79,7 +79,7 @@ class NvmlCollector:
         return (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound, n.NVMLError_NoData)
 
     def _call(self, gpu: int | None, function: str, *args: Any) -> Any:
-        """Call `function`; NotSupported/FunctionNotFound give None, GpuIsLost raises _GpuLost.
+        """Call `function`; NotSupported/FunctionNotFound give None, GpuIsLost raises _GpuLostError.
 
         Any other NVML error fails the source: CollectError naming the call and the GPU.
         """
@@ -87,7 +87,7 @@ class NvmlCollector:
         try:
             return getattr(n, function)(*args)
         except n.NVMLError_GpuIsLost as e:
-            raise _GpuLost(function) from e
+            raise _GpuLostError(function) from e
         except self._degradable():
             log.debug("nvml_field_unavailable", function=function, gpu=gpu)
             return None
@@ -104,7 +104,7 @@ class NvmlCollector:
             except n.NVMLError_FunctionNotFound:
                 continue
             except n.NVMLError_GpuIsLost as e:
-                raise _GpuLost(function) from e
+                raise _GpuLostError(function) from e
             except self._degradable():
                 return None
             except n.NVMLError as e:
@@ -132,7 +132,6 @@ class NvmlCollector:
                 log.warning("nvml_shutdown_failed", error=str(e))
 
     def _collect(self) -> Topology | None:
-        n = self._nvml
         driver = self._call(None, "nvmlSystemGetDriverVersion")
         count = self._call(None, "nvmlDeviceGetCount")
         if not count:
@@ -144,7 +143,7 @@ class NvmlCollector:
             try:
                 handle = self._call(index, "nvmlDeviceGetHandleByIndex", index)
                 gpus.append(self._gpu(index, handle))
-            except _GpuLost:
+            except _GpuLostError:
                 log.warning("nvml_gpu_lost", gpu=index)
                 gpus.append(Gpu(index=index, lost=True))
             handles.append(handle)
@@ -170,7 +169,7 @@ class NvmlCollector:
         )
 
     def _gpu(self, index: int, handle: Any) -> Gpu:
-        """One GPU's identity and locality. Raises _GpuLost."""
+        """One GPU's identity and locality. Raises _GpuLostError."""
         n = self._nvml
         uuid_ = self._call(index, "nvmlDeviceGetUUID", handle)
         name = self._call(index, "nvmlDeviceGetName", handle)
@@ -230,7 +229,9 @@ class NvmlCollector:
         if node is None:
             return nodes or None
         if nodes and node not in nodes:
-            log.warning("nvml_sysfs_disagree", gpu=index, field="numa", sysfs=node, nvml=sorted(nodes))
+            log.warning(
+                "nvml_sysfs_disagree", gpu=index, field="numa", sysfs=node, nvml=sorted(nodes)
+            )
         return nodes if node in nodes else frozenset({node})
 
     def _cpus(self, index: int, handle: Any, pci: str | None) -> frozenset[int] | None:
@@ -283,7 +284,7 @@ class NvmlCollector:
             return Link(LinkKind.SYS)
         try:
             level = self._call(i, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
-        except _GpuLost:
+        except _GpuLostError:
             log.warning("nvml_gpu_lost", gpu=f"{i} or {j}", function="common ancestor")
             return Link(LinkKind.SYS)
         if level is None:
@@ -308,7 +309,7 @@ class NvmlCollector:
                         switch_links[i] += 1
                     elif remote in by_pci and by_pci[remote] != i:
                         direct[i][by_pci[remote]] += 1
-            except _GpuLost:
+            except _GpuLostError:
                 log.warning("nvml_gpu_lost", gpu=i, function="nvlink")
                 gpus[i] = dataclasses.replace(gpus[i], lost=True)
                 direct[i] = [0] * count
@@ -330,7 +331,7 @@ class NvmlCollector:
             except (n.NVMLError_InvalidArgument, n.NVMLError_NotSupported):
                 continue  # the binding's maximum is not the hardware's: no such link
             except n.NVMLError_GpuIsLost as e:
-                raise _GpuLost("nvmlDeviceGetNvLinkState") from e
+                raise _GpuLostError("nvmlDeviceGetNvLinkState") from e
             except n.NVMLError as e:
                 raise CollectError(
                     f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"

@@ -109,7 +109,7 @@ def _log_disagreements(nvml: Topology, view: SysfsView) -> None:
         for b in nvml.gpus:
             if a.index >= b.index or a.pci not in index or b.pci not in index:
                 continue
-            ours = sysfs_pcie[index[a.pci]][index[b.pci]]  # type: ignore[index]
+            ours = sysfs_pcie[index[a.pci]][index[b.pci]]
             theirs = nvml.pcie[a.index][b.index]
             if ours != theirs:
                 log.warning(

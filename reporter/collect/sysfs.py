@@ -69,9 +69,7 @@ def path_class(a: PciPlacement, b: PciPlacement) -> Link:
         same_node = a.numa is not None and a.numa == b.numa and a.domain == b.domain
         return Link(LinkKind.NODE if same_node else LinkKind.SYS)
     shared = 0
-    while (
-        shared < min(len(a.bridges), len(b.bridges)) and a.bridges[shared] == b.bridges[shared]
-    ):
+    while shared < min(len(a.bridges), len(b.bridges)) and a.bridges[shared] == b.bridges[shared]:
         shared += 1
     if shared == 0:
         return Link(LinkKind.PHB)
@@ -103,9 +101,7 @@ class SysfsView:
     def pcie(self) -> tuple[tuple[Link, ...], ...]:
         """The GPU PCIe matrix in PCI bus order (NVML's index order)."""
         return tuple(
-            tuple(
-                SELF if i == j else path_class(a.place, b.place) for j, b in enumerate(self.gpus)
-            )
+            tuple(SELF if i == j else path_class(a.place, b.place) for j, b in enumerate(self.gpus))
             for i, a in enumerate(self.gpus)
         )
 

@@ -1,10 +1,10 @@
 """A fake `pynvml` module built from a simulated machine, with faults one can inject.
 
-It has the real binding's function names, argument order, return types (str, ints, ctypes arrays
-and structures with the same field names, `busId` as bytes) and exceptions (`NVMLError` with
+It has the real binding's function names, argument order, return types (str, ints, ctypes
+arrays and structures with the same field names, `busId` as bytes) and exceptions (`NVMLError` with
 `.value`, one subclass per `NVML_ERROR_*`, built the way nvidia-ml-py 13 builds them, so
 `NVMLError(15)` is an `NVMLError_GpuIsLost`). The NVML collector is handed this object instead of
-the `pynvml` module and runs unchanged. It never imports `pynvml`: only `reporter.collect.nvml` does.
+the `pynvml` module and runs unchanged. It never imports `pynvml`: only reporter.collect.nvml does.
 """
 
 from __future__ import annotations
@@ -79,9 +79,8 @@ class NVMLError(Exception):
     value: int
 
     def __new__(cls, value: int) -> NVMLError:
-        if cls is NVMLError:
-            cls = NVMLError._valClassMapping.get(value, cls)
-        obj = Exception.__new__(cls)
+        target = NVMLError._valClassMapping.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(target)
         obj.value = value
         return obj
 
@@ -105,8 +104,8 @@ def _error_classes() -> dict[str, type[NVMLError]]:
         )
 
         def make_new(val: int) -> Any:
-            def new(cls: type[NVMLError], *args: object) -> NVMLError:
-                obj = Exception.__new__(cls)
+            def new(error_class: type[NVMLError], *args: object) -> NVMLError:
+                obj = Exception.__new__(error_class)
                 obj.value = val
                 return obj
 
@@ -237,11 +236,6 @@ def common_ancestor_level(a: PciFunction, b: PciFunction) -> int:
 class FakeNvml:
     """A stand-in for the `pynvml` module, answering for one simulated machine."""
 
-    NVMLError = NVMLError
-    nvmlPciInfo_t = nvmlPciInfo_t
-    c_nvmlMemory_t = c_nvmlMemory_t
-    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t
-
     def __init__(
         self,
         machine: Machine,
@@ -258,8 +252,16 @@ class FakeNvml:
         for name in dir(module):
             if name.startswith("NVML_") and name != "NVML_NVLINK_MAX_LINKS":
                 setattr(self, name, getattr(module, name))
-        for name, cls in ERROR_CLASSES.items():
-            setattr(self, name, cls)
+        # The binding's error classes and structures, under the binding's names.
+        exported: dict[str, Any] = {
+            **ERROR_CLASSES,
+            "NVMLError": NVMLError,
+            "nvmlPciInfo_t": nvmlPciInfo_t,
+            "c_nvmlMemory_t": c_nvmlMemory_t,
+            "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfoV_t,
+        }
+        for name, value in exported.items():
+            setattr(self, name, value)
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -366,24 +368,32 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlDeviceGetCpuAffinityWithinScope(  # noqa: N802
-        self, handle: FakeHandle, cpuSetSize: int, scope: int  # noqa: N803 (the binding's name)
+        self,
+        handle: FakeHandle,
+        cpu_set_size: int,
+        scope: int,
     ) -> ctypes.Array[ctypes.c_ulonglong]:
         self._enter("nvmlDeviceGetCpuAffinityWithinScope", handle)
         self._check_scope(scope)
-        return _mask(self.machine.cpus_of(self._gpu(handle)[0].memory_affinity), cpuSetSize)
+        return _mask(self.machine.cpus_of(self._gpu(handle)[0].memory_affinity), cpu_set_size)
 
     def nvmlDeviceGetCpuAffinity(  # noqa: N802
-        self, handle: FakeHandle, cpuSetSize: int  # noqa: N803
+        self,
+        handle: FakeHandle,
+        cpu_set_size: int,
     ) -> ctypes.Array[ctypes.c_ulonglong]:
         self._enter("nvmlDeviceGetCpuAffinity", handle)
-        return _mask(self.machine.cpus_of(self._gpu(handle)[0].memory_affinity), cpuSetSize)
+        return _mask(self.machine.cpus_of(self._gpu(handle)[0].memory_affinity), cpu_set_size)
 
     def nvmlDeviceGetMemoryAffinity(  # noqa: N802
-        self, handle: FakeHandle, nodeSetSize: int, scope: int  # noqa: N803
+        self,
+        handle: FakeHandle,
+        node_set_size: int,
+        scope: int,
     ) -> ctypes.Array[ctypes.c_ulonglong]:
         self._enter("nvmlDeviceGetMemoryAffinity", handle)
         self._check_scope(scope)
-        return _mask(self._gpu(handle)[0].memory_affinity or frozenset(), nodeSetSize)
+        return _mask(self._gpu(handle)[0].memory_affinity or frozenset(), node_set_size)
 
     def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetNumaNodeId", handle)
@@ -392,13 +402,13 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return int(node)
 
-    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, gpuFabricInfo: Any) -> int:  # noqa: N802, N803
+    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, fabric_info: Any) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetGpuFabricInfoV", device)
         clique = self._gpu(device)[0].clique
         if clique is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         # The binding hands the argument straight to C, so callers pass ctypes.byref(info).
-        info = gpuFabricInfo._obj
+        info = fabric_info._obj
         cluster, clique_id = clique
         info.clusterUuid[:] = list(bytes.fromhex(cluster.replace("-", "")))
         info.status = NVML_SUCCESS

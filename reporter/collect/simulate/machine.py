@@ -218,7 +218,10 @@ def _build(name: str, data: Any) -> Machine:
         gpus.append(
             GpuSpec(
                 index=f.gpu,
-                uuid=str(spec.get("uuid") or f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'topo-reporter/{name}/{f.gpu}')}"),
+                uuid=str(
+                    spec.get("uuid")
+                    or f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'topo-reporter/{name}/{f.gpu}')}"
+                ),
                 model=str(spec["model"]),
                 mem_mib=int(spec["mem_mib"]),
                 mig=None if spec.get("mig") is None else bool(spec["mig"]),
@@ -346,8 +349,7 @@ class _TreeBuilder:
 
     @staticmethod
     def _only_child(port: Mapping[str, Any]) -> Mapping[str, Any]:
-        child = {k: v for k, v in port.items() if k not in ("at", "bus")}
-        return child
+        return {k: v for k, v in port.items() if k not in ("at", "bus")}
 
     def _place(self, node: Mapping[str, Any], bus: int, parent: str, hops: tuple[int, ...]) -> None:
         """Put the device `node` at slot 00.0 of `bus` behind the bridge at `parent`."""
@@ -375,7 +377,7 @@ class _TreeBuilder:
     def _endpoint(
         self, node: Mapping[str, Any], bus: int, slot: str, parent: str, hops: tuple[int, ...]
     ) -> None:
-        dev = slot.split(".")[0]
+        dev = slot.split(".", maxsplit=1)[0]
 
         def add(fn: int, vendor: int, pci_class: int, **role: Any) -> None:
             address = self._address(bus, f"{dev}.{fn}")
