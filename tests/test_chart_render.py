@@ -152,6 +152,8 @@ def test_policy_binding_denies_and_names_the_policy(default: Rendered) -> None:
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy["spec"]["failurePolicy"] == "Fail"
+    # The API server rejects a validation message holding a line break.
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
     assert policy["spec"]["matchConstraints"]["resourceRules"] == [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
     ]
