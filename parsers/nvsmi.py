@@ -45,7 +45,7 @@ class TopoMatrix:
     nic_links: tuple[tuple[Link, ...], ...]
     """Per NIC, its path to each GPU."""
     nic_peers: tuple[tuple[Link, ...] | None, ...]
-    """Per NIC, its path to each NIC; None where the text says `N/A` (topo-reporter's own render)."""
+    """Per NIC, its path to each NIC; None where the text says `N/A` (our own render only)."""
     cpu_affinity: tuple[frozenset[int] | None, ...]
     numa_affinity: tuple[frozenset[int] | None, ...]
     gpu_numa_id: tuple[int | None, ...]
@@ -120,8 +120,9 @@ def _parse_block(lines: list[str], h: int) -> TopoMatrix:
     _check_labels(rows, h)
     columns = "".join(labels)
     start = header.find(columns)
-    if start < 0 or header[start + len(columns) :] and not _AFFINITY_TAIL.fullmatch(
+    if start < 0 or (
         header[start + len(columns) :]
+        and not _AFFINITY_TAIL.fullmatch(header[start + len(columns) :])
     ):
         _raise_header_mismatch(header, labels, rows, h)
     if start > 0 and not _only_noise(header[:start]):
@@ -143,8 +144,9 @@ def _parse_block(lines: list[str], h: int) -> TopoMatrix:
                     line=row.line,
                 )
             if cell is None and (r < n_gpus or c < n_gpus):
-                raise ParseError(f"{row.label}/{labels[c]} is N/A: GPU paths must be known",
-                                 line=row.line)
+                raise ParseError(
+                    f"{row.label}/{labels[c]} is N/A: GPU paths must be known", line=row.line
+                )
             if cell is not None and cell.is_nvlink and (r >= n_gpus or c >= n_gpus):
                 raise ParseError(
                     f"{row.label}/{labels[c]} is {cell.token}: a NIC is not reached over NVLink",
@@ -163,11 +165,10 @@ def _parse_block(lines: list[str], h: int) -> TopoMatrix:
     return TopoMatrix(
         gpu_links=tuple(tuple(_known(c) for c in matrix[g][:n_gpus]) for g in range(n_gpus)),
         nic_names=_nic_names(lines, rows, h, labels[n_gpus:]),
-        nic_links=tuple(
-            tuple(_known(c) for c in matrix[k][:n_gpus]) for k in range(n_gpus, size)
-        ),
+        nic_links=tuple(tuple(_known(c) for c in matrix[k][:n_gpus]) for k in range(n_gpus, size)),
         nic_peers=tuple(
-            None if any(c is None for c in matrix[k][n_gpus:])
+            None
+            if any(c is None for c in matrix[k][n_gpus:])
             else tuple(_known(c) for c in matrix[k][n_gpus:])
             for k in range(n_gpus, size)
         ),
@@ -283,7 +284,7 @@ def _row_cells(row: _Row, size: int) -> _SplitRow:
         )
     if len(split.cells) > size:
         raise ParseError(
-            f"row {row.label} has {len(split.cells)} path cells for {size} columns (damaged paste?)",
+            f"row {row.label} has {len(split.cells)} path cells for {size} columns (damaged?)",
             line=row.line,
         )
     return split
@@ -336,7 +337,7 @@ def _affinity(
     remaining = list(columns)
     if remaining and remaining[0] == "CPUAffinity" and cells:
         # nvidia-smi pads NUMA Affinity and GPU NUMA ID with extra tabs, never CPU Affinity: the
-        # first cell is the CPU list even when empty (a cgroup-confined job), the rest fill in order.
+        # first cell is the CPU list even when empty (cgroup-confined job); the rest fill in order.
         values[remaining.pop(0)] = cells.pop(0)
     for cell in (c for c in cells if c):
         if not remaining:
@@ -362,12 +363,15 @@ def _int(value: str | None, row: _Row) -> int | None:
     if value is None or value in ("", "N/A"):
         return None
     if not value.isdigit() or int(value) > 65535:
-        raise ParseError(f"{value!r} is not a NUMA node id", line=row.line,
-                         field=f"{row.label} GPU NUMA ID")
+        raise ParseError(
+            f"{value!r} is not a NUMA node id", line=row.line, field=f"{row.label} GPU NUMA ID"
+        )
     return int(value)
 
 
-def _nic_names(lines: list[str], rows: list[_Row], h: int, nic_labels: list[str]) -> tuple[str, ...]:
+def _nic_names(
+    lines: list[str], rows: list[_Row], h: int, nic_labels: list[str]
+) -> tuple[str, ...]:
     legend: dict[str, str] = {}
     in_legend = False
     for line in lines[rows[-1].line :]:

@@ -90,8 +90,8 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
         )
         if annotation is None:
             raise InputError(
-                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is topo-reporter "
-                "running on it, with this --prefix?"
+                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
+                "topo-reporter running on it, with this --prefix?"
             )
         try:
             doc = json.loads(annotation)
@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="topo-reporter",
         description="Publish the GPU topology of a Kubernetes node as labels and annotations.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('topo-reporter')}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version('topo-reporter')}"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     parse = commands.add_parser(

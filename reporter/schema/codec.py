@@ -1,10 +1,10 @@
 """Schema v1: the `topology` annotation, encoded and decoded.
 
-Encoding is byte-for-byte deterministic (fixed key order, no spaces, ASCII), so equal topologies give
-equal annotations and equal hashes on every machine. Decoding treats its input as untrusted: bounded
-in size, validated against the shipped JSON Schema, then checked for what a schema cannot say
-(square symmetric-shaped matrices, islands, hash); every rejection is a `SchemaError` naming the
-field. It never returns a partly decoded topology.
+Encoding is byte-for-byte deterministic (fixed key order, no spaces, ASCII), so equal topologies
+give equal annotations and equal hashes on every machine. Decoding treats its input as untrusted:
+bounded in size, validated against the shipped JSON Schema, then checked for what a schema cannot
+say (square matrices with X on the diagonal, islands, hash); every rejection is a `SchemaError`
+naming the field. It never returns a partly decoded topology.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     value = repr(error.instance)
     if len(value) > 80:
         value = value[:77] + "..."
-    return f"{value}: {error.message if len(error.message) < 160 else error.validator + ' failed'}"
+    return f"{value}: {error.message if len(error.message) < 160 else f'{error.validator} failed'}"
 
 
 def _cells(row: str, field: str) -> tuple[Link, ...]:

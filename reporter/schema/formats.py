@@ -7,7 +7,8 @@ import json
 import yaml
 
 from reporter.schema.codec import encode, to_document
-from reporter.schema.labels import annotations, labels, render_matrix
+from reporter.schema.labels import annotations as annotation_values
+from reporter.schema.labels import labels, render_matrix
 from reporter.schema.model import Topology
 
 FORMATS = ("json", "yaml", "matrix", "labels")
@@ -22,9 +23,7 @@ def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
     if fmt == "matrix":
         return render_matrix(topology)
     if fmt == "labels":
-        pairs = {**labels(topology, prefix), **annotations(topology, prefix)}
+        pairs = {**labels(topology, prefix), **annotation_values(topology, prefix)}
         # One key=value per line: a multi-line value (the matrix) is printed JSON-quoted.
-        return "".join(
-            f"{k}={json.dumps(v) if chr(10) in v else v}\n" for k, v in pairs.items()
-        )
+        return "".join(f"{k}={json.dumps(v) if chr(10) in v else v}\n" for k, v in pairs.items())
     raise ValueError(f"unknown format {fmt!r}")

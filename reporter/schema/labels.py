@@ -4,8 +4,6 @@ Label values obey Kubernetes' rules (at most 63 characters of `[A-Za-z0-9._-]`, 
 ends) by construction: they are small integers and fixed words. Nothing here reads the clock.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 
 from parsers.cpulist import format_cpulist
@@ -21,9 +19,7 @@ def interconnect(topology: Topology) -> str:
         return "unknown"
     if n <= 1:
         return "none"
-    all_pairs_nv = all(
-        topology.links[a][b].is_nvlink for a in range(n) for b in range(n) if a != b
-    )
+    all_pairs_nv = all(topology.links[a][b].is_nvlink for a in range(n) for b in range(n) if a != b)
     if topology.nvswitch and all_pairs_nv:
         return "nvswitch"
     if any(c.is_nvlink for row in topology.links for c in row):
@@ -73,9 +69,7 @@ def summary(topology: Topology) -> str:
     models = Counter(g.model or "GPU" for g in topology.gpus)
     parts = [", ".join(f"{count}x {model}" for model, count in models.items())]
     fabric = interconnect(topology)
-    counts = sorted(
-        {c.nvlinks for row in topology.links for c in row if c.is_nvlink}, reverse=True
-    )
+    counts = sorted({c.nvlinks for row in topology.links for c in row if c.is_nvlink}, reverse=True)
     bonds = "/".join(f"NV{k}" for k in counts)
     parts.append(
         {

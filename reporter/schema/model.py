@@ -165,7 +165,7 @@ def _nvlink_islands(links: Sequence[Sequence[Link]]) -> tuple[tuple[int, ...], .
         while stack:
             a = stack.pop()
             for b in range(n):
-                # Either side reporting NVLink joins the pair: a link down on one end still wires it.
+                # Either side reporting NVLink joins the pair: one end down still wires it.
                 if not seen[b] and (links[a][b].is_nvlink or links[b][a].is_nvlink):
                     seen[b] = True
                     stack.append(b)
