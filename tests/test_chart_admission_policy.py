@@ -197,20 +197,29 @@ def publish(prefix: str) -> Change:
     return change
 
 
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A rendered policy, the prefix and the agent username its values were rendered with."""
+
+    policy: PolicyEvaluator
+    prefix: str
+    agent: str
+
+
 @pytest.fixture(scope="module", params=["default", "custom prefix"])
-def policy(request: pytest.FixtureRequest) -> tuple[PolicyEvaluator, str]:
-    """The rendered policy with the default prefix, and with every option on (another prefix)."""
+def rendering(request: pytest.FixtureRequest) -> Rendering:
+    """The policy with default values, and with every option on (another prefix, SA `topo`)."""
     if request.param == "default":
-        rendered, prefix = render(api_versions=(VAP_API,)), "gpu.topology.io"
-    else:
-        rendered, prefix = render(ALL_ON, api_versions=(VAP_API,)), ALL_ON["agent"]["prefix"]
-    return PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")), prefix
-
-
-def agent_user(evaluator: PolicyEvaluator) -> str:
-    """The username the policy's matchCondition names (it differs with serviceAccount.name)."""
-    (condition,) = [e for e in evaluator.expressions if "request.userInfo.username" in e][:1]
-    return condition.split('"')[1]
+        rendered = render(api_versions=(VAP_API,))
+        return Rendering(
+            PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")), "gpu.topology.io", AGENT
+        )
+    rendered = render(ALL_ON, api_versions=(VAP_API,))
+    return Rendering(
+        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        ALL_ON["agent"]["prefix"],
+        f"system:serviceaccount:{NAMESPACE}:{ALL_ON['serviceAccount']['name']}",
+    )
 
 
 ALLOWED: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any]]]] = {
@@ -300,21 +309,19 @@ DENIED: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any]]], 
 
 
 @pytest.mark.parametrize("case", ALLOWED.keys())
-def test_agent_may_change_its_own_keys_on_its_own_node(
-    policy: tuple[PolicyEvaluator, str], case: str
-) -> None:
-    evaluator, prefix = policy
+def test_agent_may_change_its_own_keys_on_its_own_node(rendering: Rendering, case: str) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
     old, new = ALLOWED[case](prefix)
-    decision = evaluator.admit(request(old, new, username=agent_user(evaluator)))
+    decision = evaluator.admit(request(old, new, username=rendering.agent))
     assert decision == Decision(allowed=True, applies=True)
 
 
 @pytest.mark.parametrize("case", DENIED.keys())
-def test_agent_may_not_touch_anything_else(policy: tuple[PolicyEvaluator, str], case: str) -> None:
-    evaluator, prefix = policy
+def test_agent_may_not_touch_anything_else(rendering: Rendering, case: str) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
     make, reason = DENIED[case]
     old, new = make(prefix)
-    decision = evaluator.admit(request(old, new, username=agent_user(evaluator)))
+    decision = evaluator.admit(request(old, new, username=rendering.agent))
     assert not decision.allowed
     assert reason in decision.message
 
@@ -327,20 +334,20 @@ def test_agent_may_not_touch_anything_else(policy: tuple[PolicyEvaluator, str], 
         ({NODE_CLAIM: []}, "an empty node-name claim"),
         ({NODE_CLAIM: ["gpu-node-1", "gpu-node-2"]}, "a claim naming two nodes"),
     ],
-    ids=lambda v: v if isinstance(v, str) else "",
+    ids=["another node", "no node claim", "an empty node claim", "a claim naming two nodes"],
 )
 def test_agent_may_change_only_the_node_named_by_its_token(
-    policy: tuple[PolicyEvaluator, str], extra: dict[str, list[str]], reason: str
+    rendering: Rendering, extra: dict[str, list[str]], reason: str
 ) -> None:
-    evaluator, prefix = policy
+    evaluator, prefix = rendering.policy, rendering.prefix
     old, new = changed(publish(prefix))
-    decision = evaluator.admit(request(old, new, username=agent_user(evaluator), extra=extra))
+    decision = evaluator.admit(request(old, new, username=rendering.agent, extra=extra))
     assert not decision.allowed, reason
     assert "only the Node its pod runs on" in decision.message
 
 
-def test_other_users_are_not_judged_by_this_policy(policy: tuple[PolicyEvaluator, str]) -> None:
-    evaluator, _ = policy
+def test_other_users_are_not_judged_by_this_policy(rendering: Rendering) -> None:
+    evaluator = rendering.policy
     old, new = changed(lambda n: n["spec"].__setitem__("unschedulable", True))
     for user in ("system:node:gpu-node-1", "kubernetes-admin", "system:serviceaccount:other:tr"):
         assert evaluator.admit(request(old, new, username=user)) == Decision(
@@ -349,9 +356,9 @@ def test_other_users_are_not_judged_by_this_policy(policy: tuple[PolicyEvaluator
 
 
 def test_policy_prefix_is_the_configured_prefix_with_its_slash(
-    policy: tuple[PolicyEvaluator, str],
+    rendering: Rendering,
 ) -> None:
-    evaluator, prefix = policy
+    evaluator, prefix = rendering.policy, rendering.prefix
     assert f'"{prefix}/"' in evaluator.expressions
 
 
@@ -375,9 +382,9 @@ def _calls_and_roots(tree: Tree[Token]) -> tuple[set[str], set[str], set[str]]:
 
 
 def test_expressions_use_only_standard_cel_and_admission_variables(
-    policy: tuple[PolicyEvaluator, str],
+    rendering: Rendering,
 ) -> None:
-    evaluator, _ = policy
+    evaluator = rendering.policy
     env = celpy.Environment()
     for expression in evaluator.expressions:
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
