@@ -9,13 +9,16 @@ nothing itself; the agent (node-local findings, as Warning Events) and `topo-rep
 from __future__ import annotations
 
 import enum
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from parsers.kubelet import KubeletPolicies
+from reporter.errors import SchemaError
 from reporter.schema import keys
+from reporter.schema.codec import decode
 from reporter.schema.labels import gpus_per_numa
 from reporter.schema.model import Topology
 
@@ -308,3 +311,124 @@ def summarize(
     counts = Counter({code: len(n) for code, n in nodes.items()})
     order = sorted(nodes, key=lambda c: (-severity[c], -counts[c], c))
     return [(code, severity[code], sorted(nodes[code])) for code in order]
+
+
+AGENT_POD_LABEL = "app.kubernetes.io/name=topo-reporter"
+DEGRADED_REASON = "TopologyDegraded"
+
+
+class ClusterReader(Protocol):
+    """What the doctor reads from the API: nodes, the agent's pods, and Events on a node.
+
+    Each returns plain dicts as the API serves them; a read the caller may not make returns None
+    (RBAC lets many operators read nodes but not pods or events).
+    """
+
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def agent_pods(self, node: str) -> list[dict[str, Any]] | None: ...
+
+    def node_events(self, node: str) -> list[dict[str, Any]] | None: ...
+
+
+def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
+    """What the cluster says about the agent on `node` (unknown parts stay None)."""
+    pods = reader.agent_pods(node)
+    ready: bool | None = None
+    if pods:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for pod in pods
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+    events = reader.node_events(node)
+    degraded = [e for e in events or [] if e.get("reason") == DEGRADED_REASON]
+    degraded.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return AgentObservation(
+        pod_found=None if pods is None else bool(pods),
+        pod_ready=ready,
+        degraded_reason=str(degraded[-1].get("message")) if degraded else None,
+    )
+
+
+def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Finding]:
+    """Every finding for one Node: its annotation decoded, its agent observed."""
+    annotation = ((node.get("metadata") or {}).get("annotations") or {}).get(
+        keys.key(prefix, keys.TOPOLOGY)
+    )
+    topology: Topology | None = None
+    findings: list[Finding] = []
+    if annotation is not None:
+        try:
+            topology = decode(annotation)
+        except SchemaError as e:
+            findings.append(
+                Finding(
+                    code="topology-unreadable",
+                    severity=Severity.ERROR,
+                    summary="the topology annotation does not validate: schedulers ignore it",
+                    evidence=(str(e),),
+                    fix="someone edited it by hand or another tool wrote it: delete the annotation "
+                    "and the agent republishes within one resync",
+                )
+            )
+    name = str((node.get("metadata") or {}).get("name", "?"))
+    return findings + node_findings(node, topology, prefix, observe_agent(reader, name))
+
+
+def report_text(findings_by_node: Mapping[str, list[Finding]], summary: bool) -> str:
+    """The report an operator reads in a terminal."""
+    out: list[str] = []
+    if summary:
+        rows = summarize(findings_by_node)
+        healthy = [n for n, f in findings_by_node.items() if not f]
+        out.append(f"{len(findings_by_node)} nodes, {len(healthy)} without findings")
+        out += [
+            f"  {sev!s:7} {code}: {len(nodes)} ({', '.join(nodes)})" for code, sev, nodes in rows
+        ]
+        out.append("")
+    for node, findings in findings_by_node.items():
+        if not findings:
+            if not summary:
+                out.append(f"node {node}: no findings")
+            continue
+        out.append(f"node {node}: {len(findings)} finding{'s' if len(findings) > 1 else ''}")
+        for f in findings:
+            out.append(f"  {f.severity!s} {f.code}: {f.summary}")
+            out += [f"    evidence: {line}" for line in f.evidence]
+            out.append(f"    fix: {f.fix}")
+    return "\n".join(out) + "\n"
+
+
+def report_json(findings_by_node: Mapping[str, list[Finding]]) -> str:
+    """The same report for scripts: nodes with their findings, and the summary."""
+    doc = {
+        "nodes": [
+            {
+                "node": node,
+                "findings": [
+                    {
+                        "code": f.code,
+                        "severity": str(f.severity).lower(),
+                        "summary": f.summary,
+                        "evidence": list(f.evidence),
+                        "fix": f.fix,
+                    }
+                    for f in findings
+                ],
+            }
+            for node, findings in findings_by_node.items()
+        ],
+        "summary": [
+            {"code": code, "severity": str(sev).lower(), "nodes": nodes}
+            for code, sev, nodes in summarize(findings_by_node)
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def worst(findings_by_node: Mapping[str, list[Finding]]) -> Severity | None:
+    """The most severe finding of the report, None when there is none."""
+    return max((f.severity for fs in findings_by_node.values() for f in fs), default=None)

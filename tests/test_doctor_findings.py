@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,10 +12,16 @@ from parsers.links import SELF, Link, LinkKind
 from reporter.doctor import (
     AgentObservation,
     Severity,
+    examine,
     local_findings,
     node_findings,
+    observe_agent,
+    report_json,
+    report_text,
     summarize,
+    worst,
 )
+from reporter.schema.codec import encode
 from reporter.schema.model import Gpu, NumaNode, Source, Topology
 
 NV18, NV12, SYS = Link(LinkKind.NV, 18), Link(LinkKind.NV, 12), Link(LinkKind.SYS)
@@ -197,3 +204,81 @@ def test_summary_orders_nodes_by_finding_worst_first() -> None:
     rows = summarize({"a": a, "b": b, "c": c})
     assert rows[0] == ("device-plugin-missing", Severity.ERROR, ["a", "c"])
     assert rows[-1][1] is Severity.WARNING
+
+
+class FakeReader:
+    """A ClusterReader over dicts; None for reads the operator may not make."""
+
+    def __init__(
+        self,
+        nodes: list[dict[str, Any]],
+        pods: dict[str, list[dict[str, Any]]] | None = None,
+        events: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self.nodes, self.pods, self.events = nodes, pods, events
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.nodes
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return next(n for n in self.nodes if n["metadata"]["name"] == name)
+
+    def agent_pods(self, node: str) -> list[dict[str, Any]] | None:
+        return None if self.pods is None else self.pods.get(node, [])
+
+    def node_events(self, node: str) -> list[dict[str, Any]] | None:
+        return None if self.events is None else self.events.get(node, [])
+
+
+def _annotated(topology: Topology, name: str = "dgx-07") -> dict[str, Any]:
+    n = node(len(topology.gpus))
+    n["metadata"]["name"] = name
+    n["metadata"]["annotations"] = {"gpu.topology.io/topology": encode(topology)}
+    return n
+
+
+READY_POD = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_examine_decodes_the_annotation_and_observes_the_agent() -> None:
+    seven = _annotated(dgx(lost=(2,)))
+    seven["status"]["allocatable"]["nvidia.com/gpu"] = "7"
+    reader = FakeReader(
+        [seven],
+        pods={"dgx-07": [READY_POD]},
+        events={"dgx-07": [{"reason": "TopologyDegraded", "message": "NVML: Driver Not Loaded"}]},
+    )
+    findings = examine(reader, reader.list_nodes()[0], "gpu.topology.io")
+    assert codes(findings) == ["gpus-unallocatable", "agent-degraded", "gpu-lost"]
+
+
+def test_an_edited_annotation_is_a_finding_not_a_crash() -> None:
+    bad = _annotated(dgx())
+    bad["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":1}'
+    findings = examine(FakeReader([bad]), bad, "gpu.topology.io")
+    assert codes(findings) == ["topology-unreadable", "no-topology-data"]
+
+
+def test_observation_without_permission_to_read_pods_or_events_is_unknown() -> None:
+    assert observe_agent(FakeReader([]), "n") == AgentObservation(None, None, None)
+    assert observe_agent(FakeReader([], pods={}), "n").pod_found is False
+
+
+def test_reports_in_text_and_json() -> None:
+    by_node = {
+        "a": examine(FakeReader([]), _annotated(dgx(), "a") | {"status": {}}, "gpu.topology.io"),
+        "b": [],
+    }
+    text = report_text(by_node, summary=True)
+    assert text.splitlines()[0] == "2 nodes, 1 without findings"
+    assert "  ERROR   device-plugin-missing: 1 (a)" in text
+    assert "    fix: the NVIDIA device plugin is not registered on a" in text
+    doc = json.loads(report_json(by_node))
+    assert doc["nodes"][0]["findings"][0]["severity"] == "error"
+    assert doc["summary"][0] == {
+        "code": "device-plugin-missing",
+        "severity": "error",
+        "nodes": ["a"],
+    }
+    assert worst(by_node) is Severity.ERROR
+    assert worst({"b": []}) is None
