@@ -43,7 +43,9 @@ def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
             continue
         used, group = int(match.group(3)), int(match.group(4))
         if group == 0 or used > group:
-            raise ParseError(f"stride {part!r} is not used/group with 0 < used <= group", field=field)
+            raise ParseError(
+                f"stride {part!r} is not used/group with 0 < used <= group", field=field
+            )
         cpus.update(c for c in range(first, last + 1) if (c - first) % group < used)
     return frozenset(cpus)
 

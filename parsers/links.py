@@ -58,14 +58,16 @@ class Link:
 
     def __post_init__(self) -> None:
         if (self.kind is LinkKind.NV) != (self.nvlinks > 0):
-            raise ValueError(f"NVLink count {self.nvlinks} does not fit link kind {self.kind.value}")
+            raise ValueError(
+                f"NVLink count {self.nvlinks} does not fit link kind {self.kind.value}"
+            )
 
     @property
     def token(self) -> str:
         """The cell as `nvidia-smi topo -m` prints it (`NV18`, `PIX`, `X`)."""
         if self.kind is LinkKind.NV:
             return f"NV{self.nvlinks}"
-        return self.kind.value
+        return str(self.kind.value)
 
     @property
     def closeness(self) -> tuple[int, int]:

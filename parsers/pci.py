@@ -25,9 +25,7 @@ def normalize_pci_address(text: str, *, field: str = "pci") -> str:
     if device > 0x1F:
         raise ParseError(f"{text.strip()!r}: device number {device:#x} exceeds 0x1f", field=field)
     width = 4 if domain <= 0xFFFF else 8
-    return (
-        f"{domain:0{width}x}:{int(match.group('bus'), 16):02x}:{device:02x}.{match.group('fn')}"
-    )
+    return f"{domain:0{width}x}:{int(match.group('bus'), 16):02x}:{device:02x}.{match.group('fn')}"
 
 
 def is_pci_address(text: str) -> bool:

@@ -109,6 +109,19 @@ class Topology:
     def link(self, a: int, b: int) -> Link:
         return self.links[a][b]
 
+    def home_numa(self, index: int) -> int | None:
+        """The CPU NUMA node a GPU belongs to, for alignment and counting; None when unknown.
+
+        A GB200 GPU lists its Grace node with its own memory nodes (`0,3-9,11-17`): the home is the
+        lowest listed node that has CPUs, or the lowest listed node when CPUs are not known.
+        """
+        nodes = self.gpus[index].numa
+        if not nodes:
+            return None
+        with_cpus = {n.id for n in self.numa_nodes if n.cpus}
+        candidates = nodes & with_cpus if with_cpus else nodes
+        return min(candidates or nodes)
+
 
 def _matrix_problem(matrix: Sequence[Sequence[Link]], n: int, name: str) -> str | None:
     if len(matrix) != n:
@@ -152,7 +165,7 @@ def _nvlink_islands(links: Sequence[Sequence[Link]]) -> tuple[tuple[int, ...], .
         while stack:
             a = stack.pop()
             for b in range(n):
-                # Either side reporting NVLink joins the pair: a link down on one end still wires it.
+                # Either side reporting NVLink joins the pair: one end down still wires it.
                 if not seen[b] and (links[a][b].is_nvlink or links[b][a].is_nvlink):
                     seen[b] = True
                     stack.append(b)

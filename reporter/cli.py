@@ -1,0 +1,177 @@
+"""The `topo-reporter` command: argv in, exit status out.
+
+Each subcommand parses its flags, builds the objects it needs and runs; every error a user can
+cause ends here as one line on stderr (what happened, what to do) and a non-zero exit status:
+1 for a failure, 2 for bad usage. Tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsers.errors import ParseError
+from parsers.nvsmi import parse_topo
+from reporter.errors import InputError, TopoReporterError
+from reporter.schema import keys
+from reporter.schema.codec import from_document
+from reporter.schema.formats import FORMATS, format_topology
+from reporter.schema.model import Topology
+from reporter.schema.normalize import topology_from_matrix
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+# Inputs are a few kilobytes; a Node object with every annotation is at most a few hundred.
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+
+
+def read_input(source: str) -> str:
+    """The text of FILE, or of stdin for `-`. Raises InputError with the reason."""
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with Path(source).open("rb") as f:
+                data = f.read(MAX_INPUT_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"cannot read {source}: {e.strerror or e}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{source} is not UTF-8 text") from None
+
+
+def topology_from_text(text: str, source: str) -> Topology:
+    """Parse `nvidia-smi topo -m` text. Raises InputError naming the file and line."""
+    try:
+        return topology_from_matrix(parse_topo(text))
+    except ParseError as e:
+        raise InputError(f"{source}: {e}") from None
+
+
+def topology_from_document_text(text: str, source: str, prefix: str) -> Topology:
+    """Decode an annotation value, or the annotation of a Node (JSON or YAML, as kubectl prints).
+
+    Raises InputError (SchemaError for a document that does not validate) naming the field.
+    """
+    doc: Any
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise InputError(
+                f"{source} is neither JSON nor YAML: expected a topology annotation or a Node "
+                "object (`kubectl get node NAME -o json`)"
+            ) from None
+    if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
+        items = doc.get("items") or []
+        if len(items) != 1:
+            raise InputError(
+                f"{source} holds {len(items)} nodes: pass one (`kubectl get node NAME -o json`)"
+            )
+        doc = items[0]
+    if isinstance(doc, dict) and doc.get("kind") == "Node":
+        name = (doc.get("metadata") or {}).get("name", "?")
+        annotation = ((doc.get("metadata") or {}).get("annotations") or {}).get(
+            keys.key(prefix, keys.TOPOLOGY)
+        )
+        if annotation is None:
+            raise InputError(
+                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
+                "topo-reporter running on it, with this --prefix?"
+            )
+        try:
+            doc = json.loads(annotation)
+        except (ValueError, RecursionError) as e:
+            raise InputError(f"node {name}: the topology annotation is not JSON: {e}") from None
+    return from_document(doc)
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=FORMATS, default="json", help="output format (default: json)"
+    )
+    parser.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
+    )
+
+
+def _cmd_parse(args: argparse.Namespace) -> int:
+    topology = topology_from_text(read_input(args.file), args.file)
+    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    return EXIT_OK
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
+    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="topo-reporter",
+        description="Publish the GPU topology of a Kubernetes node as labels and annotations.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version('topo-reporter')}"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    parse = commands.add_parser(
+        "parse",
+        help="turn `nvidia-smi topo -m` text into the schema",
+        description="Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it "
+        "in the v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+    )
+    parse.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    _add_format(parse)
+    parse.set_defaults(handler=_cmd_parse)
+
+    render = commands.add_parser(
+        "render",
+        help="read a topology annotation or a Node object and print it",
+        description="Read a topology annotation value, or a whole Node as `kubectl get node NAME "
+        "-o json` (or -o yaml) prints it, validate it, and print it.",
+    )
+    render.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    _add_format(render)
+    render.set_defaults(handler=_cmd_render)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except TopoReporterError as e:
+        print(f"topo-reporter: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `topo-reporter parse x | head`: the reader left, which is not our failure.
+        sys.stderr.close()
+        return EXIT_OK
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

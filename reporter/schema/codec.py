@@ -1,0 +1,255 @@
+"""Schema v1: the `topology` annotation, encoded and decoded.
+
+Encoding is byte-for-byte deterministic (fixed key order, no spaces, ASCII), so equal topologies
+give equal annotations and equal hashes on every machine. Decoding treats its input as untrusted:
+bounded in size, validated against the shipped JSON Schema, then checked for what a schema cannot
+say (square matrices with X on the diagonal, islands, hash); every rejection is a `SchemaError`
+naming the field. It never returns a partly decoded topology.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from parsers.cpulist import format_cpulist, parse_cpulist
+from parsers.errors import ParseError
+from parsers.links import Link, parse_link
+from reporter.errors import SchemaError
+from reporter.schema.keys import SCHEMA_VERSION
+from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
+
+# The apiserver refuses more than 256 KiB of annotations per object; nothing larger is ours.
+MAX_DOCUMENT_BYTES = 256 * 1024
+SCHEMA_FILE = "topology-v1.schema.json"
+
+
+@cache
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of v1, as shipped in the package."""
+    text = resources.files("reporter.schema").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json_schema())
+
+
+def _cpulist(cpus: frozenset[int] | None) -> str | None:
+    return None if cpus is None else format_cpulist(cpus)
+
+
+def _row(cells: tuple[Link, ...]) -> str:
+    return " ".join(c.token for c in cells)
+
+
+def to_document(topology: Topology) -> dict[str, Any]:
+    """The v1 document as a dict in canonical key order, including its hash."""
+    doc: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "source": topology.source.value,
+        "driver": topology.driver,
+    }
+    if topology.nvswitch:
+        doc["nvswitch"] = True
+    if not topology.nvlink_observed:
+        doc["nvlink_observed"] = False
+    doc["gpus"] = [_gpu_document(g) for g in topology.gpus]
+    doc["links"] = [_row(r) for r in topology.links]
+    if topology.pcie is not None:
+        doc["pcie"] = [_row(r) for r in topology.pcie]
+    doc["nics"] = [_nic_document(n) for n in topology.nics]
+    doc["numa_nodes"] = [
+        {"id": n.id, "cpus": format_cpulist(n.cpus), "distances": list(n.distances)}
+        for n in topology.numa_nodes
+    ]
+    doc["islands"] = [list(i) for i in topology.islands]
+    doc["hash"] = _hash(doc)
+    return doc
+
+
+def _gpu_document(gpu: Gpu) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "pci": gpu.pci,
+        "model": gpu.model,
+        "numa": _cpulist(gpu.numa),
+        "cpus": _cpulist(gpu.cpus),
+        "mem_mib": gpu.mem_mib,
+        "mig": gpu.mig,
+    }
+    if gpu.gpu_numa is not None:
+        doc["gpu_numa"] = gpu.gpu_numa
+    if gpu.clique is not None:
+        doc["clique"] = gpu.clique
+    if gpu.lost:
+        doc["lost"] = True
+    return doc
+
+
+def _nic_document(nic: Nic) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": nic.name,
+        "pci": nic.pci,
+        "numa": _cpulist(nic.numa),
+        "links": _row(nic.links),
+    }
+    if nic.peers is not None:
+        doc["peers"] = _row(nic.peers)
+    return doc
+
+
+def _canonical(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _hash(doc: dict[str, Any]) -> str:
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    return hashlib.sha256(_canonical(body).encode("ascii")).hexdigest()[:16]
+
+
+def encode(topology: Topology) -> str:
+    """The `topology` annotation value: compact canonical JSON, one line."""
+    return _canonical(to_document(topology))
+
+
+def decode(text: str | bytes) -> Topology:
+    """Parse and validate an annotation value back into the model.
+
+    Raises SchemaError naming the offending field for anything that is not valid v1.
+    """
+    size = len(text.encode("utf-8") if isinstance(text, str) else text)
+    if size > MAX_DOCUMENT_BYTES:
+        raise SchemaError("", f"document is {size} bytes; a v1 topology is at most 256 KiB")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SchemaError("", f"not JSON: {e}") from None
+    return from_document(doc)
+
+
+def from_document(doc: Any) -> Topology:
+    """Validate an already-parsed v1 document and build the model. Raises SchemaError."""
+    if not isinstance(doc, dict):
+        raise SchemaError("", f"expected a JSON object, got {type(doc).__name__}")
+    if "v" in doc and doc["v"] != SCHEMA_VERSION:
+        raise SchemaError("v", f"schema version {doc['v']!r} is not supported (this reads v1)")
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    if error is not None:
+        path = _path(error.absolute_path)
+        if error.validator == "required":
+            missing = next(k for k in error.validator_value if k not in error.instance)
+            raise SchemaError(f"{path}.{missing}" if path else missing, "is required")
+        raise SchemaError(path, _schema_message(error))
+    try:
+        topology = Topology(
+            source=Source(doc["source"]),
+            driver=doc["driver"],
+            gpus=tuple(_gpu(g, i) for i, g in enumerate(doc["gpus"])),
+            links=_matrix(doc["links"], "links"),
+            pcie=_matrix(doc["pcie"], "pcie") if "pcie" in doc else None,
+            nics=tuple(_nic(n, k) for k, n in enumerate(doc["nics"])),
+            numa_nodes=tuple(_numa_node(n, k) for k, n in enumerate(doc["numa_nodes"])),
+            nvswitch=doc.get("nvswitch", False),
+            nvlink_observed=doc.get("nvlink_observed", True),
+        )
+    except SchemaError:
+        raise
+    except ValueError as e:
+        # The model names the offending field first ("links[2] has 7 cells for 8 GPUs").
+        field = re.match(r"(?:links|pcie|nics)(?:\[\d+\])*(?:\.peers(?:\[\d+\])?)?", str(e))
+        raise SchemaError(field.group(0) if field else "gpus", str(e)) from None
+    if [list(i) for i in topology.islands] != doc["islands"]:
+        raise SchemaError(
+            "islands",
+            f"{doc['islands']} does not match the NVLink islands of `links` "
+            f"({[list(i) for i in topology.islands]})",
+        )
+    expected = _hash(to_document(topology))
+    if doc["hash"] != expected:
+        raise SchemaError(
+            "hash",
+            f"{doc['hash']} does not match the content ({expected}): the document was edited or "
+            "is not in canonical form",
+        )
+    return topology
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return f"unknown field ({error.message})"
+    value = repr(error.instance)
+    if len(value) > 80:
+        value = value[:77] + "..."
+    return f"{value}: {error.message if len(error.message) < 160 else f'{error.validator} failed'}"
+
+
+def _cells(row: str, field: str) -> tuple[Link, ...]:
+    if not row:
+        return ()
+    try:
+        return tuple(parse_link(t) for t in row.split(" "))
+    except ParseError as e:
+        raise SchemaError(field, e.reason) from None
+
+
+def _matrix(rows: list[str], field: str) -> tuple[tuple[Link, ...], ...]:
+    return tuple(_cells(r, f"{field}[{i}]") for i, r in enumerate(rows))
+
+
+def _set(value: str | None, field: str) -> frozenset[int] | None:
+    if value is None:
+        return None
+    try:
+        return parse_cpulist(value, field=field)
+    except ParseError as e:
+        raise SchemaError(field, e.reason) from None
+
+
+def _gpu(doc: dict[str, Any], i: int) -> Gpu:
+    if doc["index"] != i:
+        raise SchemaError(f"gpus[{i}].index", f"{doc['index']} out of order: expected {i}")
+    return Gpu(
+        index=doc["index"],
+        uuid=doc["uuid"],
+        pci=doc["pci"],
+        model=doc["model"],
+        numa=_set(doc["numa"], f"gpus[{i}].numa"),
+        cpus=_set(doc["cpus"], f"gpus[{i}].cpus"),
+        mem_mib=doc["mem_mib"],
+        mig=doc["mig"],
+        gpu_numa=doc.get("gpu_numa"),
+        clique=doc.get("clique"),
+        lost=doc.get("lost", False),
+    )
+
+
+def _nic(doc: dict[str, Any], k: int) -> Nic:
+    return Nic(
+        name=doc["name"],
+        links=_cells(doc["links"], f"nics[{k}].links"),
+        pci=doc["pci"],
+        numa=_set(doc["numa"], f"nics[{k}].numa"),
+        peers=_cells(doc["peers"], f"nics[{k}].peers") if "peers" in doc else None,
+    )
+
+
+def _numa_node(doc: dict[str, Any], k: int) -> NumaNode:
+    cpus = _set(doc["cpus"], f"numa_nodes[{k}].cpus")
+    return NumaNode(id=doc["id"], cpus=cpus or frozenset(), distances=tuple(doc["distances"]))

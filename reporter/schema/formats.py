@@ -1,0 +1,29 @@
+"""Every way a command prints a topology, in one place, so `parse`, `render` and `collect` agree."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from reporter.schema.codec import encode, to_document
+from reporter.schema.labels import annotations as annotation_values
+from reporter.schema.labels import labels, render_matrix
+from reporter.schema.model import Topology
+
+FORMATS = ("json", "yaml", "matrix", "labels")
+
+
+def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
+    """The text of `topology` in `fmt` (one of FORMATS), ending in a newline."""
+    if fmt == "json":
+        return encode(topology) + "\n"
+    if fmt == "yaml":
+        return yaml.safe_dump(to_document(topology), sort_keys=False, width=120)
+    if fmt == "matrix":
+        return render_matrix(topology)
+    if fmt == "labels":
+        pairs = {**labels(topology, prefix), **annotation_values(topology, prefix)}
+        # One key=value per line: a multi-line value (the matrix) is printed JSON-quoted.
+        return "".join(f"{k}={json.dumps(v) if chr(10) in v else v}\n" for k, v in pairs.items())
+    raise ValueError(f"unknown format {fmt!r}")

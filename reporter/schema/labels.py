@@ -1,0 +1,143 @@
+"""Labels, annotations and the human matrix: pure projections of one `Topology`.
+
+Label values obey Kubernetes' rules (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both
+ends) by construction: they are small integers and fixed words. Nothing here reads the clock.
+"""
+
+from collections import Counter
+
+from parsers.cpulist import format_cpulist
+from reporter.schema import keys
+from reporter.schema.codec import encode
+from reporter.schema.model import SELF, Link, Topology
+
+
+def interconnect(topology: Topology) -> str:
+    """The best fabric joining all GPUs: nvswitch, nvlink, pcie, none or unknown."""
+    n = len(topology.gpus)
+    if not topology.nvlink_observed:
+        return "unknown"
+    if n <= 1:
+        return "none"
+    all_pairs_nv = all(topology.links[a][b].is_nvlink for a in range(n) for b in range(n) if a != b)
+    if topology.nvswitch and all_pairs_nv:
+        return "nvswitch"
+    if any(c.is_nvlink for row in topology.links for c in row):
+        return "nvlink"
+    return "pcie"
+
+
+def gpus_per_numa(topology: Topology) -> Counter[int]:
+    """How many GPUs each CPU NUMA node holds (GPUs of unknown locality are not counted)."""
+    homes = (topology.home_numa(g.index) for g in topology.gpus)
+    return Counter(h for h in homes if h is not None)
+
+
+def labels(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, str]:
+    """The node labels of DESIGN.md's table, keyed by full label key."""
+    n = len(topology.gpus)
+    out = {
+        keys.COUNT: str(n),
+        keys.INTERCONNECT: interconnect(topology),
+    }
+    if topology.nvlink_observed:
+        largest = max((len(i) for i in topology.islands), default=min(n, 1))
+        out[keys.NVLINK_ISLAND_SIZE] = str(largest)
+        out[keys.NVLINK_ISLANDS] = str(len(topology.islands))
+    per_numa = gpus_per_numa(topology)
+    if per_numa:
+        out[keys.NUMA_NODES] = str(len(per_numa))
+        out[keys.MAX_GPUS_PER_NUMA] = str(max(per_numa.values()))
+    out[keys.RDMA_NICS] = str(len(topology.nics))
+    out[keys.SCHEMA] = f"v{keys.SCHEMA_VERSION}"
+    return {keys.key(prefix, name): value for name, value in out.items()}
+
+
+def annotations(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, str]:
+    """The `topology` and `matrix` annotations (the publisher adds `owned`)."""
+    return {
+        keys.key(prefix, keys.TOPOLOGY): encode(topology),
+        keys.key(prefix, keys.MATRIX): render_matrix(topology),
+    }
+
+
+def summary(topology: Topology) -> str:
+    """One line an operator reads first: `8x NVIDIA H100 80GB HBM3, NVSwitch NV18, ...`."""
+    n = len(topology.gpus)
+    if n == 0:
+        return "no GPUs"
+    models = Counter(g.model or "GPU" for g in topology.gpus)
+    parts = [", ".join(f"{count}x {model}" for model, count in models.items())]
+    fabric = interconnect(topology)
+    counts = sorted({c.nvlinks for row in topology.links for c in row if c.is_nvlink}, reverse=True)
+    bonds = "/".join(f"NV{k}" for k in counts)
+    parts.append(
+        {
+            "nvswitch": f"NVSwitch {bonds}",
+            "nvlink": f"NVLink {bonds}, {len(topology.islands)} island(s), largest "
+            f"{max((len(i) for i in topology.islands), default=1)}",
+            "pcie": "PCIe only",
+            "none": "single GPU",
+            "unknown": "NVLink not observed (PCIe view only)",
+        }[fabric]
+    )
+    per_numa = gpus_per_numa(topology)
+    parts.append(f"{len(per_numa)} NUMA nodes" if per_numa else "NUMA locality unknown")
+    parts.append(f"{len(topology.nics)} RDMA NICs" if topology.nics else "no RDMA NICs")
+    lost = [f"GPU{g.index}" for g in topology.gpus if g.lost]
+    if lost:
+        parts.append(f"LOST: {' '.join(lost)}")
+    return ", ".join(parts)
+
+
+def _cell(value: frozenset[int] | int | None) -> str:
+    if value is None:
+        return "N/A"
+    if isinstance(value, int):
+        return str(value)
+    return format_cpulist(value) or "N/A"
+
+
+def _link(cell: Link) -> str:
+    return " X " if cell == SELF else cell.token
+
+
+def render_matrix(topology: Topology) -> str:
+    """The `matrix` annotation: the summary, then the matrix as `nvidia-smi topo -m` lays it out.
+
+    Laid out with 8-column tab stops expanded to spaces, so `kubectl describe node` aligns it and
+    `topo-reporter parse` reads it back. NIC-to-NIC cells the source does not know read `N/A`.
+    """
+    n = len(topology.gpus)
+    nic_cols = [f"NIC{k}" for k in range(len(topology.nics))]
+    with_gpu_numa = any(g.gpu_numa is not None for g in topology.gpus)
+    header = ["", *(f"GPU{i}" for i in range(n)), *nic_cols, "CPU Affinity", "NUMA Affinity"]
+    if with_gpu_numa:
+        header.append("GPU NUMA ID")
+    rows = ["\t".join(header)]
+    for i, gpu in enumerate(topology.gpus):
+        cells = [f"GPU{i}", *(_link(c) for c in topology.links[i])]
+        cells += [nic.links[i].token for nic in topology.nics]
+        cells += [_cell(gpu.cpus), _cell(gpu.numa)]
+        if with_gpu_numa:
+            cells.append(_cell(gpu.gpu_numa))
+        rows.append("\t".join(cells))
+    for k, nic in enumerate(topology.nics):
+        peers = (
+            [_link(c) for c in nic.peers]
+            if nic.peers is not None
+            else [" X " if j == k else "N/A" for j in range(len(topology.nics))]
+        )
+        rows.append("\t".join([nic_cols[k], *(c.token for c in nic.links), *peers]))
+    lines = [summary(topology), *(r.expandtabs(8).rstrip() for r in rows)]
+    # Without "NV#" the legend marks a PCIe-only view, as `nvidia-smi topo -mp` does.
+    lines += [
+        "",
+        "Legend: X = self, NV# = # bonded NVLinks, PIX < PXB < PHB < NODE < SYS (PCIe)"
+        if topology.nvlink_observed
+        else "Legend: X = self, PIX < PXB < PHB < NODE < SYS (PCIe only: NVLinks not observed)",
+    ]
+    if topology.nics:
+        lines += ["", "NIC Legend:", ""]
+        lines += [f"  {col}: {nic.name}" for col, nic in zip(nic_cols, topology.nics, strict=True)]
+    return "\n".join(lines) + "\n"

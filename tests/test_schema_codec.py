@@ -1,0 +1,170 @@
+"""Schema v1: the annotation round trip, determinism, and what the decoder refuses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+
+from parsers.links import SELF, Link, LinkKind
+from reporter.errors import SchemaError
+from reporter.schema.codec import decode, encode, json_schema, to_document
+from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
+from tests.strategies import topologies
+
+NV18 = Link(LinkKind.NV, 18)
+SYS = Link(LinkKind.SYS)
+PIX = Link(LinkKind.PIX)
+
+EXAMPLE = Topology(
+    source=Source.NVML,
+    driver="550.54.15",
+    gpus=(
+        Gpu(
+            0,
+            "GPU-0a",
+            "0000:18:00.0",
+            "NVIDIA H100 80GB HBM3",
+            frozenset({0}),
+            frozenset(range(48)) | frozenset(range(96, 144)),
+            81559,
+            False,
+        ),
+        Gpu(
+            1,
+            "GPU-1b",
+            "0000:2a:00.0",
+            "NVIDIA H100 80GB HBM3",
+            frozenset({1}),
+            frozenset(range(48, 96)),
+            81559,
+            False,
+            lost=True,
+        ),
+    ),
+    links=((SELF, NV18), (NV18, SELF)),
+    pcie=((SELF, SYS), (SYS, SELF)),
+    nics=(Nic("mlx5_0", (PIX, SYS), "0000:1a:00.0", frozenset({0}), (SELF,)),),
+    numa_nodes=(NumaNode(0, frozenset(range(48)), (10, 21)), NumaNode(1, frozenset(), (21, 10))),
+    nvswitch=True,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(topologies())
+def test_decode_inverts_encode(topology: Topology) -> None:
+    assert decode(encode(topology)) == topology
+
+
+@settings(max_examples=100, deadline=None)
+@given(topologies())
+def test_every_encoding_validates_against_the_shipped_json_schema(topology: Topology) -> None:
+    jsonschema.validate(json.loads(encode(topology)), json_schema())
+
+
+def test_encoding_is_compact_ordered_and_stable() -> None:
+    text = encode(EXAMPLE)
+    assert ", " not in text
+    assert ": " not in text
+    assert "\n" not in text
+    assert list(json.loads(text)) == [
+        "v",
+        "source",
+        "driver",
+        "nvswitch",
+        "gpus",
+        "links",
+        "pcie",
+        "nics",
+        "numa_nodes",
+        "islands",
+        "hash",
+    ]
+    # The hash is part of the contract: it must not change across runs, machines or versions.
+    doc = json.loads(text)
+    body = json.dumps({k: v for k, v in doc.items() if k != "hash"}, separators=(",", ":"))
+    assert doc["hash"] == hashlib.sha256(body.encode()).hexdigest()[:16] == "4cb02906e764952d"
+    assert encode(EXAMPLE) == text
+
+
+def test_hash_covers_the_content() -> None:
+    other = Topology(
+        source=EXAMPLE.source, driver="550.54.14", gpus=EXAMPLE.gpus, links=EXAMPLE.links
+    )
+    assert to_document(other)["hash"] != to_document(EXAMPLE)["hash"]
+
+
+def _doc(**changes: Any) -> str:
+    doc = to_document(EXAMPLE)
+    for path, value in changes.items():
+        target: Any = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            target = target[int(k)] if k.isdigit() else target[k]
+        last = keys[-1]
+        if value is KeyError:
+            del target[last]
+        else:
+            target[int(last) if last.isdigit() else last] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (_doc(v=2), "v"),
+        (_doc(source="guess"), "source"),
+        (_doc(gpus__0__pci="18:00.0"), "gpus[0].pci"),
+        (_doc(gpus__1__uuid=KeyError), "gpus[1].uuid"),
+        (_doc(gpus__0__cpus="0-x"), "gpus[0].cpus"),
+        (_doc(gpus__0__colour="green"), "gpus[0]"),
+        (_doc(links__1="NV18 X NV18"), "links[1]"),
+        (_doc(links__0="X NV99"), "links[0]"),
+        (_doc(links__0="Y NV18"), "links[0]"),
+        (_doc(nics__0__links="PIX"), "nics[0]"),
+        (_doc(nics__0__links="NV2 SYS"), "nics[0].links"),
+        (_doc(islands=[]), "islands"),
+        (_doc(hash="0000000000000000"), "hash"),
+        (_doc(gpus__1__index=5), "gpus[1].index"),
+        (_doc(numa_nodes__0__distances=[10, 999]), "numa_nodes[0].distances[1]"),
+        ("[]", ""),
+        ("{", ""),
+        ("[" * 100_000 + "]" * 100_000, ""),
+        ('{"v":1,"pad":"' + "x" * 300_000 + '"}', ""),
+    ],
+    ids=[
+        "a future schema version",
+        "an unknown source",
+        "a PCI address without domain",
+        "a missing uuid",
+        "a garbage CPU list",
+        "an unknown field",
+        "a ragged matrix",
+        "an NVLink count beyond any hardware",
+        "an unknown link token",
+        "a NIC row too short",
+        "a NIC over NVLink",
+        "islands that do not match the links",
+        "a hash that does not match",
+        "GPU indices out of order",
+        "a SLIT distance beyond 255",
+        "a JSON array",
+        "broken JSON",
+        "nesting deep enough to overflow a recursive parser",
+        "a document over 256 KiB",
+    ],
+)
+def test_decoder_rejects_with_a_schema_error_naming_the_field(text: str, field: str) -> None:
+    with pytest.raises(SchemaError) as info:
+        decode(text)
+    assert info.value.field == field
+    assert str(info.value).startswith(field)
+
+
+def test_decoder_accepts_keys_in_any_order() -> None:
+    doc = to_document(EXAMPLE)
+    assert decode(json.dumps(dict(reversed(list(doc.items()))))) == EXAMPLE
