@@ -197,14 +197,16 @@ def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Settings
                 values[name] = _convert(name, raw, f"from {variable}")
                 break
     for name in _SOURCES:
-        raw = flags.get(name)
-        if raw is not None:
-            values[name] = _convert(name, raw, f"--{_flag(name)}")
+        given = flags.get(name)
+        if given is not None:
+            values[name] = _convert(name, given, f"--{_flag(name)}")
     for name in _FLAGS_ONLY:
         values[name] = bool(flags.get(name))
     values["config_file"] = None if config_file is None else str(config_file)
     known = {f.name for f in fields(Settings)}
-    return Settings(**{k: v for k, v in values.items() if k in known}).validate()  # type: ignore[arg-type]
+    # Each value was converted to its field's type by _convert above; mypy cannot follow that.
+    chosen = {k: v for k, v in values.items() if k in known}
+    return Settings(**chosen).validate()  # type: ignore[arg-type]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

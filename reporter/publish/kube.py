@@ -39,9 +39,11 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
     configuration = client.Configuration()
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
         else:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            config.load_kube_config(  # type: ignore[no-untyped-call]  # as above
+                config_file=kubeconfig, client_configuration=configuration
+            )
     except (ConfigException, OSError) as e:
         where = kubeconfig or "in-cluster service account or ~/.kube/config"
         raise ConfigError(

@@ -1,8 +1,9 @@
 """Where a topology goes: the Sink seam, the Node patch sink and the dry-run sink.
 
 A sink is told the desired metadata and makes its target carry it with as few API calls as it
-can: it remembers what the target carried after its last read or write and sends nothing when that
-already matches. `forget()` drops that memory so the next publish reads again (resync repairs drift).
+can: it remembers what the target carried after its last read or write and sends nothing when
+that already matches. `forget()` drops that memory so the next publish reads again (resync repairs
+drift).
 A second sink (a NodeFeature object for node-feature-discovery) implements the same Protocol.
 """
 
@@ -25,7 +26,7 @@ class Sink(Protocol):
     """A target for the desired labels and annotations."""
 
     def published(self) -> Desired:
-        """What the target carries under the prefix now (reads it if not known). Raises PublishError."""
+        """What the target carries under the prefix (read if not known). Raises PublishError."""
         ...
 
     def publish(self, want: Desired) -> bool:

@@ -29,22 +29,6 @@ def _numa(gpu: Gpu) -> str:
     return "unknown" if gpu.numa is None else format_cpulist(gpu.numa)
 
 
-def summary(t: Topology) -> str:
-    """One line describing a topology: `8 GPUs (NVIDIA H100 80GB HBM3), NVLink islands 8, 8 NICs`."""
-    models = sorted({g.model for g in t.gpus if g.model is not None})
-    parts = [f"{len(t.gpus)} GPU{'s' if len(t.gpus) != 1 else ''}"]
-    if models:
-        parts[0] += f" ({', '.join(models)})"
-    islands = [len(i) for i in t.islands]
-    if islands:
-        parts.append("NVLink islands " + "+".join(str(s) for s in islands))
-    lost = [g.index for g in t.gpus if g.lost]
-    if lost:
-        parts.append("lost " + ", ".join(f"GPU{i}" for i in lost))
-    parts.append(f"{len(t.nics)} RDMA NIC{'s' if len(t.nics) != 1 else ''}")
-    return ", ".join(parts)
-
-
 def changes(old: Topology, new: Topology) -> tuple[str, ...]:
     """The differences that matter to placement, one short line each; empty when none."""
     lines: list[str] = []
@@ -85,10 +69,8 @@ def changes(old: Topology, new: Topology) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _link_changes(
-    old: Topology, new: Topology, matched: Sequence[tuple[Gpu, Gpu]]
-) -> list[str]:
-    lines = []
+def _link_changes(old: Topology, new: Topology, matched: Sequence[tuple[Gpu, Gpu]]) -> list[str]:
+    lines: list[str] = []
     ordered = sorted(matched, key=lambda pair: pair[1].index)
     for a, (old_a, new_a) in enumerate(ordered):
         for old_b, new_b in ordered[a + 1 :]:
@@ -100,7 +82,7 @@ def _link_changes(
 
 
 def _nic_changes(old: Topology, new: Topology) -> list[str]:
-    lines = []
+    lines: list[str] = []
     old_nics = {n.name: n for n in old.nics}
     new_nics = {n.name: n for n in new.nics}
     lines.extend(f"{name} gone" for name in old_nics if name not in new_nics)

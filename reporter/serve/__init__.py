@@ -1,1 +1,1 @@
-"""What the agent shows the world while it runs: health state, Prometheus metrics, the HTTP server."""
+"""What the agent shows while it runs: health state, Prometheus metrics, the HTTP server."""

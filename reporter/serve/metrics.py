@@ -17,7 +17,7 @@ def api_error_kind(error: PublishError) -> str:
     """A closed vocabulary for `topo_reporter_api_errors_total{kind}`."""
     status = error.status
     if status is None:
-        return "budget" if isinstance(error, ApiPermanentError) else "unreachable"
+        return "tls" if isinstance(error, ApiPermanentError) else "unreachable"
     named = {401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict"}
     named |= {422: "invalid", 429: "throttled"}
     if status in named:
@@ -94,7 +94,7 @@ class Metrics:
 
     def topology(self, t: Topology) -> None:
         self.gpus.set(len(t.gpus))
-        counts = dict.fromkeys((k for k in LinkKind if k is not LinkKind.X), 0)
+        counts: dict[LinkKind, int] = {k: 0 for k in LinkKind if k is not LinkKind.X}
         n = len(t.gpus)
         for i in range(n):
             for j in range(i + 1, n):
