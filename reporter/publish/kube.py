@@ -84,6 +84,13 @@ def _status_message(body: str | None) -> str:
 
 def _map_api_exception(e: ApiException, action: str, node: str) -> PublishError:
     status = int(e.status or 0)
+    if status == 0:
+        # The client reports a TLS failure as an ApiException without a status.
+        first = str(e.reason).splitlines()[0]
+        return ApiPermanentError(
+            f"{action} node {node}: TLS with the API server failed ({first}): check the "
+            "cluster CA in the kubeconfig or service account"
+        )
     detail = _status_message(e.body)
     said = f": {detail}" if detail else ""
     if status in _TRANSIENT_STATUS:

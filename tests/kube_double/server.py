@@ -230,7 +230,7 @@ class ApiServerDouble:
                 server.socket, server_side=True, do_handshake_on_connect=False
             )
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 
@@ -624,7 +624,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
         body: Any = None
-        status = 0
+        headers: Mapping[str, str] = {}
         try:
             if raw:
                 try:
@@ -636,33 +636,46 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.delay_s:
                     threading.Event().wait(fault.delay_s)
                 if fault.drop:
-                    status = -1
+                    self._record(
+                        method,
+                        path=path,
+                        query=query,
+                        content_type=content_type,
+                        body=body,
+                        status=-1,
+                    )
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 if fault.status:
-                    headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                    raise _StatusError(fault.status, fault.message, headers=headers)
+                    retry_after = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                    raise _StatusError(fault.status, fault.message, headers=retry_after)
             self.owner.authorize(
                 self.headers.get("Authorization"), *self._verb_resource(method, path)
             )
             status, payload = self._route(method, path, query, content_type, body)
-            self._send(status, payload)
         except _StatusError as reply:
-            status = reply.code
-            self._send(reply.code, reply.body, reply.headers)
-        finally:
-            self.owner.record(
-                Recorded(
-                    method,
-                    path,
-                    query,
-                    content_type,
-                    body,
-                    status,
-                    self.headers.get("Accept"),
-                )
-            )
+            status, payload, headers = reply.code, reply.body, reply.headers
+        # Recorded before answering, so that a test reading `requests` after the client returned
+        # sees every request the client made.
+        self._record(
+            method, path=path, query=query, content_type=content_type, body=body, status=status
+        )
+        self._send(status, payload, headers)
+
+    def _record(
+        self,
+        method: str,
+        *,
+        path: str,
+        query: Mapping[str, list[str]],
+        content_type: str | None,
+        body: Any,
+        status: int,
+    ) -> None:
+        self.owner.record(
+            Recorded(method, path, query, content_type, body, status, self.headers.get("Accept"))
+        )
 
     @staticmethod
     def _verb_resource(method: str, path: str) -> tuple[str, str, str]:
