@@ -244,9 +244,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status: int = args.handler(args)
-    except ConfigError as e:
-        print(f"topo-reporter: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except TopoReporterError as e:
         print(f"topo-reporter: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
