@@ -8,6 +8,7 @@ cause ends here as one line on stderr (what happened, what to do) and a non-zero
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from parsers.nvsmi import parse_topo
 from reporter import logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
+from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
 from reporter.publish.kube import KubeNodeClient, load_configuration
 from reporter.publish.retry import Backoff
@@ -212,6 +214,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stop=stop,
         interval_s=config.interval_s,
         resync_s=config.resync_s,
+        kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE
