@@ -11,7 +11,6 @@ from pathlib import Path
 import structlog
 
 from parsers.kubelet import KubeletPolicies
-
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, SourceState, SourceStatus
 from reporter.publish.kube import KubeNodeClient, load_configuration
