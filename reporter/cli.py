@@ -24,6 +24,7 @@ from reporter.schema import keys
 from reporter.schema.codec import from_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
+from reporter.schema.node import node_name, topology_annotation
 from reporter.schema.normalize import topology_from_matrix
 
 EXIT_OK = 0
@@ -84,15 +85,8 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
             )
         doc = items[0]
     if isinstance(doc, dict) and doc.get("kind") == "Node":
-        name = (doc.get("metadata") or {}).get("name", "?")
-        annotation = ((doc.get("metadata") or {}).get("annotations") or {}).get(
-            keys.key(prefix, keys.TOPOLOGY)
-        )
-        if annotation is None:
-            raise InputError(
-                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
-                "topo-reporter running on it, with this --prefix?"
-            )
+        name = node_name(doc)
+        annotation = topology_annotation(doc, prefix)
         try:
             doc = json.loads(annotation)
         except (ValueError, RecursionError) as e:
