@@ -202,6 +202,16 @@ def test_parse_and_render_print_pictures(
     assert parsed.startswith("graph topology {" if fmt == "dot" else "---\ntitle: ")
 
 
+@pytest.mark.parametrize("fmt", ["dot", "mermaid"])
+def test_collect_prints_pictures_of_a_simulated_machine(
+    fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(["collect", "--simulate", "dgx-h100", "--format", fmt], capsys)
+    assert status == 0
+    assert "NV18" in out
+    assert "NVSwitch" in out
+
+
 # The public API, as a scheduler author imports it.
 def test_decode_node_reads_a_node_dict_and_a_kubernetes_v1node() -> None:
     as_dict = node_object()

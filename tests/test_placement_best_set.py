@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from parsers.errors import ParseError
 from parsers.links import SELF, Link, LinkKind, parse_link
 from parsers.nvsmi import parse_topo
+from reporter.collect import build_scanner, list_profiles
 from reporter.errors import InputError, PlacementError
 from reporter.placement import GpuSet, Score, best_gpu_set, link_points, score_gpu_set
 from reporter.schema.model import Gpu, Nic, Source, Topology
@@ -43,7 +45,19 @@ def real_topologies() -> list[tuple[str, Topology]]:
     return out
 
 
+def simulated_topologies() -> list[tuple[str, Topology]]:
+    """Every shipped machine profile, as the agent would collect it with `--simulate`."""
+    out = []
+    for profile in list_profiles():
+        topology = build_scanner("auto", Path("/"), profile.name).scan().topology
+        assert topology is not None, profile.name
+        out.append((f"simulated-{profile.name}", topology))
+    return out
+
+
 REAL = real_topologies()
+SIMULATED = simulated_topologies()
+MACHINES = REAL + SIMULATED
 
 
 def grid(tokens: Sequence[str]) -> tuple[tuple[Link, ...], ...]:
@@ -71,20 +85,22 @@ def machine(
     )
 
 
-def test_real_fixtures_are_there() -> None:
+def test_real_fixtures_and_simulated_machines_are_there() -> None:
     assert len(REAL) >= 15
+    assert len(SIMULATED) >= 9
+    assert max(len(t.gpus) for _, t in SIMULATED) == 16
 
 
-@pytest.mark.parametrize(("name", "topology"), REAL, ids=[name for name, _ in REAL])
-def test_every_real_machine_and_every_k_gives_the_exhaustive_optimum(
+@pytest.mark.parametrize(("name", "topology"), MACHINES, ids=[name for name, _ in MACHINES])
+def test_every_machine_and_every_k_gives_the_exhaustive_optimum(
     name: str, topology: Topology
 ) -> None:
     for k in range(1, len(topology.gpus) + 1):
         assert best_gpu_set(topology, k) == brute_force(topology, k), f"{name} k={k}"
 
 
-@pytest.mark.parametrize(("name", "topology"), REAL, ids=[name for name, _ in REAL])
-def test_every_real_machine_with_half_its_gpus_taken(name: str, topology: Topology) -> None:
+@pytest.mark.parametrize(("name", "topology"), MACHINES, ids=[name for name, _ in MACHINES])
+def test_every_machine_with_half_its_gpus_taken(name: str, topology: Topology) -> None:
     free = list(range(1, len(topology.gpus), 2)) or [0]
     for k in range(1, len(free) + 1):
         assert best_gpu_set(topology, k, free) == brute_force(topology, k, free), f"{name} k={k}"

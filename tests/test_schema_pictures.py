@@ -23,7 +23,7 @@ from parsers.links import SELF, Link, LinkKind
 from reporter.schema.model import Gpu, Nic, Source, Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 from tests.strategies import topologies
-from tests.test_placement_best_set import REAL, machine
+from tests.test_placement_best_set import MACHINES, REAL, machine
 
 MERMAID = Path(__file__).parent / "mermaid"
 MermaidParse = Callable[[list[str]], list[str | None]]
@@ -78,7 +78,7 @@ HOSTILE = Topology(
     nics=(Nic(name="end", links=(Link(LinkKind.PIX), Link(LinkKind.PXB))),),
 )
 
-CASES = [*REAL, ("hostile-labels", HOSTILE), ("no-gpus", Topology(Source.NVML, (), ()))]
+CASES = [*MACHINES, ("hostile-labels", HOSTILE), ("no-gpus", Topology(Source.NVML, (), ()))]
 
 
 @pytest.mark.parametrize(("name", "topology"), CASES, ids=[name for name, _ in CASES])

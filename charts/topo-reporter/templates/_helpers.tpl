@@ -1,0 +1,83 @@
+{{/*
+Names and labels shared by every template. Object names are truncated to 63 characters because
+some Kubernetes name fields are limited to a DNS label.
+*/}}
+
+{{- define "topo-reporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "topo-reporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-reporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: immutable on a DaemonSet, so nothing configurable goes in here. */}}
+{{- define "topo-reporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "topo-reporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "topo-reporter.labels" -}}
+helm.sh/chart: {{ include "topo-reporter.chart" . }}
+{{ include "topo-reporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: node-agent
+app.kubernetes.io/part-of: topo-reporter
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The metadata.annotations block of every object, or nothing; include it right after labels. */}}
+{{- define "topo-reporter.annotations" -}}
+{{- with .Values.commonAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-reporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "topo-reporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-reporter.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+"true" when the ValidatingAdmissionPolicy is to be installed, else empty. `auto` asks Helm's
+view of the cluster (.Capabilities, filled from the API server's discovery on install and
+upgrade, from --api-versions under `helm template`). The value may be a bool or the string
+"auto", hence the comparison on its string form.
+*/}}
+{{- define "topo-reporter.admissionPolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if eq .Values.agent.sink "node" }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The agent's Kubernetes username, as the API server sees its service account token. */}}
+{{- define "topo-reporter.serviceAccountUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}
+{{- end }}

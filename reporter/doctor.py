@@ -1,0 +1,434 @@
+"""The operator's checklist for GPU pods that stay Pending or run slow, walked automatically.
+
+Pure: it judges a topology, the kubelet's policies and a Node object (as the API returns it, a
+dict) and says what is wrong, with the evidence and the fix, in the operator's words. It reads
+nothing itself; the agent (node-local findings, as Warning Events) and `topo-reporter doctor`
+(every finding, from an operator's machine) feed it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from parsers.kubelet import KubeletPolicies
+from reporter.errors import SchemaError
+from reporter.schema import keys
+from reporter.schema.codec import decode
+from reporter.schema.labels import gpus_per_numa
+from reporter.schema.model import Topology
+
+GPU_RESOURCE = "nvidia.com/gpu"
+TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
+TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
+CPU_MANAGER_POLICY = "cpu-manager-policy"
+
+
+class Severity(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong on a node: what, the evidence that shows it, and what to do."""
+
+    code: str
+    severity: Severity
+    summary: str
+    evidence: tuple[str, ...]
+    fix: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentObservation:
+    """What the operator's view of the cluster says about the agent on one node; None is unknown."""
+
+    pod_found: bool | None = None
+    pod_ready: bool | None = None
+    degraded_reason: str | None = None
+    """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
+
+
+def local_findings(topology: Topology, policies: KubeletPolicies | None) -> list[Finding]:
+    """Findings the agent can see on its own node: alignment limits, NVLink damage, NUMA gaps."""
+    findings = [*_lost_gpus(topology), *_nvlink_degraded(topology), *_numa_unknown(topology)]
+    if policies is not None:
+        findings += _alignment_limit(topology, policies)
+    return findings
+
+
+def _lost_gpus(topology: Topology) -> list[Finding]:
+    lost = [f"GPU{g.index}" for g in topology.gpus if g.lost]
+    if not lost:
+        return []
+    return [
+        Finding(
+            code="gpu-lost",
+            severity=Severity.ERROR,
+            summary=f"{', '.join(lost)} fell off the bus (NVML reports the GPU lost)",
+            evidence=tuple(
+                f"GPU{g.index} {g.pci or ''} {g.uuid or ''}: lost".replace("  ", " ")
+                for g in topology.gpus
+                if g.lost
+            ),
+            fix="drain the node, check `dmesg` for Xid 79 (GPU has fallen off the bus) and the "
+            "GPU's power and seating, then reset the GPU or reboot the node",
+        )
+    ]
+
+
+def _nvlink_degraded(topology: Topology) -> list[Finding]:
+    if not topology.nvlink_observed:
+        return []
+    n = len(topology.gpus)
+    evidence: list[str] = []
+    for a in range(n):
+        for b in range(a + 1, n):
+            ab, ba = topology.links[a][b], topology.links[b][a]
+            if ab != ba:
+                evidence.append(f"GPU{a}→GPU{b} is {ab.token} but GPU{b}→GPU{a} is {ba.token}")
+    by_model: dict[str | None, list[int]] = {}
+    for gpu in topology.gpus:
+        if not gpu.lost:
+            by_model.setdefault(gpu.model, []).append(gpu.index)
+    for model, members in by_model.items():
+        # Through NVSwitches every pair shows the GPU's whole bond (NV18), so a GPU's link count
+        # is its largest bond; wired directly, its links are split among peers and add up.
+        count = max if topology.nvswitch else sum
+        total = {i: count(c.nvlinks for c in topology.links[i]) for i in members}
+        best = max(total.values(), default=0)
+        if best == 0:
+            continue
+        name = model or "GPU"
+        for i in members:
+            if total[i] == 0:
+                evidence.append(f"GPU{i} has no NVLink while other {name}s have {best}")
+            elif total[i] < best:
+                evidence.append(f"GPU{i} has {total[i]} NVLinks where other {name}s have {best}")
+    healthy = n - sum(1 for g in topology.gpus if g.lost)
+    largest = max((len(i) for i in topology.islands), default=1)
+    if topology.nvswitch and largest < healthy:
+        evidence.append(f"NVSwitch system split into islands {[list(i) for i in topology.islands]}")
+    if not evidence:
+        return []
+    return [
+        Finding(
+            code="nvlink-degraded",
+            severity=Severity.WARNING,
+            summary="NVLinks are missing: multi-GPU jobs on the affected GPUs run slower",
+            evidence=tuple(evidence),
+            fix="check `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` on the node for inactive "
+            "links and errors, the fabric manager service on NVSwitch systems, and bridges on "
+            "workstations; a reset or a reseat usually follows",
+        )
+    ]
+
+
+def _numa_unknown(topology: Topology) -> list[Finding]:
+    cpu_nodes = [node.id for node in topology.numa_nodes if node.cpus]
+    unknown = [f"GPU{g.index}" for g in topology.gpus if not g.numa]
+    if len(cpu_nodes) < 2 or not unknown:
+        return []
+    return [
+        Finding(
+            code="numa-unknown",
+            severity=Severity.WARNING,
+            summary=f"the NUMA node of {', '.join(unknown)} is unknown on a host with "
+            f"{len(cpu_nodes)} NUMA nodes: Topology Manager cannot align them",
+            evidence=(f"numa_node is -1 for {', '.join(unknown)}", f"NUMA nodes {cpu_nodes}"),
+            fix="enable PCIe locality reporting in the firmware (ACPI _PXM / SRAT; on some "
+            "boards 'NUMA nodes per socket' or 'ACPI SRAT L3 cache as NUMA'), or pin jobs by hand",
+        )
+    ]
+
+
+def _alignment_limit(topology: Topology, policies: KubeletPolicies) -> list[Finding]:
+    per_numa = gpus_per_numa(topology)
+    if not policies.aligns_numa or len(per_numa) < 2:
+        return []
+    most = max(per_numa.values())
+    return [
+        Finding(
+            code="numa-alignment-limit",
+            severity=Severity.WARNING,
+            summary=f"Topology Manager policy {policies.topology_manager_policy} admits at most "
+            f"{most} GPUs per pod here: pods asking for more are rejected with "
+            "TopologyAffinityError",
+            evidence=(
+                f"topologyManagerPolicy={policies.topology_manager_policy}, "
+                f"scope={policies.topology_manager_scope}",
+                "GPUs per NUMA node: "
+                + ", ".join(f"node {k}: {v}" for k, v in sorted(per_numa.items())),
+            ),
+            fix=f"request at most {most} GPUs per pod on this node (select it with "
+            f"`{keys.DEFAULT_PREFIX}/{keys.MAX_GPUS_PER_NUMA}`), or use policy best-effort if "
+            "cross-NUMA placement is acceptable",
+        )
+    ]
+
+
+def policies_from_labels(labels: Mapping[str, str], prefix: str) -> KubeletPolicies | None:
+    """The kubelet policies the agent published, or None when it did not (file not readable)."""
+    policy = labels.get(keys.key(prefix, TOPOLOGY_MANAGER_POLICY))
+    if policy is None:
+        return None
+    return KubeletPolicies(
+        topology_manager_policy=policy,
+        topology_manager_scope=labels.get(keys.key(prefix, TOPOLOGY_MANAGER_SCOPE), "container"),
+        cpu_manager_policy=labels.get(keys.key(prefix, CPU_MANAGER_POLICY), "none"),
+    )
+
+
+def _quantity(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def node_findings(
+    node: Mapping[str, Any],
+    topology: Topology | None,
+    prefix: str,
+    agent: AgentObservation,
+) -> list[Finding]:
+    """Every finding for one Node object (as the API returns it) and its decoded topology."""
+    name = node.get("metadata", {}).get("name", "?")
+    status = node.get("status") or {}
+    allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
+    findings: list[Finding] = []
+    if topology is None:
+        if capacity or allocatable:
+            findings.append(_no_data(name, capacity or allocatable or 0, agent))
+        return findings
+    seen = len(topology.gpus)
+    mig = any(g.mig for g in topology.gpus)
+    if seen and allocatable is None and not mig:
+        findings.append(
+            Finding(
+                code="device-plugin-missing",
+                severity=Severity.ERROR,
+                summary=f"{seen} GPUs seen, but {GPU_RESOURCE} is not allocatable: GPU pods stay "
+                f"Pending with 'Insufficient {GPU_RESOURCE}'",
+                evidence=(
+                    f"{prefix}/{keys.COUNT}={seen}",
+                    f"status.allocatable has no {GPU_RESOURCE}",
+                ),
+                fix=f"the NVIDIA device plugin is not registered on {name}: check its pod "
+                "(`kubectl get pods -A -o wide --field-selector spec.nodeName="
+                f"{name} | grep device-plugin`), the kubelet's "
+                "/var/lib/kubelet/device-plugins/ socket (a stale nvidia.sock after a crash), and "
+                "that the node runs the NVIDIA container runtime",
+            )
+        )
+    elif allocatable is not None and allocatable < seen and not mig:
+        lost = [f"GPU{g.index}" for g in topology.gpus if g.lost]
+        findings.append(
+            Finding(
+                code="gpus-unallocatable",
+                severity=Severity.ERROR,
+                summary=f"only {allocatable} of {seen} GPUs are allocatable",
+                evidence=(
+                    f"{prefix}/{keys.COUNT}={seen}",
+                    f"status.allocatable[{GPU_RESOURCE}]={allocatable}",
+                    f"lost: {', '.join(lost)}" if lost else "no GPU is reported lost",
+                ),
+                fix="the device plugin marked GPUs unhealthy (Xid errors): check its logs and "
+                "`nvidia-smi -q` on the node; a lost GPU needs a reset or a reboot",
+            )
+        )
+    if agent.degraded_reason is not None:
+        findings.append(
+            Finding(
+                code="agent-degraded",
+                severity=Severity.ERROR,
+                summary="topo-reporter cannot read the GPUs: the published topology may be stale",
+                evidence=(agent.degraded_reason,),
+                fix="check the NVIDIA driver on the node (`nvidia-smi`), that the agent's pod runs "
+                "with the NVIDIA runtime (runtimeClassName), NVIDIA_VISIBLE_DEVICES=all and "
+                "NVIDIA_DRIVER_CAPABILITIES including utility",
+            )
+        )
+    if agent.pod_found is False or agent.pod_ready is False:
+        findings.append(_agent_not_ready(name, agent))
+    findings += local_findings(topology, policies_from_labels(_labels(node), prefix))
+    return sorted(findings, key=lambda f: -f.severity)
+
+
+def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _no_data(name: str, gpus: int, agent: AgentObservation) -> Finding:
+    evidence = [f"status.capacity[{GPU_RESOURCE}]={gpus}", "no topology annotation"]
+    if agent.pod_found is False:
+        evidence.append(f"no topo-reporter pod on {name}")
+    elif agent.pod_ready is False:
+        evidence.append(f"the topo-reporter pod on {name} is not ready")
+    return Finding(
+        code="no-topology-data",
+        severity=Severity.ERROR,
+        summary=f"the node has {gpus} GPUs but no topology data: topo-reporter is not running "
+        "there or cannot publish",
+        evidence=tuple(evidence),
+        fix="check that the DaemonSet's nodeSelector and tolerations match this node, then the "
+        "agent's logs (`kubectl logs -n <namespace> <pod>`): RBAC or admission errors are "
+        "logged once with the fix",
+    )
+
+
+def _agent_not_ready(name: str, agent: AgentObservation) -> Finding:
+    what = "no topo-reporter pod runs" if agent.pod_found is False else "topo-reporter is not ready"
+    return Finding(
+        code="agent-not-ready",
+        severity=Severity.WARNING,
+        summary=f"{what} on {name}: the published topology is not being kept fresh",
+        evidence=(what,),
+        fix="check the DaemonSet's nodeSelector and tolerations for this node and the pod's logs",
+    )
+
+
+def summarize(
+    findings_by_node: Mapping[str, list[Finding]],
+) -> list[tuple[str, Severity, list[str]]]:
+    """Nodes by finding, worst first: (code, severity, nodes), for `doctor --all`."""
+    nodes: dict[str, list[str]] = {}
+    severity: dict[str, Severity] = {}
+    for node, findings in findings_by_node.items():
+        for f in findings:
+            nodes.setdefault(f.code, []).append(node)
+            severity[f.code] = f.severity
+    counts = Counter({code: len(n) for code, n in nodes.items()})
+    order = sorted(nodes, key=lambda c: (-severity[c], -counts[c], c))
+    return [(code, severity[code], sorted(nodes[code])) for code in order]
+
+
+AGENT_POD_LABEL = "app.kubernetes.io/name=topo-reporter"
+DEGRADED_REASON = "TopologyDegraded"
+
+
+class ClusterReader(Protocol):
+    """What the doctor reads from the API: nodes, the agent's pods, and Events on a node.
+
+    Each returns plain dicts as the API serves them; a read the caller may not make returns None
+    (RBAC lets many operators read nodes but not pods or events).
+    """
+
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def agent_pods(self, node: str) -> list[dict[str, Any]] | None: ...
+
+    def node_events(self, node: str) -> list[dict[str, Any]] | None: ...
+
+
+def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
+    """What the cluster says about the agent on `node` (unknown parts stay None)."""
+    pods = reader.agent_pods(node)
+    ready: bool | None = None
+    if pods:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for pod in pods
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+    events = reader.node_events(node)
+    degraded = [e for e in events or [] if e.get("reason") == DEGRADED_REASON]
+    degraded.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return AgentObservation(
+        pod_found=None if pods is None else bool(pods),
+        pod_ready=ready,
+        degraded_reason=str(degraded[-1].get("message")) if degraded else None,
+    )
+
+
+def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Finding]:
+    """Every finding for one Node: its annotation decoded, its agent observed."""
+    annotation = ((node.get("metadata") or {}).get("annotations") or {}).get(
+        keys.key(prefix, keys.TOPOLOGY)
+    )
+    topology: Topology | None = None
+    findings: list[Finding] = []
+    if annotation is not None:
+        try:
+            topology = decode(annotation)
+        except SchemaError as e:
+            findings.append(
+                Finding(
+                    code="topology-unreadable",
+                    severity=Severity.ERROR,
+                    summary="the topology annotation does not validate: schedulers ignore it",
+                    evidence=(str(e),),
+                    fix="someone edited it by hand or another tool wrote it: delete the annotation "
+                    "and the agent republishes within one resync",
+                )
+            )
+    name = str((node.get("metadata") or {}).get("name", "?"))
+    return findings + node_findings(node, topology, prefix, observe_agent(reader, name))
+
+
+def report_text(findings_by_node: Mapping[str, list[Finding]], summary: bool) -> str:
+    """The report an operator reads in a terminal."""
+    out: list[str] = []
+    if summary:
+        rows = summarize(findings_by_node)
+        healthy = [n for n, f in findings_by_node.items() if not f]
+        out.append(f"{len(findings_by_node)} nodes, {len(healthy)} without findings")
+        out += [
+            f"  {sev!s:7} {code}: {len(nodes)} ({', '.join(nodes)})" for code, sev, nodes in rows
+        ]
+        out.append("")
+    for node, findings in findings_by_node.items():
+        if not findings:
+            if not summary:
+                out.append(f"node {node}: no findings")
+            continue
+        out.append(f"node {node}: {len(findings)} finding{'s' if len(findings) > 1 else ''}")
+        for f in findings:
+            out.append(f"  {f.severity!s} {f.code}: {f.summary}")
+            out += [f"    evidence: {line}" for line in f.evidence]
+            out.append(f"    fix: {f.fix}")
+    return "\n".join(out) + "\n"
+
+
+def report_json(findings_by_node: Mapping[str, list[Finding]]) -> str:
+    """The same report for scripts: nodes with their findings, and the summary."""
+    doc = {
+        "nodes": [
+            {
+                "node": node,
+                "findings": [
+                    {
+                        "code": f.code,
+                        "severity": str(f.severity).lower(),
+                        "summary": f.summary,
+                        "evidence": list(f.evidence),
+                        "fix": f.fix,
+                    }
+                    for f in findings
+                ],
+            }
+            for node, findings in findings_by_node.items()
+        ],
+        "summary": [
+            {"code": code, "severity": str(sev).lower(), "nodes": nodes}
+            for code, sev, nodes in summarize(findings_by_node)
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def worst(findings_by_node: Mapping[str, list[Finding]]) -> Severity | None:
+    """The most severe finding of the report, None when there is none."""
+    return max((f.severity for fs in findings_by_node.values() for f in fs), default=None)

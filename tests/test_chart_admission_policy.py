@@ -1,0 +1,392 @@
+"""The admission policy's CEL, as the chart renders it, decides node updates the way DESIGN.md says.
+
+The expressions are taken from the rendered ValidatingAdmissionPolicy and evaluated with
+cel-python on admission requests built here, the way the API server evaluates them:
+matchConditions first (all must be true for the policy to apply), then `variables` (bound under
+`variables.`), then each validation in order; the first false one denies with its message, and an
+expression that fails to evaluate denies too, because the policy's failurePolicy is Fail.
+
+Every expression uses standard CEL only (no Kubernetes extension library), so the evaluator
+registers no function of its own; a test below keeps it that way.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import celpy
+import pytest
+from celpy.adapter import json_to_cel
+from celpy.celtypes import MapType, StringType
+from celpy.evaluation import CELEvalError
+from lark import Token, Tree
+
+from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, VAP_API, render
+
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+AGENT = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+
+# Functions and macros of the CEL standard definitions that Kubernetes CEL also has.
+STANDARD_CEL = {
+    "has", "size", "all", "exists", "exists_one", "map", "filter",
+    "startsWith", "endsWith", "contains", "matches",
+    "int", "uint", "double", "string", "bytes", "bool", "type", "dyn",
+}  # fmt: skip
+# What a ValidatingAdmissionPolicy expression may name at its root (Kubernetes docs,
+# "Validation expression"); `params`, `namespaceObject` and `authorizer` go unused here.
+ADMISSION_ROOTS = {"object", "oldObject", "request", "variables"}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the API server would answer: admitted or not, and why not."""
+
+    allowed: bool
+    applies: bool
+    message: str = ""
+
+
+class PolicyEvaluator:
+    """A ValidatingAdmissionPolicy's CEL, compiled once, evaluated like the API server does."""
+
+    def __init__(self, policy: dict[str, Any]) -> None:
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        env = celpy.Environment()
+        self.expressions: list[str] = []
+
+        def compile_(expression: str) -> Callable[[dict[str, Any]], Any]:
+            self.expressions.append(expression)
+            program: Callable[[dict[str, Any]], Any] = env.program(env.compile(expression)).evaluate
+            return program
+
+        self.match = [compile_(c["expression"]) for c in spec["matchConditions"]]
+        self.variables = [(v["name"], compile_(v["expression"])) for v in spec["variables"]]
+        self.validations = [(compile_(v["expression"]), v["message"]) for v in spec["validations"]]
+
+    def admit(self, request: dict[str, Any]) -> Decision:
+        """Evaluate the policy on an UPDATE `request` (with `object` and `oldObject`)."""
+        activation: dict[str, Any] = {
+            "request": json_to_cel(request),
+            "object": json_to_cel(request["object"]),
+            "oldObject": json_to_cel(request["oldObject"]),
+        }
+        for condition in self.match:
+            if not _value(condition, activation):
+                return Decision(allowed=True, applies=False)
+        bound: dict[str, Any] = {}
+        for name, variable in self.variables:
+            activation["variables"] = json_to_cel(bound)
+            bound[name] = _value(variable, activation)
+        activation["variables"] = MapType({StringType(k): v for k, v in bound.items()})
+        for validation, message in self.validations:
+            try:
+                ok = _value(validation, activation)
+            except CELEvalError as e:
+                return Decision(allowed=False, applies=True, message=f"evaluation error: {e}")
+            if not ok:
+                return Decision(allowed=False, applies=True, message=message)
+        return Decision(allowed=True, applies=True)
+
+
+def _value(program: Callable[[dict[str, Any]], Any], activation: dict[str, Any]) -> Any:
+    result = program(activation)
+    # celpy returns errors as values from some paths instead of raising them.
+    if isinstance(result, CELEvalError):
+        raise result
+    return result
+
+
+def node(name: str = "gpu-node-1") -> dict[str, Any]:
+    """A GPU node as the API server stores it, before the agent's first publish."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": "5b0b7c7e-2f1f-4a43-9a0e-6f3f2c1d9e10",
+            "resourceVersion": "812",
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+        },
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "podCIDRs": ["10.244.1.0/24"],
+            "providerID": f"kind://docker/kind/{name}",
+            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        },
+        "status": {"capacity": {"nvidia.com/gpu": "8"}},
+    }
+
+
+def request(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    *,
+    username: str = AGENT,
+    extra: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """An admission request for an UPDATE of a Node (a PATCH reaches admission as one)."""
+    return {
+        "operation": "UPDATE",
+        "name": new["metadata"]["name"],
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"]} if extra is None else extra,
+        },
+        "object": new,
+        "oldObject": old,
+    }
+
+
+Change = Callable[[dict[str, Any]], None]
+
+
+def changed(
+    change: Change, base: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(old, new): the node before and after `change`; the agent's own previous keys included."""
+    old = base if base is not None else node()
+    new = copy.deepcopy(old)
+    change(new)
+    return old, new
+
+
+def published(prefix: str) -> dict[str, Any]:
+    """The node after a first publish under `prefix`."""
+    n = node()
+    n["metadata"]["labels"] |= {f"{prefix}/count": "8", f"{prefix}/interconnect": "nvswitch"}
+    n["metadata"]["annotations"] |= {f"{prefix}/topology": '{"v":1}', f"{prefix}/owned": "x"}
+    return n
+
+
+def set_label(key: str, value: str) -> Change:
+    return lambda n: n["metadata"]["labels"].__setitem__(key, value)
+
+
+def set_annotation(key: str, value: str) -> Change:
+    return lambda n: n["metadata"]["annotations"].__setitem__(key, value)
+
+
+def drop_label(key: str) -> Change:
+    return lambda n: n["metadata"]["labels"].pop(key)
+
+
+def drop_annotation(key: str) -> Change:
+    return lambda n: n["metadata"]["annotations"].pop(key)
+
+
+def publish(prefix: str) -> Change:
+    def change(n: dict[str, Any]) -> None:
+        n["metadata"]["labels"] |= {f"{prefix}/count": "8", f"{prefix}/nvlink-islands": "1"}
+        n["metadata"]["annotations"] |= {f"{prefix}/topology": "{}", f"{prefix}/matrix": "GPU0"}
+
+    return change
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A rendered policy, the prefix and the agent username its values were rendered with."""
+
+    policy: PolicyEvaluator
+    prefix: str
+    agent: str
+
+
+@pytest.fixture(scope="module", params=["default", "custom prefix"])
+def rendering(request: pytest.FixtureRequest) -> Rendering:
+    """The policy with default values, and with every option on (another prefix, SA `topo`)."""
+    if request.param == "default":
+        rendered = render(api_versions=(VAP_API,))
+        return Rendering(
+            PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")), "gpu.topology.io", AGENT
+        )
+    rendered = render(ALL_ON, api_versions=(VAP_API,))
+    return Rendering(
+        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        ALL_ON["agent"]["prefix"],
+        f"system:serviceaccount:{NAMESPACE}:{ALL_ON['serviceAccount']['name']}",
+    )
+
+
+ALLOWED: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any]]]] = {
+    "first publish on its own node adds our labels and annotations": lambda p: changed(publish(p)),
+    "its own node, one of our labels changes value": lambda p: changed(
+        set_label(f"{p}/count", "4"), published(p)
+    ),
+    "its own node, a stale key of ours is removed": lambda p: changed(
+        drop_label(f"{p}/interconnect"), published(p)
+    ),
+    "its own node, one of our annotations is rewritten": lambda p: changed(
+        set_annotation(f"{p}/topology", '{"v":1,"gpus":[]}'), published(p)
+    ),
+    "its own node, a no-op update": lambda p: changed(lambda n: None, published(p)),
+    "its own node had no labels or annotations at all": lambda p: changed(
+        publish(p), {**node(), "metadata": {"name": "gpu-node-1", "labels": {}, "annotations": {}}}
+    ),
+}
+
+DENIED: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any]]], str]] = {
+    "a foreign label is added": (
+        lambda p: changed(set_label("nvidia.com/gpu.clique", "x")),
+        "only labels under",
+    ),
+    "a foreign label is changed": (
+        lambda p: changed(set_label("nvidia.com/gpu.product", "A100")),
+        "only labels under",
+    ),
+    "a foreign label is removed": (
+        lambda p: changed(drop_label("nvidia.com/gpu.present")),
+        "only labels under",
+    ),
+    "a kubernetes.io label is added": (
+        lambda p: changed(set_label("node-role.kubernetes.io/control-plane", "")),
+        "only labels under",
+    ),
+    "a label under a look-alike prefix": (
+        lambda p: changed(set_label(f"{p}.evil.example/count", "8")),
+        "only labels under",
+    ),
+    "a label named like the prefix without the slash": (
+        lambda p: changed(set_label(f"{p}x/count", "8")),
+        "only labels under",
+    ),
+    "a foreign annotation is added": (
+        lambda p: changed(set_annotation("example.com/owner", "me")),
+        "only annotations under",
+    ),
+    "a foreign annotation is changed": (
+        lambda p: changed(set_annotation("node.alpha.kubernetes.io/ttl", "30")),
+        "only annotations under",
+    ),
+    "a foreign annotation is removed": (
+        lambda p: changed(
+            drop_annotation("volumes.kubernetes.io/controller-managed-attach-detach")
+        ),
+        "only annotations under",
+    ),
+    "a taint is added": (
+        lambda p: changed(
+            lambda n: n["spec"]["taints"].append({"key": "x", "effect": "NoExecute"})
+        ),
+        "spec",
+    ),
+    "the GPU taint is removed": (lambda p: changed(lambda n: n["spec"].pop("taints")), "spec"),
+    "the node is cordoned": (
+        lambda p: changed(lambda n: n["spec"].__setitem__("unschedulable", True)),
+        "spec",
+    ),
+    "the podCIDR is changed": (
+        lambda p: changed(lambda n: n["spec"].__setitem__("podCIDR", "10.0.0.0/8")),
+        "spec",
+    ),
+    "a finalizer is added": (
+        lambda p: changed(lambda n: n["metadata"].__setitem__("finalizers", ["example.com/hold"])),
+        "finalizers or ownerReferences",
+    ),
+    "an owner reference is added": (
+        lambda p: changed(
+            lambda n: n["metadata"].__setitem__(
+                "ownerReferences", [{"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "1"}]
+            )
+        ),
+        "finalizers or ownerReferences",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ALLOWED.keys())
+def test_agent_may_change_its_own_keys_on_its_own_node(rendering: Rendering, case: str) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
+    old, new = ALLOWED[case](prefix)
+    decision = evaluator.admit(request(old, new, username=rendering.agent))
+    assert decision == Decision(allowed=True, applies=True)
+
+
+@pytest.mark.parametrize("case", DENIED.keys())
+def test_agent_may_not_touch_anything_else(rendering: Rendering, case: str) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
+    make, reason = DENIED[case]
+    old, new = make(prefix)
+    decision = evaluator.admit(request(old, new, username=rendering.agent))
+    assert not decision.allowed
+    assert reason in decision.message
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({NODE_CLAIM: ["gpu-node-2"]}, "another node"),
+        ({}, "a token without the node-name claim"),
+        ({NODE_CLAIM: []}, "an empty node-name claim"),
+        ({NODE_CLAIM: ["gpu-node-1", "gpu-node-2"]}, "a claim naming two nodes"),
+    ],
+    ids=["another node", "no node claim", "an empty node claim", "a claim naming two nodes"],
+)
+def test_agent_may_change_only_the_node_named_by_its_token(
+    rendering: Rendering, extra: dict[str, list[str]], reason: str
+) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
+    old, new = changed(publish(prefix))
+    decision = evaluator.admit(request(old, new, username=rendering.agent, extra=extra))
+    assert not decision.allowed, reason
+    assert "only the Node its pod runs on" in decision.message
+
+
+def test_other_users_are_not_judged_by_this_policy(rendering: Rendering) -> None:
+    evaluator = rendering.policy
+    old, new = changed(lambda n: n["spec"].__setitem__("unschedulable", True))
+    for user in ("system:node:gpu-node-1", "kubernetes-admin", "system:serviceaccount:other:tr"):
+        assert evaluator.admit(request(old, new, username=user)) == Decision(
+            allowed=True, applies=False
+        )
+
+
+def test_policy_prefix_is_the_configured_prefix_with_its_slash(
+    rendering: Rendering,
+) -> None:
+    evaluator, prefix = rendering.policy, rendering.prefix
+    assert f'"{prefix}/"' in evaluator.expressions
+
+
+def _calls_and_roots(tree: Tree[Token]) -> tuple[set[str], set[str], set[str]]:
+    """(functions called, root identifiers, comprehension variables) in a parsed expression."""
+    calls: set[str] = set()
+    roots: set[str] = set()
+    loop_vars: set[str] = set()
+    for sub in tree.iter_subtrees():
+        if sub.data == "ident_arg":
+            calls.add(str(sub.children[0]))
+        elif sub.data == "member_dot_arg":
+            name = str(sub.children[1])
+            calls.add(name)
+            if name in {"all", "exists", "exists_one", "map", "filter"}:
+                first_arg = sub.children[2].children[0]  # type: ignore[union-attr]
+                loop_vars |= {str(t) for t in first_arg.scan_values(lambda v: isinstance(v, Token))}  # type: ignore[union-attr]
+        elif sub.data == "ident":
+            roots.add(str(sub.children[0]))
+    return calls, roots, loop_vars
+
+
+def test_expressions_use_only_standard_cel_and_admission_variables(
+    rendering: Rendering,
+) -> None:
+    evaluator = rendering.policy
+    env = celpy.Environment()
+    for expression in evaluator.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

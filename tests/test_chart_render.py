@@ -1,0 +1,480 @@
+"""The Helm chart renders, lints and validates, and its objects carry the promised properties.
+
+Security and scheduling properties are asserted on the rendered objects, not on template text:
+what the API server would receive is what is checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helm_chart import (
+    ALL_ON,
+    CHART_DIR,
+    FULLNAME,
+    KUBE_1_30,
+    NAMESPACE,
+    VAP_API,
+    Rendered,
+    container,
+    env,
+    pyproject_version,
+    render,
+)
+
+NEWEST = kubernetes_validate.utils.latest_version()
+# Kinds kubernetes-validate has no schema for: CRDs of other projects. Checked field by field.
+CRD_KINDS = {"ServiceMonitor"}
+SA_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+
+
+def chart_min_kube() -> str:
+    """The oldest Kubernetes minor Chart.yaml's kubeVersion accepts (`>=1.25.0-0` -> `1.25`)."""
+    with (CHART_DIR / "Chart.yaml").open() as f:
+        constraint = str(yaml.safe_load(f)["kubeVersion"])
+    assert constraint.startswith(">="), constraint
+    return ".".join(constraint[2:].split(".")[:2])
+
+
+# (values, the cluster's API versions, Kubernetes version): each rendered and validated.
+RENDERS = {
+    "defaults, cluster without the policy API, oldest supported": ({}, (), chart_min_kube()),
+    "defaults, cluster with the policy API, 1.30": ({}, (VAP_API,), KUBE_1_30),
+    "defaults, cluster with the policy API, newest": ({}, (VAP_API,), NEWEST),
+    "every option on, 1.30": (ALL_ON, (VAP_API,), KUBE_1_30),
+    "every option on, newest": (ALL_ON, (VAP_API,), NEWEST),
+    "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
+}
+
+
+@pytest.fixture(scope="module")
+def default() -> Rendered:
+    return render(api_versions=(VAP_API,))
+
+
+@pytest.fixture(scope="module")
+def all_on() -> Rendered:
+    return render(ALL_ON, api_versions=(VAP_API,))
+
+
+@pytest.fixture(scope="module")
+def nodefeature() -> Rendered:
+    return render({"agent": {"sink": "nodefeature"}}, api_versions=(VAP_API,))
+
+
+def test_app_version_is_the_package_version() -> None:
+    assert helm.Chart.load(CHART_DIR).metadata["appVersion"] == pyproject_version()
+
+
+def test_default_image_tag_is_the_package_version(default: Rendered) -> None:
+    assert container(default)["image"] == f"topo-reporter:{pyproject_version()}"
+
+
+@pytest.mark.parametrize(
+    ("values", "kube"),
+    [({}, KUBE_1_30), (ALL_ON, KUBE_1_30), ({}, NEWEST)],
+    ids=["defaults lint clean", "every option on lints clean", "defaults lint clean on newest"],
+)
+def test_lint_reports_no_warning_or_error(values: dict[str, Any], kube: str) -> None:
+    report = helm.lint(CHART_DIR, values, strict=True, kube_version=f"v{kube}.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+    assert report["errors"] == []
+
+
+@pytest.mark.parametrize("case", RENDERS.keys())
+def test_every_object_validates_against_the_kubernetes_schemas(case: str) -> None:
+    values, apis, kube = RENDERS[case]
+    rendered = render(values, api_versions=apis, kube_version=kube)
+    checked = 0
+    for obj in rendered.objects:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, kube, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on {kube}: {e.message}")
+        checked += 1
+    assert checked >= 4
+
+
+def test_defaults_render_the_agent_its_identity_rbac_and_policy(default: Rendered) -> None:
+    assert default.kinds() == {
+        "DaemonSet",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+
+
+def test_every_option_on_adds_metrics_service_and_servicemonitor(all_on: Rendered) -> None:
+    assert {"Service", "ServiceMonitor"} <= all_on.kinds()
+
+
+# --- The admission policy switch --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "cluster_serves_policy_api", "installed"),
+    [
+        ("auto", True, True),
+        ("auto", False, False),
+        (True, False, True),
+        (False, True, False),
+    ],
+    ids=[
+        "auto installs the policy where the cluster serves the API",
+        "auto skips the policy where the cluster lacks the API",
+        "true forces the policy",
+        "false leaves it out",
+    ],
+)
+def test_admission_policy_switch(
+    mode: object, cluster_serves_policy_api: bool, installed: bool
+) -> None:
+    apis = (VAP_API,) if cluster_serves_policy_api else ()
+    rendered = render({"admissionPolicy": {"enabled": mode}}, api_versions=apis)
+    kinds = rendered.kinds()
+    assert ("ValidatingAdmissionPolicy" in kinds) is installed
+    assert ("ValidatingAdmissionPolicyBinding" in kinds) is installed
+
+
+def test_policy_binding_denies_and_names_the_policy(default: Rendered) -> None:
+    policy = default.one("ValidatingAdmissionPolicy")
+    binding = default.one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # The API server rejects a validation message holding a line break.
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+    ]
+
+
+def test_policy_matches_the_agents_own_service_account(all_on: Rendered) -> None:
+    (condition,) = all_on.one("ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:topo"'
+    )
+
+
+def test_nodefeature_sink_has_no_node_rights_and_no_node_policy(nodefeature: Rendered) -> None:
+    assert (
+        not {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy"} & nodefeature.kinds()
+    )
+    for role in nodefeature.of_kind("Role"):
+        assert all("nodes" not in rule["resources"] for rule in role["rules"])
+
+
+# --- RBAC --------------------------------------------------------------------------------------
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_node_sink_clusterrole_holds_exactly_node_get_patch_and_event_create(
+    default: Rendered,
+) -> None:
+    assert _rules(default.one("ClusterRole")) == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "events", "create"),
+    }
+
+
+def test_nodefeature_sink_role_is_namespaced_on_nodefeatures_and_events(
+    nodefeature: Rendered,
+) -> None:
+    role = nodefeature.one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    verbs = ("get", "list", "watch", "create", "update", "patch")
+    assert _rules(role) == {("nfd.k8s-sigs.io", "nodefeatures", v) for v in verbs} | {
+        ("", "events", "create")
+    }
+
+
+@pytest.mark.parametrize(
+    "fixture", ["default", "all_on", "nodefeature"], ids=["defaults", "all on", "nodefeature"]
+)
+def test_no_rbac_wildcard(fixture: str, request: pytest.FixtureRequest) -> None:
+    rendered: Rendered = request.getfixturevalue(fixture)
+    for kind in ("ClusterRole", "Role"):
+        for role in rendered.of_kind(kind):
+            for group, resource, verb in _rules(role):
+                assert "*" not in (group, resource, verb)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "binding_kind", "sa_name"),
+    [("default", "ClusterRoleBinding", FULLNAME), ("nodefeature", "RoleBinding", FULLNAME)],
+    ids=["node sink binds the ClusterRole", "nodefeature sink binds the Role"],
+)
+def test_binding_grants_the_role_to_the_agents_service_account(
+    fixture: str, binding_kind: str, sa_name: str, request: pytest.FixtureRequest
+) -> None:
+    rendered: Rendered = request.getfixturevalue(fixture)
+    binding = rendered.one(binding_kind)
+    role_kind = binding_kind.removesuffix("Binding")
+    assert binding["roleRef"]["name"] == rendered.one(role_kind)["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}
+    ]
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    assert (
+        pod["serviceAccountName"] == sa_name == rendered.one("ServiceAccount")["metadata"]["name"]
+    )
+
+
+def test_existing_service_account_is_used_when_the_chart_creates_none() -> None:
+    rendered = render({"serviceAccount": {"create": False, "name": "gpu-agents"}})
+    assert "ServiceAccount" not in rendered.kinds()
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-agents"
+    assert rendered.one("ClusterRoleBinding")["subjects"][0]["name"] == "gpu-agents"
+
+
+def test_rbac_create_false_renders_no_role() -> None:
+    kinds = render({"rbac": {"create": False}}).kinds()
+    assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & kinds
+
+
+# --- The pod: security --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["default", "all_on"], ids=["defaults", "all on"])
+def test_container_is_locked_down(fixture: str, request: pytest.FixtureRequest) -> None:
+    rendered: Rendered = request.getfixturevalue(fixture)
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    sc = container(rendered)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(host_namespace, False)
+
+
+@pytest.mark.parametrize("fixture", ["default", "all_on"], ids=["defaults", "all on"])
+def test_every_host_path_is_mounted_read_only(fixture: str, request: pytest.FixtureRequest) -> None:
+    rendered: Rendered = request.getfixturevalue(fixture)
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    host_volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in container(rendered)["volumeMounts"]}
+    assert host_volumes
+    for name in host_volumes:
+        assert mounts[name].get("readOnly") is True, name
+    assert host_volumes["host-sys"] == {"path": "/sys", "type": "Directory"}
+    assert mounts["host-sys"]["mountPath"] == "/host/sys"
+    assert env(rendered)["TOPO_REPORTER_SYSFS_ROOT"] == "/host/sys"
+
+
+def test_kubelet_config_is_mounted_read_only_as_a_file(all_on: Rendered) -> None:
+    pod = all_on.one("DaemonSet")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "kubelet-config")
+    assert volume["hostPath"] == {"path": "/etc/kubernetes/kubelet.yaml", "type": "File"}
+    mount = next(m for m in container(all_on)["volumeMounts"] if m["name"] == "kubelet-config")
+    assert mount["readOnly"] is True
+    assert env(all_on)["TOPO_REPORTER_KUBELET_CONFIG"] == mount["mountPath"]
+
+
+def test_kubelet_config_disabled_mounts_nothing_and_sets_nothing() -> None:
+    rendered = render({"kubeletConfig": {"enabled": False}})
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    assert all(v["name"] != "kubelet-config" for v in pod["volumes"])
+    assert all(m["name"] != "kubelet-config" for m in container(rendered)["volumeMounts"])
+    assert "TOPO_REPORTER_KUBELET_CONFIG" not in env(rendered)
+
+
+def test_nvml_comes_through_the_nvidia_runtime_without_privilege(default: Rendered) -> None:
+    pod = default.one("DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert env(default)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env(default)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+def test_empty_runtime_class_uses_the_cluster_default() -> None:
+    pod = render({"runtimeClassName": ""}).one("DaemonSet")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in pod
+
+
+# --- The pod: scheduling --------------------------------------------------------------------------
+
+
+def test_runs_only_on_nvidia_gpu_nodes_by_default(default: Rendered) -> None:
+    pod = default.one("DaemonSet")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    required = {
+        (e["key"], e["operator"], tuple(e["values"])) for t in terms for e in t["matchExpressions"]
+    }
+    assert required == {
+        ("feature.node.kubernetes.io/pci-10de.present", "In", ("true",)),
+        ("nvidia.com/gpu.present", "In", ("true",)),
+    }
+
+
+def test_tolerates_the_gpu_taint_and_whatever_is_configured(all_on: Rendered) -> None:
+    tolerations = all_on.one("DaemonSet")["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert ALL_ON["tolerations"][0] in tolerations
+
+
+def test_node_critical_rolling_update_small_footprint(default: Rendered) -> None:
+    ds = default.one("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    resources = container(default)["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert "memory" in resources["limits"]
+
+
+def test_selector_labels_are_immutable_subset_of_pod_labels(all_on: Rendered) -> None:
+    ds = all_on.one("DaemonSet")
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector == {
+        "app.kubernetes.io/name": "topo-reporter",
+        "app.kubernetes.io/instance": "tr",
+    }
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_standard_and_extra_labels_and_annotations_on_every_object(all_on: Rendered) -> None:
+    for obj in all_on.objects:
+        labels = obj["metadata"]["labels"]
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm", where
+        assert labels["app.kubernetes.io/version"] == pyproject_version(), where
+        assert labels["team"] == "platform", where
+        assert obj["metadata"]["annotations"]["owner"] == "platform@example.com", where
+
+
+def test_pod_labels_annotations_and_pull_secrets(all_on: Rendered) -> None:
+    pod = all_on.one("DaemonSet")["spec"]["template"]
+    assert pod["metadata"]["labels"]["tier"] == "node-agent"
+    assert pod["metadata"]["annotations"] == {"example.com/scrape": "true"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-cred"}]
+    assert pod["spec"]["nodeSelector"] == {"node-role.example.com/gpu": "true"}
+
+
+# --- The agent's settings, probes and metrics --------------------------------------------------
+
+
+def test_container_runs_topo_reporter_run(default: Rendered) -> None:
+    c = container(default)
+    assert [*c["command"], *c["args"]] == ["topo-reporter", "run"]
+
+
+def test_default_values_map_onto_the_agent_settings_contract(default: Rendered) -> None:
+    assert env(default) == {
+        "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "TOPO_REPORTER_PREFIX": "gpu.topology.io",
+        "TOPO_REPORTER_INTERVAL": "60s",
+        "TOPO_REPORTER_RESYNC": "5m",
+        "TOPO_REPORTER_BACKEND": "auto",
+        "TOPO_REPORTER_SINK": "node",
+        "TOPO_REPORTER_SYSFS_ROOT": "/host/sys",
+        "TOPO_REPORTER_LISTEN": "0.0.0.0:8080",
+        "TOPO_REPORTER_LOG_FORMAT": "json",
+        "TOPO_REPORTER_LOG_LEVEL": "info",
+        "TOPO_REPORTER_KUBELET_CONFIG": "/host/kubelet/config.yaml",
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "utility",
+    }
+
+
+def test_every_agent_value_reaches_its_environment_variable(all_on: Rendered) -> None:
+    assert (
+        env(all_on).items()
+        >= {
+            "TOPO_REPORTER_PREFIX": "topo.example.com",
+            "TOPO_REPORTER_INTERVAL": "90s",
+            "TOPO_REPORTER_RESYNC": "10m",
+            "TOPO_REPORTER_BACKEND": "nvml",
+            "TOPO_REPORTER_LISTEN": "0.0.0.0:9400",
+            "TOPO_REPORTER_LOG_FORMAT": "console",
+            "TOPO_REPORTER_LOG_LEVEL": "debug",
+            "TOPO_REPORTER_SIMULATE": "dgx-h100",
+            "TZ": "UTC",
+        }.items()
+    )
+    assert env(render({"agent": {"sink": "nodefeature"}}))["TOPO_REPORTER_SINK"] == "nodefeature"
+
+
+def test_probes_hit_health_endpoints_on_the_listen_port(all_on: Rendered) -> None:
+    c = container(all_on)
+    assert c["ports"] == [{"name": "http", "containerPort": 9400, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_servicemonitor_scrapes_metrics_through_the_headless_service(all_on: Rendered) -> None:
+    service = all_on.one("Service")
+    monitor = all_on.one("ServiceMonitor")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"][0]["port"] == 9400
+    pod_labels = all_on.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "30s")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert service["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_servicemonitor_alone_brings_its_service() -> None:
+    kinds = render({"metrics": {"serviceMonitor": {"enabled": True}}}).kinds()
+    assert {"Service", "ServiceMonitor"} <= kinds
+
+
+# --- NOTES.txt ----------------------------------------------------------------------------------
+
+
+def test_notes_show_how_to_see_the_result(all_on: Rendered) -> None:
+    assert "kubectl describe node" in all_on.notes
+    assert "kubectl get nodes -L topo.example.com/count," in all_on.notes
+    assert "validatingadmissionpolicy" in all_on.notes
+
+
+def test_notes_warn_when_no_policy_guards_the_nodes() -> None:
+    notes = render({"admissionPolicy": {"enabled": False}}).notes
+    assert "No ValidatingAdmissionPolicy was installed" in notes
+
+
+def test_simulated_machine_runs_anywhere_as_the_readme_shows() -> None:
+    rendered = render(
+        {
+            "agent": {"simulate": "dgx-h100"},
+            "runtimeClassName": "",
+            "affinity": None,
+            "kubeletConfig": {"enabled": False},
+        }
+    )
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    assert "affinity" not in pod
+    assert "runtimeClassName" not in pod
+    assert env(rendered)["TOPO_REPORTER_SIMULATE"] == "dgx-h100"
