@@ -29,6 +29,7 @@ from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
+from reporter.placement import best_gpu_set
 from reporter.publish.kube import KubeNodeClient, load_configuration
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
@@ -36,6 +37,7 @@ from reporter.schema import keys
 from reporter.schema.codec import from_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
+from reporter.schema.node import node_name, topology_annotation
 from reporter.schema.normalize import topology_from_matrix
 from reporter.serve.http import HealthServer
 from reporter.serve.metrics import Metrics, api_error_kind
@@ -99,20 +101,30 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
             )
         doc = items[0]
     if isinstance(doc, dict) and doc.get("kind") == "Node":
-        name = (doc.get("metadata") or {}).get("name", "?")
-        annotation = ((doc.get("metadata") or {}).get("annotations") or {}).get(
-            keys.key(prefix, keys.TOPOLOGY)
-        )
-        if annotation is None:
-            raise InputError(
-                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
-                "topo-reporter running on it, with this --prefix?"
-            )
+        name = node_name(doc)
+        annotation = topology_annotation(doc, prefix)
         try:
             doc = json.loads(annotation)
         except (ValueError, RecursionError) as e:
             raise InputError(f"node {name}: the topology annotation is not JSON: {e}") from None
     return from_document(doc)
+
+
+def topology_from_any_text(text: str, source: str, prefix: str) -> Topology:
+    """A topology from whatever a user holds: an annotation, a Node (JSON or YAML), or the text of
+    `nvidia-smi topo -m`. A JSON or YAML mapping with `v` or `kind` is a document; the rest is text.
+    """
+    doc: Any = None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            doc = None
+    if isinstance(doc, dict) and ("v" in doc or "kind" in doc):
+        return topology_from_document_text(text, source, prefix)
+    return topology_from_text(text, source)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +147,44 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace) -> int:
     topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
     sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    return EXIT_OK
+
+
+def _gpu_count(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of GPUs") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
+    return count
+
+
+def _gpu_indices(value: str) -> list[int]:
+    try:
+        indices = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of GPU indices (0,1,5)"
+        ) from None
+    if not indices:
+        raise argparse.ArgumentTypeError("the list of available GPUs is empty")
+    return indices
+
+
+def _cmd_best_set(args: argparse.Namespace) -> int:
+    topology = topology_from_any_text(read_input(args.file), args.file, args.prefix)
+    best = best_gpu_set(topology, args.gpus, args.available)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(best.to_document()) + "\n")
+    else:
+        links, numa, nic = best.score
+        sys.stdout.write(
+            f"GPUs: {','.join(map(str, best.gpus))}\n"
+            f"score: {links} {numa} {nic} (link points, minus NUMA nodes spanned, NIC points; "
+            f"larger is better; {best.points_per_pair:.1f} points per pair)\n"
+            f"why: {best.explain()}\n"
+        )
     return EXIT_OK
 
 
@@ -308,6 +358,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings.add_arguments(run)
     run.set_defaults(handler=_cmd_run)
+
+    best_set = commands.add_parser(
+        "best-set",
+        help="the K best-connected GPUs of a node, with their score and why",
+        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
+        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
+        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
+        "then to a closer RDMA NIC. The score ranks nodes for the same K.",
+    )
+    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    best_set.add_argument(
+        "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
+    )
+    best_set.add_argument(
+        "--available",
+        type=_gpu_indices,
+        metavar="I,J,...",
+        help="the GPU indices free to choose from (default: every GPU that is not lost)",
+    )
+    best_set.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    best_set.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"annotation prefix of a Node object (default: {keys.DEFAULT_PREFIX})",
+    )
+    best_set.set_defaults(handler=_cmd_best_set)
     return parser
 
 
