@@ -24,13 +24,18 @@ import yaml
 
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
-from reporter import logs, settings
+from reporter import doctor, logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
 from reporter.placement import best_gpu_set
-from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.kube import (
+    AGENT_POD_SELECTOR,
+    KubeClusterReader,
+    KubeNodeClient,
+    load_configuration,
+)
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
@@ -284,6 +289,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _is_gpu_node(node: dict[str, Any], prefix: str) -> bool:
+    status = node.get("status") or {}
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return (
+        doctor.GPU_RESOURCE in (status.get("capacity") or {})
+        or keys.key(prefix, keys.TOPOLOGY) in annotations
+    )
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    reader = KubeClusterReader(
+        load_configuration(args.kubeconfig), agent_selector=args.agent_selector
+    )
+    if args.node:
+        nodes = [reader.get_node(args.node)]
+    else:
+        nodes = [n for n in reader.list_nodes() if _is_gpu_node(n, args.prefix)]
+    by_node = {
+        str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
+    }
+    if args.format == "json":
+        sys.stdout.write(doctor.report_json(by_node))
+    else:
+        sys.stdout.write(doctor.report_text(by_node, summary=args.all))
+    worst = doctor.worst(by_node)
+    return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -358,6 +391,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings.add_arguments(run)
     run.set_defaults(handler=_cmd_run)
+
+    diagnose = commands.add_parser(
+        "doctor",
+        help="explain why GPU pods stay Pending or run slow, node by node",
+        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
+        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
+        "no finding is an error, 1 otherwise, 2 on bad usage.",
+    )
+    which = diagnose.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", metavar="NAME", help="examine one node")
+    which.add_argument(
+        "--all", action="store_true", help="examine every GPU node and summarize, worst first"
+    )
+    diagnose.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    diagnose.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    diagnose.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
+    )
+    diagnose.add_argument(
+        "--agent-selector",
+        default=AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {AGENT_POD_SELECTOR})",
+    )
+    diagnose.set_defaults(handler=_cmd_doctor)
 
     best_set = commands.add_parser(
         "best-set",

@@ -321,9 +321,6 @@ def summarize(
     return [(code, severity[code], sorted(nodes[code])) for code in order]
 
 
-AGENT_POD_LABEL = "app.kubernetes.io/name=topo-reporter"
-
-
 class ClusterReader(Protocol):
     """What the doctor reads from the API: nodes, the agent's pods, and Events on a node.
 
