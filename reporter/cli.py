@@ -65,6 +65,8 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
 
     Raises InputError (SchemaError for a document that does not validate) naming the field.
     """
+    if len(text) > MAX_INPUT_BYTES:
+        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
     doc: Any
     try:
         doc = json.loads(text)
@@ -77,27 +79,37 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
                 "object (`kubectl get node NAME -o json`)"
             ) from None
     if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
-        items = doc.get("items") or []
-        if len(items) != 1:
+        items = doc.get("items")
+        if not isinstance(items, list) or len(items) != 1:
+            count = len(items) if isinstance(items, list) else 0
             raise InputError(
-                f"{source} holds {len(items)} nodes: pass one (`kubectl get node NAME -o json`)"
+                f"{source} holds {count} nodes: pass one (`kubectl get node NAME -o json`)"
             )
         doc = items[0]
     if isinstance(doc, dict) and doc.get("kind") == "Node":
-        name = (doc.get("metadata") or {}).get("name", "?")
-        annotation = ((doc.get("metadata") or {}).get("annotations") or {}).get(
-            keys.key(prefix, keys.TOPOLOGY)
-        )
+        # Anything in a Node document may be mangled: a field of the wrong type reads as absent.
+        metadata = _mapping(doc.get("metadata"))
+        name = metadata.get("name", "?")
+        annotation = _mapping(metadata.get("annotations")).get(keys.key(prefix, keys.TOPOLOGY))
         if annotation is None:
             raise InputError(
                 f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
                 "topo-reporter running on it, with this --prefix?"
+            )
+        if not isinstance(annotation, str):
+            raise InputError(
+                f"node {name}: the topology annotation is a {type(annotation).__name__}, not a "
+                "string: annotation values are strings"
             )
         try:
             doc = json.loads(annotation)
         except (ValueError, RecursionError) as e:
             raise InputError(f"node {name}: the topology annotation is not JSON: {e}") from None
     return from_document(doc)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
