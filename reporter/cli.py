@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
-from reporter.errors import InputError, TopoReporterError
+from reporter.collect import BACKENDS, build_scanner, list_profiles
+from reporter.errors import CollectError, InputError, TopoReporterError
 from reporter.schema import keys
 from reporter.schema.codec import from_document
 from reporter.schema.formats import FORMATS, format_topology
@@ -135,6 +139,42 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _logs_to_stderr() -> None:
+    """Keep stdout for the topology: warnings (sources disagreeing, lost GPUs) go to stderr."""
+    structlog.configure(
+        # Looked up at each write, so a replaced sys.stderr (tests, redirection) is honoured.
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    _logs_to_stderr()
+    scanner = build_scanner(args.backend, Path(args.sysfs_root), args.simulate or None)
+    result = scanner.scan()
+    if result.topology is None:
+        if result.failed:
+            raise CollectError(
+                f"no topology: {'; '.join(f'{s.name}: {s.error}' for s in result.failed)}"
+            )
+        raise CollectError(
+            f"no NVIDIA GPU found (backend {args.backend}, sysfs root {args.sysfs_root}): "
+            "is this a GPU node, and is the host's /sys mounted there?"
+        )
+    for status in result.failed:
+        print(f"topo-reporter: warning: {status.name}: {status.error}", file=sys.stderr)
+    sys.stdout.write(format_topology(result.topology, args.format, args.prefix))
+    return EXIT_OK
+
+
+def _cmd_profiles(args: argparse.Namespace) -> int:
+    profiles = list_profiles()
+    width = max(len(p.name) for p in profiles)
+    for profile in profiles:
+        sys.stdout.write(f"{profile.name:<{width}}  {profile.description}\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -165,6 +205,41 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("file", metavar="FILE", help="a file, or - for stdin")
     _add_format(render)
     render.set_defaults(handler=_cmd_render)
+
+    collect = commands.add_parser(
+        "collect",
+        help="read this machine's topology (or a simulated one's) and print it",
+        description="Scan this machine with NVML and sysfs, or a simulated machine, and print the "
+        "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
+    )
+    collect.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=os.environ.get("TOPO_REPORTER_BACKEND", "auto"),
+        help="where to read from (default: auto; env TOPO_REPORTER_BACKEND)",
+    )
+    collect.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        default=os.environ.get("TOPO_REPORTER_SYSFS_ROOT", "/sys"),
+        help="where the host's /sys is mounted (default: /sys; env TOPO_REPORTER_SYSFS_ROOT)",
+    )
+    collect.add_argument(
+        "--simulate",
+        metavar="PROFILE",
+        default=os.environ.get("TOPO_REPORTER_SIMULATE"),
+        help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a "
+        "profile YAML file (env TOPO_REPORTER_SIMULATE)",
+    )
+    _add_format(collect)
+    collect.set_defaults(handler=_cmd_collect)
+
+    profiles = commands.add_parser(
+        "profiles",
+        help="list the simulated machines",
+        description="List the machine profiles that `--simulate` accepts.",
+    )
+    profiles.set_defaults(handler=_cmd_profiles)
     return parser
 
 

@@ -54,3 +54,20 @@ class Scanner(Protocol):
     """Anything that can scan the machine; the agent's only view of the collectors."""
 
     def scan(self) -> ScanResult: ...
+
+
+# The builders sit below the contract they return, so the agent and the CLI import one package.
+from reporter.collect.scanner import BACKENDS, CollectorScanner, build_scanner  # noqa: E402
+from reporter.collect.simulate.machine import ProfileInfo, list_profiles  # noqa: E402
+
+__all__ = [
+    "BACKENDS",
+    "CollectorScanner",
+    "ProfileInfo",
+    "ScanResult",
+    "Scanner",
+    "SourceState",
+    "SourceStatus",
+    "build_scanner",
+    "list_profiles",
+]

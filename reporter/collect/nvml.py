@@ -1,0 +1,360 @@
+"""The NVML collector: GPUs, their PCIe paths, NVLinks and affinity, as the driver reports them.
+
+This is the only module that imports `pynvml` (PyPI `nvidia-ml-py`, never the deprecated `pynvml`
+package). The collector is handed the NVML module object, so the simulated machine's fake runs
+through exactly this code; it catches NVML errors through that object's own `NVMLError_*` classes.
+Errors are judged one by one: a call the driver or GPU lacks degrades one field, a lost GPU is
+reported lost while the others are reported as usual, a failed init is one line saying what to
+check. It never writes anything and never decides what gets published.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from parsers.cpulist import cpus_from_mask_words, parse_cpulist
+from parsers.errors import ParseError
+from parsers.links import SELF, Link, LinkKind, link_from_nvml_level
+from parsers.pci import normalize_pci_address
+from parsers.sysfs import parse_hex, parse_numa_node
+from reporter.errors import CollectError, NvmlUnavailable
+from reporter.hostfs import HostFS
+from reporter.schema.model import Gpu, Source, Topology
+
+log = structlog.get_logger(__name__)
+
+NvmlModule = Any
+"""The `pynvml` module, or a stand-in with its names (the binding ships no type stubs)."""
+
+T = TypeVar("T")
+
+_NVSWITCH_CLASS = 0x0680
+# NVML fills an affinity array of unsigned longs; without /sys/devices/system/cpu/possible we size
+# it for 4096 CPUs (or NUMA nodes), more than any machine we know.
+_FALLBACK_WORDS = 64
+_WORD_BITS = 64
+
+_INIT_HINT = (
+    "check that the NVIDIA driver is loaded on the node (nvidia-smi works there), that the pod "
+    "runs with the NVIDIA container runtime (runtimeClassName: nvidia), "
+    "NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES including utility"
+)
+
+
+def load_pynvml() -> NvmlModule:
+    """The real binding. Importing it loads nothing: the library is opened by nvmlInit.
+
+    Raises NvmlUnavailable when the package is not installed.
+    """
+    try:
+        import pynvml  # noqa: PLC0415 (imported only where NVML is wanted, never for --simulate)
+    except ImportError as e:
+        raise NvmlUnavailable(
+            f"the NVML binding is missing ({e}): install the nvidia-ml-py package"
+        ) from e
+    return pynvml
+
+
+class _GpuLostError(Exception):
+    """Internal: a call said the GPU fell off the bus."""
+
+
+class NvmlCollector:
+    """Reads the topology from an NVML module object; sysfs fills locality NVML leaves out."""
+
+    def __init__(self, nvml: NvmlModule, hostfs: HostFS) -> None:
+        self._nvml = nvml
+        self._fs = hostfs
+
+    # --- error handling ----------------------------------------------------------------------
+
+    def _degradable(self) -> tuple[type[BaseException], ...]:
+        n = self._nvml
+        return (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound, n.NVMLError_NoData)
+
+    def _call(self, gpu: int | None, function: str, *args: Any) -> Any:
+        """Call `function`; NotSupported/FunctionNotFound give None, GpuIsLost raises _GpuLostError.
+
+        Any other NVML error fails the source: CollectError naming the call and the GPU.
+        """
+        n = self._nvml
+        try:
+            return getattr(n, function)(*args)
+        except n.NVMLError_GpuIsLost as e:
+            raise _GpuLostError(function) from e
+        except self._degradable():
+            log.debug("nvml_field_unavailable", function=function, gpu=gpu)
+            return None
+        except n.NVMLError as e:
+            where = "" if gpu is None else f" on GPU {gpu}"
+            raise CollectError(f"NVML {function}{where} failed: {e} (error {e.value})") from e
+
+    def _first(self, gpu: int, options: list[tuple[str, tuple[Any, ...]]]) -> Any:
+        """The first of several equivalent calls that the driver has (FunctionNotFound: next)."""
+        n = self._nvml
+        for function, args in options:
+            try:
+                return getattr(n, function)(*args)
+            except n.NVMLError_FunctionNotFound:
+                continue
+            except n.NVMLError_GpuIsLost as e:
+                raise _GpuLostError(function) from e
+            except self._degradable():
+                return None
+            except n.NVMLError as e:
+                raise CollectError(f"NVML {function} on GPU {gpu} failed: {e}") from e
+        return None
+
+    # --- the scan --------------------------------------------------------------------------------
+
+    def collect(self) -> Topology | None:
+        """The topology NVML reports; None when NVML works but sees no GPU.
+
+        Raises NvmlUnavailable when NVML does not initialise, CollectError when it fails later.
+        """
+        n = self._nvml
+        try:
+            n.nvmlInit()
+        except n.NVMLError as e:
+            raise NvmlUnavailable(f"NVML did not initialise ({e}): {_INIT_HINT}") from e
+        try:
+            return self._collect()
+        finally:
+            try:
+                n.nvmlShutdown()
+            except n.NVMLError as e:
+                log.warning("nvml_shutdown_failed", error=str(e))
+
+    def _collect(self) -> Topology | None:
+        driver = self._call(None, "nvmlSystemGetDriverVersion")
+        count = self._call(None, "nvmlDeviceGetCount")
+        if not count:
+            return None
+        handles: list[Any] = []
+        gpus: list[Gpu] = []
+        for index in range(count):
+            handle = None
+            try:
+                handle = self._call(index, "nvmlDeviceGetHandleByIndex", index)
+                gpus.append(self._gpu(index, handle))
+            except _GpuLostError:
+                log.warning("nvml_gpu_lost", gpu=index)
+                gpus.append(Gpu(index=index, lost=True))
+            handles.append(handle)
+        pcie = self._pcie(handles, gpus)
+        nvlinks, nvswitch = self._nvlinks(handles, gpus)
+        links = tuple(
+            tuple(
+                SELF
+                if i == j
+                else (Link(LinkKind.NV, nvlinks[i][j]) if nvlinks[i][j] else pcie[i][j])
+                for j in range(count)
+            )
+            for i in range(count)
+        )
+        return Topology(
+            source=Source.NVML,
+            gpus=tuple(gpus),
+            links=links,
+            driver=str(driver) if driver is not None else None,
+            pcie=pcie,
+            nvswitch=nvswitch,
+            nvlink_observed=True,
+        )
+
+    def _gpu(self, index: int, handle: Any) -> Gpu:
+        """One GPU's identity and locality. Raises _GpuLostError."""
+        n = self._nvml
+        uuid_ = self._call(index, "nvmlDeviceGetUUID", handle)
+        name = self._call(index, "nvmlDeviceGetName", handle)
+        pci_info = self._call(index, "nvmlDeviceGetPciInfo", handle)
+        pci = _bus_id(pci_info.busId, index) if pci_info is not None else None
+        memory = self._call(index, "nvmlDeviceGetMemoryInfo", handle)
+        mig_mode = self._call(index, "nvmlDeviceGetMigMode", handle)
+        mig = None if mig_mode is None else mig_mode[0] == n.NVML_DEVICE_MIG_ENABLE
+        numa = self._numa(index, handle, pci)
+        cpus = self._cpus(index, handle, pci)
+        gpu_numa = self._call(index, "nvmlDeviceGetNumaNodeId", handle)
+        return Gpu(
+            index=index,
+            uuid=str(uuid_) if uuid_ is not None else None,
+            pci=pci,
+            model=str(name) if name is not None else None,
+            numa=numa,
+            cpus=cpus,
+            mem_mib=int(memory.total) // (1024 * 1024) if memory is not None else None,
+            mig=mig,
+            gpu_numa=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
+            clique=self._clique(index, handle),
+        )
+
+    def _sysfs(self, pci: str | None, name: str, parse: Callable[[str], T]) -> T | None:
+        """A PCI device's sysfs attribute, or None where it is absent or does not parse."""
+        if pci is None:
+            return None
+        try:
+            return parse(self._fs.read_text(f"bus/pci/devices/{pci}/{name}"))
+        except (OSError, ParseError) as e:
+            log.debug("sysfs_attribute_unreadable", pci=pci, attribute=name, error=str(e))
+            return None
+
+    def _words(self, path: str) -> int:
+        """Array size for NVML's affinity calls, from the kernel's `possible` list at `path`."""
+        try:
+            possible = parse_cpulist(self._fs.read_text(path), field=path)
+        except (OSError, ParseError):
+            return _FALLBACK_WORDS
+        return max(possible, default=0) // _WORD_BITS + 1
+
+    def _numa(self, index: int, handle: Any, pci: str | None) -> frozenset[int] | None:
+        """CPU NUMA nodes local to the GPU.
+
+        sysfs `numa_node` is what the device plugin uses; NVML's memory affinity, which
+        nvidia-smi prints, is taken where it agrees with it (it adds a Grace GPU's memory nodes)
+        and where sysfs says -1.
+        """
+        n = self._nvml
+        node = self._sysfs(pci, "numa_node", parse_numa_node)
+        words = self._words("devices/system/node/possible")
+        mask = self._call(
+            index, "nvmlDeviceGetMemoryAffinity", handle, words, n.NVML_AFFINITY_SCOPE_NODE
+        )
+        nodes = cpus_from_mask_words(list(mask)) if mask is not None else frozenset()
+        if node is None:
+            return nodes or None
+        if nodes and node not in nodes:
+            log.warning(
+                "nvml_sysfs_disagree", gpu=index, field="numa", sysfs=node, nvml=sorted(nodes)
+            )
+        return nodes if node in nodes else frozenset({node})
+
+    def _cpus(self, index: int, handle: Any, pci: str | None) -> frozenset[int] | None:
+        n = self._nvml
+        words = self._words("devices/system/cpu/possible")
+        mask = self._first(
+            index,
+            [
+                (
+                    "nvmlDeviceGetCpuAffinityWithinScope",
+                    (handle, words, n.NVML_AFFINITY_SCOPE_NODE),
+                ),
+                ("nvmlDeviceGetCpuAffinity", (handle, words)),
+            ],
+        )
+        cpus = cpus_from_mask_words(list(mask)) if mask is not None else frozenset()
+        local = self._sysfs(pci, "local_cpulist", parse_cpulist)
+        if cpus and local is not None and local != cpus:
+            log.warning("nvml_sysfs_disagree", gpu=index, field="cpus", pci=pci)
+        return cpus or local or None
+
+    def _clique(self, index: int, handle: Any) -> str | None:
+        """`<clusterUuid>.<cliqueId>` as GPU Feature Discovery writes nvidia.com/gpu.clique."""
+        n = self._nvml
+        info = n.c_nvmlGpuFabricInfoV_t()
+        if self._call(index, "nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info)) is None:
+            return None
+        cluster = bytes(info.clusterUuid)
+        attached = (
+            info.state == n.NVML_GPU_FABRIC_STATE_COMPLETED
+            and info.status == n.NVML_SUCCESS
+            and any(cluster)
+        )
+        if not attached:
+            return None
+        return f"{uuid.UUID(bytes=cluster)}.{int(info.cliqueId)}"
+
+    def _pcie(self, handles: list[Any], gpus: list[Gpu]) -> tuple[tuple[Link, ...], ...]:
+        count = len(handles)
+        rows = [[SELF] * count for _ in range(count)]
+        for i in range(count):
+            for j in range(i + 1, count):
+                link = self._pair(i, j, handles, gpus)
+                rows[i][j] = rows[j][i] = link
+        return tuple(tuple(r) for r in rows)
+
+    def _pair(self, i: int, j: int, handles: list[Any], gpus: list[Gpu]) -> Link:
+        # A lost GPU's paths are unknown; SYS, the farthest class, never makes it look close.
+        if gpus[i].lost or gpus[j].lost:
+            return Link(LinkKind.SYS)
+        try:
+            level = self._call(i, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
+        except _GpuLostError:
+            log.warning("nvml_gpu_lost", gpu=f"{i} or {j}", function="common ancestor")
+            return Link(LinkKind.SYS)
+        if level is None:
+            return Link(LinkKind.SYS)
+        try:
+            return link_from_nvml_level(int(level))
+        except ValueError as e:
+            raise CollectError(f"NVML common ancestor of GPU {i} and GPU {j}: {e}") from e
+
+    def _nvlinks(self, handles: list[Any], gpus: list[Gpu]) -> tuple[list[list[int]], bool]:
+        """Bonded NVLinks per GPU pair, counting switch-attached GPUs as nvidia-smi does."""
+        count = len(handles)
+        by_pci = {g.pci: g.index for g in gpus if g.pci is not None}
+        direct = [[0] * count for _ in range(count)]
+        switch_links = [0] * count
+        for i, handle in enumerate(handles):
+            if gpus[i].lost:
+                continue
+            try:
+                for remote, is_switch in self._active_links(i, handle):
+                    if is_switch:
+                        switch_links[i] += 1
+                    elif remote in by_pci and by_pci[remote] != i:
+                        direct[i][by_pci[remote]] += 1
+            except _GpuLostError:
+                log.warning("nvml_gpu_lost", gpu=i, function="nvlink")
+                gpus[i] = dataclasses.replace(gpus[i], lost=True)
+                direct[i] = [0] * count
+                switch_links[i] = 0
+        for i in range(count):
+            for j in range(count):
+                if i != j and switch_links[i] and switch_links[j]:
+                    # Through NVSwitches every pair gets the narrower side's bond.
+                    direct[i][j] += min(switch_links[i], switch_links[j])
+        return direct, any(switch_links)
+
+    def _active_links(self, index: int, handle: Any) -> list[tuple[str | None, bool]]:
+        """(remote PCI address, remote is an NVSwitch) for every active link of one GPU."""
+        n = self._nvml
+        found: list[tuple[str | None, bool]] = []
+        for link in range(int(n.NVML_NVLINK_MAX_LINKS)):
+            try:
+                state = n.nvmlDeviceGetNvLinkState(handle, link)
+            except (n.NVMLError_InvalidArgument, n.NVMLError_NotSupported):
+                continue  # the binding's maximum is not the hardware's: no such link
+            except n.NVMLError_GpuIsLost as e:
+                raise _GpuLostError("nvmlDeviceGetNvLinkState") from e
+            except n.NVMLError as e:
+                raise CollectError(
+                    f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"
+                ) from e
+            if state != n.NVML_FEATURE_ENABLED:
+                continue
+            info = self._call(index, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            remote = _bus_id(info.busId, index) if info is not None else None
+            kind = self._call(index, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+            if kind is None:
+                # Drivers before the remote type existed: an NVSwitch shows its PCI class.
+                pci_class = self._sysfs(remote, "class", lambda t: parse_hex(t, field="class"))
+                is_switch = pci_class is not None and pci_class >> 8 == _NVSWITCH_CLASS
+            else:
+                is_switch = kind == n.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            found.append((remote, is_switch))
+        return found
+
+
+def _bus_id(raw: bytes | str, index: int) -> str:
+    """NVML's `00000000:18:00.0` as sysfs writes it. Raises CollectError for garbage."""
+    text = raw.decode("ascii", errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        return normalize_pci_address(text.rstrip("\x00"), field=f"GPU {index} PCI bus id")
+    except ParseError as e:
+        raise CollectError(f"NVML returned {e}") from e

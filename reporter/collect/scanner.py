@@ -1,0 +1,141 @@
+"""One scan of the machine: ask NVML and sysfs, merge what they saw, say how each fared.
+
+The sources are listed here and nowhere else. NVML gives the GPUs, their paths and NVLinks; sysfs
+always gives the NICs and NUMA nodes, and the whole PCIe picture where NVML is absent (`auto`) or
+not wanted (`sysfs`). A scan never raises for a failing source: it reports the source as failed
+and returns what the others saw, so the agent can keep the last good topology.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from reporter.collect import ScanResult, SourceState, SourceStatus
+from reporter.collect.nvml import NvmlCollector, NvmlModule, load_pynvml
+from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
+from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.sysfs_tree import memory_hostfs
+from reporter.collect.sysfs import SysfsCollector, SysfsView
+from reporter.errors import CollectError, ConfigError, NvmlUnavailable
+from reporter.hostfs import DirHostFS, HostFS
+from reporter.schema.model import Topology
+
+log = structlog.get_logger(__name__)
+
+BACKENDS = ("auto", "nvml", "sysfs")
+
+
+class CollectorScanner:
+    """Scans with the chosen backend; the one `Scanner` the agent and the CLI use."""
+
+    def __init__(
+        self,
+        backend: str,
+        hostfs: HostFS,
+        nvml_loader: Callable[[], NvmlModule],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        self.backend = backend
+        self._fs = hostfs
+        self._load_nvml = nvml_loader
+        self._clock = clock
+
+    def scan(self) -> ScanResult:
+        start = self._clock()
+        view: SysfsView | None = None
+        try:
+            view = SysfsCollector(self._fs).collect()
+            sysfs = SourceStatus(
+                "sysfs",
+                SourceState.OK if view.gpus or view.nics else SourceState.NO_DATA,
+                self._clock() - start,
+            )
+        except CollectError as e:
+            sysfs = SourceStatus("sysfs", SourceState.FAILED, self._clock() - start, str(e))
+        if self.backend == "sysfs":
+            topology = view.topology() if view is not None else None
+            return ScanResult(topology, (sysfs,))
+        nvml_topology, nvml = self._nvml(view)
+        return ScanResult(self._merge(nvml_topology, view), (nvml, sysfs))
+
+    def _nvml(self, view: SysfsView | None) -> tuple[Topology | None, SourceStatus]:
+        start = self._clock()
+        try:
+            topology = NvmlCollector(self._load_nvml(), self._fs).collect()
+        except NvmlUnavailable as e:
+            # No driver on a node without NVIDIA GPUs is nothing to observe, not a failure.
+            nothing_there = self.backend == "auto" and view is not None and not view.gpus
+            state = SourceState.NO_DATA if nothing_there else SourceState.FAILED
+            return None, SourceStatus(
+                "nvml", state, self._clock() - start, None if nothing_there else str(e)
+            )
+        except CollectError as e:
+            return None, SourceStatus("nvml", SourceState.FAILED, self._clock() - start, str(e))
+        state = SourceState.NO_DATA if topology is None else SourceState.OK
+        return topology, SourceStatus("nvml", state, self._clock() - start)
+
+    def _merge(self, nvml: Topology | None, view: SysfsView | None) -> Topology | None:
+        if nvml is None:
+            if self.backend == "nvml" or view is None:
+                return None
+            return view.topology()
+        if view is None:
+            return nvml
+        places = {g.place.address: g.place for g in view.gpus}
+        gpu_places = [places.get(g.pci) if g.pci is not None else None for g in nvml.gpus]
+        _log_disagreements(nvml, view)
+        return dataclasses.replace(
+            nvml, nics=view.nic_entries(gpu_places), numa_nodes=view.numa_nodes
+        )
+
+
+def _log_disagreements(nvml: Topology, view: SysfsView) -> None:
+    """Where sysfs and the driver classify a GPU pair differently, say so once per scan."""
+    index = {g.place.address: k for k, g in enumerate(view.gpus)}
+    if nvml.pcie is None:
+        return
+    sysfs_pcie = view.pcie()
+    missing = [g.index for g in nvml.gpus if g.pci not in index and not g.lost]
+    if missing:
+        log.warning("nvml_sysfs_disagree", field="gpus", missing_in_sysfs=missing)
+    for a in nvml.gpus:
+        for b in nvml.gpus:
+            if a.index >= b.index or a.pci not in index or b.pci not in index:
+                continue
+            ours = sysfs_pcie[index[a.pci]][index[b.pci]]
+            theirs = nvml.pcie[a.index][b.index]
+            if ours != theirs:
+                log.warning(
+                    "nvml_sysfs_disagree",
+                    field="pcie",
+                    gpus=[a.index, b.index],
+                    nvml=theirs.token,
+                    sysfs=ours.token,
+                )
+
+
+def build_scanner(
+    backend: str, sysfs_root: Path, simulate: str | None, *, faults: Faults | None = None
+) -> CollectorScanner:
+    """The scanner for a backend and a sysfs root, or for a simulated machine.
+
+    `simulate` is a shipped profile name or a profile file; the simulation holds its sysfs in
+    memory and ignores `sysfs_root`. Raises ConfigError for an unknown backend or profile, or a
+    sysfs root that is not a readable directory.
+    """
+    if simulate is not None:
+        machine = load_machine(simulate)
+        return CollectorScanner(backend, memory_hostfs(machine), lambda: FakeNvml(machine, faults))
+    if not sysfs_root.is_dir():
+        raise ConfigError(
+            f"sysfs root {sysfs_root} is not a readable directory: pass --sysfs-root (or "
+            "TOPO_REPORTER_SYSFS_ROOT) pointing at the host's /sys"
+        )
+    return CollectorScanner(backend, DirHostFS(sysfs_root), load_pynvml)

@@ -1,0 +1,418 @@
+"""A simulated machine: a YAML profile read once into the hardware it describes.
+
+A profile says how a machine is wired, at the level a hardware manual draws it: host bridges on
+NUMA nodes, root ports, PCIe switches and the GPUs, NICs and NVSwitches behind them, NVLink bonds
+(GPU to GPU, or GPU to NVSwitch), CPUs per NUMA node. PCI bus numbers are handed out the way
+firmware enumerates them (depth first), unless the profile pins one. From a `Machine` come both the
+fake `pynvml` and the fake sysfs tree, so the two collectors see one machine.
+
+This module only reads profiles; it never touches the real host.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsers.cpulist import parse_cpulist
+from parsers.errors import ParseError
+from reporter.errors import ConfigError
+
+PROFILE_SUFFIX = ".yaml"
+
+# PCI ids used for the devices a profile names; vendors matter (the sysfs collector filters on
+# them), device ids only make the tree look like a real one.
+NVIDIA = 0x10DE
+CLASS_3D = 0x030200
+CLASS_VGA = 0x030000
+CLASS_AUDIO = 0x040300
+CLASS_NVSWITCH = 0x068000
+CLASS_BRIDGE = 0x060400
+_BRIDGE_VENDOR = {"root": 0x8086, "switch": 0x10B5, "bridge": 0x1A03}
+_OTHER = {
+    # kind: (vendor, class), the devices real GPU servers hold that are not GPUs
+    "nvme": (0x144D, 0x010802),
+    "bmc-vga": (0x1A03, CLASS_VGA),
+    "ethernet": (0x8086, 0x020000),
+    "ena": (0x1D0F, 0x020000),
+}
+_NIC_VENDOR = {"mellanox": (0x15B3, 0x020700), "efa": (0x1D0F, 0x020000)}
+
+
+@dataclass(frozen=True, slots=True)
+class PciFunction:
+    """One PCI function as the tree holds it."""
+
+    address: str
+    """`dddd:bb:dd.f`, lower case, as sysfs names it."""
+    path: str
+    """Its directory under the sysfs root: `devices/pci0000:00/0000:00:01.0/0000:01:00.0`."""
+    vendor: int
+    device: int
+    pci_class: int
+    host_bridge: str
+    numa: int | None
+    hops: tuple[int, ...]
+    """The bridge units (root port, each switch) between the host bridge and the device."""
+    gpu: int | None = None
+    nic: str | None = None
+    nvswitch: str | None = None
+
+    @property
+    def domain(self) -> int:
+        return int(self.address.split(":")[0], 16)
+
+
+@dataclass(frozen=True, slots=True)
+class NumaSpec:
+    id: int
+    cpus: frozenset[int]
+    distances: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkEnd:
+    """The far end of one NVLink: a GPU index or an NVSwitch name."""
+
+    gpu: int | None = None
+    switch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    index: int
+    uuid: str
+    model: str
+    mem_mib: int
+    mig: bool | None
+    """None: the GPU cannot do MIG (NVML answers NotSupported)."""
+    memory_affinity: frozenset[int] | None
+    """NUMA nodes NVML reports as the GPU's memory affinity; None: NVML reports none (VMs)."""
+    gpu_numa: int | None
+    nvlinks: tuple[NvlinkEnd, ...]
+    clique: tuple[str, int] | None
+    """Fabric (cluster UUID, clique id) for multi-node NVLink systems."""
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """Everything a profile says, with addresses assigned."""
+
+    name: str
+    description: str
+    driver: str
+    cpus_possible: frozenset[int]
+    numa_nodes: tuple[NumaSpec, ...]
+    functions: tuple[PciFunction, ...]
+    gpus: tuple[GpuSpec, ...]
+    nvswitches: Mapping[str, str]
+    """NVSwitch name to PCI address (off-node switches of a rack have one too, not in the tree)."""
+    gpu_functions: tuple[PciFunction, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        by_gpu = {f.gpu: f for f in self.functions if f.gpu is not None}
+        object.__setattr__(self, "gpu_functions", tuple(by_gpu[g.index] for g in self.gpus))
+
+    def cpus_of(self, nodes: frozenset[int] | None) -> frozenset[int]:
+        """CPUs local to a set of NUMA nodes; every CPU when the locality is unknown."""
+        if nodes is None:
+            return self.cpus_possible
+        return frozenset(c for n in self.numa_nodes if n.id in nodes for c in n.cpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileInfo:
+    """A shipped profile, as `topo-reporter profiles` lists it."""
+
+    name: str
+    description: str
+
+
+def _profiles_dir() -> Any:
+    return resources.files("reporter.collect.simulate").joinpath("profiles")
+
+
+def list_profiles() -> list[ProfileInfo]:
+    """The profiles shipped in the package, sorted by name."""
+    infos = []
+    for entry in _profiles_dir().iterdir():
+        if entry.name.endswith(PROFILE_SUFFIX):
+            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            infos.append(ProfileInfo(entry.name[: -len(PROFILE_SUFFIX)], str(data["description"])))
+    return sorted(infos, key=lambda p: p.name)
+
+
+def load_machine(profile: str) -> Machine:
+    """Load a shipped profile by name, or a profile file by path (`./my-box.yaml`).
+
+    Raises ConfigError naming the profile for an unknown name or a profile that does not read.
+    """
+    if profile.endswith((".yaml", ".yml")) or "/" in profile:
+        path = Path(profile)
+        name = path.stem
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read machine profile {profile}: {e.strerror}") from e
+    else:
+        entry = _profiles_dir().joinpath(profile + PROFILE_SUFFIX)
+        if not entry.is_file():
+            names = ", ".join(p.name for p in list_profiles())
+            raise ConfigError(f"unknown simulated machine {profile!r}; choose one of: {names}")
+        name, text = profile, entry.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+        return _build(name, data)
+    except (yaml.YAMLError, ParseError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"machine profile {profile}: {e}") from e
+
+
+def _build(name: str, data: Any) -> Machine:
+    if not isinstance(data, dict):
+        raise ValueError("a profile is a YAML mapping")
+    numa_known = bool(data.get("numa_known", True))
+    numa_nodes = tuple(
+        NumaSpec(
+            int(n["id"]),
+            parse_cpulist(str(n["cpus"]), field=f"numa_nodes[{n['id']}].cpus"),
+            tuple(int(d) for d in n.get("distances", [])),
+        )
+        for n in data["numa_nodes"]
+    )
+    possible = (
+        parse_cpulist(str(data["cpus"]), field="cpus")
+        if "cpus" in data
+        else frozenset(c for n in numa_nodes for c in n.cpus)
+    )
+    defaults = data.get("gpu", {})
+    builder = _TreeBuilder(numa_known, bool(defaults.get("audio", False)))
+    for bridge in data["pcie"]:
+        builder.host_bridge(bridge)
+    functions = tuple(builder.functions)
+    gpu_functions = sorted(
+        (f for f in functions if f.gpu is not None), key=lambda f: _address_key(f.address)
+    )
+    if [f.gpu for f in gpu_functions] != list(range(len(gpu_functions))):
+        raise ValueError("GPUs must be numbered 0..n-1 in PCI bus order, as NVML numbers them")
+    nvswitches = {f.nvswitch: f.address for f in functions if f.nvswitch is not None}
+    for switch in data.get("nvswitches", []):
+        nvswitches[str(switch["name"])] = str(switch["pci"])
+    links = _nvlinks(data.get("nvlink", []), len(gpu_functions), nvswitches)
+    overrides = {int(g["index"]): g for g in data.get("gpus", [])}
+    fabric = data.get("fabric")
+    gpus = []
+    for f in gpu_functions:
+        assert f.gpu is not None  # filtered above; narrows the type
+        spec = {**defaults, **overrides.get(f.gpu, {})}
+        affinity: frozenset[int] | None
+        if "memory_affinity" in spec:
+            affinity = parse_cpulist(str(spec["memory_affinity"]), field="memory_affinity")
+        else:
+            affinity = None if f.numa is None else frozenset({f.numa})
+        gpus.append(
+            GpuSpec(
+                index=f.gpu,
+                uuid=str(
+                    spec.get("uuid")
+                    or f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'topo-reporter/{name}/{f.gpu}')}"
+                ),
+                model=str(spec["model"]),
+                mem_mib=int(spec["mem_mib"]),
+                mig=None if spec.get("mig") is None else bool(spec["mig"]),
+                memory_affinity=affinity,
+                gpu_numa=None if spec.get("gpu_numa") is None else int(spec["gpu_numa"]),
+                nvlinks=links[f.gpu],
+                clique=None
+                if fabric is None
+                else (str(fabric["cluster_uuid"]), int(fabric["clique"])),
+            )
+        )
+    return Machine(
+        name=name,
+        description=str(data["description"]),
+        driver=str(data["driver"]),
+        cpus_possible=possible,
+        numa_nodes=numa_nodes,
+        functions=functions,
+        gpus=tuple(gpus),
+        nvswitches=nvswitches,
+    )
+
+
+def _nvlinks(
+    bonds: Sequence[Mapping[str, Any]], n_gpus: int, nvswitches: Mapping[str, str]
+) -> list[tuple[NvlinkEnd, ...]]:
+    """Per GPU, the far end of each link index, in the order the profile wires them."""
+    links: list[list[NvlinkEnd]] = [[] for _ in range(n_gpus)]
+    for bond in bonds:
+        count = int(bond["links"])
+        gpus = list(range(n_gpus)) if bond.get("gpus") == "all" else [int(g) for g in bond["gpus"]]
+        if any(g >= n_gpus for g in gpus):
+            raise ValueError(f"NVLink bond {bond} names a GPU the profile does not have")
+        if "switches" in bond:
+            for switch in bond["switches"]:
+                if switch not in nvswitches:
+                    raise ValueError(f"NVLink bond names unknown NVSwitch {switch!r}")
+                for g in gpus:
+                    links[g].extend([NvlinkEnd(switch=str(switch))] * count)
+        else:
+            a, b = gpus
+            links[a].extend([NvlinkEnd(gpu=b)] * count)
+            links[b].extend([NvlinkEnd(gpu=a)] * count)
+    return [tuple(ends) for ends in links]
+
+
+def _address_key(address: str) -> tuple[int, ...]:
+    domain, bus, rest = address.split(":")
+    dev, fn = rest.split(".")
+    return (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16))
+
+
+class _TreeBuilder:
+    """Hands out bus numbers depth first and records every function with its bridge units."""
+
+    def __init__(self, numa_known: bool, gpu_audio: bool) -> None:
+        self.numa_known = numa_known
+        self.gpu_audio = gpu_audio
+        self.functions: list[PciFunction] = []
+        self._units = 0
+        self._next_bus = 0
+        self._domain = 0
+        self._bridge = ""
+        self._numa: int | None = None
+
+    def _unit(self) -> int:
+        self._units += 1
+        return self._units
+
+    def _bus(self, node: Mapping[str, Any]) -> int:
+        if "bus" in node:
+            self._next_bus = max(self._next_bus, int(node["bus"]) + 1)
+            return int(node["bus"])
+        bus = self._next_bus
+        self._next_bus += 1
+        if bus > 0xFF:
+            raise ValueError(f"host bridge {self._bridge} runs out of bus numbers")
+        return bus
+
+    def _address(self, bus: int, slot: str) -> str:
+        dev, fn = slot.split(".")
+        width = 4 if self._domain <= 0xFFFF else 8
+        return f"{self._domain:0{width}x}:{bus:02x}:{int(dev, 16):02x}.{int(fn)}"
+
+    def host_bridge(self, spec: Mapping[str, Any]) -> None:
+        domain, bus = str(spec["host_bridge"]).split(":")
+        self._domain, root_bus = int(domain, 16), int(bus, 16)
+        width = 4 if self._domain <= 0xFFFF else 8
+        self._bridge = f"pci{self._domain:0{width}x}:{root_bus:02x}"
+        self._numa = int(spec["numa"]) if self.numa_known and "numa" in spec else None
+        self._next_bus = root_bus + 1
+        slot = 0
+        for port in spec.get("root_ports", []):
+            slot += 1
+            at = str(port.get("at", f"{slot:02x}.0"))
+            address = self._address(root_bus, at)
+            path = f"devices/{self._bridge}/{address}"
+            hops = (self._unit(),)
+            self._add(address, path, "root", hops)
+            self._place(self._only_child(port), self._bus(port), path, hops)
+        for device in spec.get("on_bus", []):
+            slot += 1
+            at = str(device.get("at", f"{slot:02x}.0"))
+            self._endpoint(device, root_bus, at, f"devices/{self._bridge}", ())
+
+    def _add(
+        self,
+        address: str,
+        path: str,
+        bridge_kind: str,
+        hops: tuple[int, ...],
+    ) -> None:
+        self.functions.append(
+            PciFunction(
+                address,
+                path,
+                _BRIDGE_VENDOR[bridge_kind],
+                0x1,
+                CLASS_BRIDGE,
+                self._bridge,
+                self._numa,
+                hops,
+            )
+        )
+
+    @staticmethod
+    def _only_child(port: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {k: v for k, v in port.items() if k not in ("at", "bus")}
+
+    def _place(self, node: Mapping[str, Any], bus: int, parent: str, hops: tuple[int, ...]) -> None:
+        """Put the device `node` at slot 00.0 of `bus` behind the bridge at `parent`."""
+        if "switch" in node:
+            up = self._address(bus, "00.0")
+            up_path = f"{parent}/{up}"
+            unit = (*hops, self._unit())
+            self._add(up, up_path, "switch", unit)
+            inner = self._bus({})
+            for i, child in enumerate(node["switch"]):
+                at = str(child.get("at", f"{i:02x}.0"))
+                down = self._address(inner, at)
+                down_path = f"{up_path}/{down}"
+                self._add(down, down_path, "switch", unit)
+                self._place(self._only_child(child), self._bus(child), down_path, unit)
+        elif "bridge" in node:
+            address = self._address(bus, "00.0")
+            path = f"{parent}/{address}"
+            unit = (*hops, self._unit())
+            self._add(address, path, "bridge", unit)
+            self._place(node["bridge"], self._bus(node["bridge"]), path, unit)
+        else:
+            self._endpoint(node, bus, "00.0", parent, hops)
+
+    def _endpoint(
+        self, node: Mapping[str, Any], bus: int, slot: str, parent: str, hops: tuple[int, ...]
+    ) -> None:
+        dev = slot.split(".", maxsplit=1)[0]
+
+        def add(fn: int, vendor: int, pci_class: int, **role: Any) -> None:
+            address = self._address(bus, f"{dev}.{fn}")
+            self.functions.append(
+                PciFunction(
+                    address,
+                    f"{parent}/{address}",
+                    vendor,
+                    0x2,
+                    pci_class,
+                    self._bridge,
+                    self._numa,
+                    hops,
+                    **role,
+                )
+            )
+
+        if "gpu" in node:
+            add(0, NVIDIA, int(node.get("class", CLASS_3D)), gpu=int(node["gpu"]))
+            if self.gpu_audio:
+                add(1, NVIDIA, CLASS_AUDIO)
+        elif "nic" in node:
+            names = node["nic"] if isinstance(node["nic"], list) else [node["nic"]]
+            vendor, pci_class = _NIC_VENDOR[str(node.get("vendor", "mellanox"))]
+            for fn, name in enumerate(names):
+                add(fn, vendor, pci_class, nic=str(name))
+        elif "nvswitch" in node:
+            add(0, NVIDIA, CLASS_NVSWITCH, nvswitch=str(node["nvswitch"]))
+        elif "other" in node:
+            vendor, pci_class = _OTHER[str(node["other"])]
+            add(0, vendor, pci_class)
+        else:
+            raise ValueError(f"unknown PCI tree node {dict(node)}")
+
+
+def iter_nics(machine: Machine) -> Iterator[PciFunction]:
+    """The machine's RDMA NICs, in the order the profile lists them."""
+    return (f for f in machine.functions if f.nic is not None)
