@@ -87,7 +87,8 @@ def one_scan(machine: Machine, nvml: Counter[str], sysfs: Counter[str]) -> Calla
 
     def scan() -> str:
         result = scanner.scan()
-        assert result.topology is not None and not result.degraded
+        assert result.topology is not None
+        assert not result.degraded
         return encode(result.topology)
 
     return scan
