@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -22,13 +23,21 @@ import yaml
 
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
+from reporter import logs, settings
+from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
-from reporter.errors import CollectError, InputError, TopoReporterError
+from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
+from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.retry import Backoff
+from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
 from reporter.schema.codec import from_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
+from reporter.serve.http import HealthServer
+from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.state import AgentState
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -175,6 +184,65 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = settings.resolve(vars(args), os.environ)
+    logs.configure(log_format=config.log_format, level=config.log_level, node=config.node)
+    log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter").bind(
+        node=config.node
+    )
+    scanner = build_scanner(config.backend, Path(config.sysfs_root), config.simulate)
+    stop = threading.Event()
+    metrics = Metrics()
+    state = AgentState(
+        stall_after_s=max(3 * config.interval_s, 300.0),
+        stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
+    )
+    sink: Sink
+    if config.dry_run:
+        sink = DryRunSink(node=config.node or "", prefix=config.prefix, out=sys.stdout, log=log)
+    elif config.sink == "node":
+        assert config.node is not None  # validate() requires it unless dry-run
+        sink = NodePatchSink(
+            KubeNodeClient(load_configuration(config.kubeconfig)),
+            node=config.node,
+            prefix=config.prefix,
+            namespace=config.namespace,
+            stop=stop,
+            backoff=Backoff(),
+            log=log,
+            on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+        )
+    else:
+        raise ConfigError(f"sink {config.sink!r} is not available in this build: use --sink node")
+    agent = Agent(
+        scanner=scanner,
+        sink=sink,
+        projection=SchemaProjection(config.prefix),
+        state=state,
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=config.interval_s,
+        resync_s=config.resync_s,
+    )
+    if config.once:
+        return EXIT_OK if agent.step() else EXIT_FAILURE
+    address = settings.listen_address(config.listen)
+    server = None
+    if address is not None:
+        try:
+            server = HealthServer(address, state, metrics).start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {config.listen}: {e.strerror}") from e
+        log.info("serving", address=f"{server.address[0]}:{server.address[1]}")
+    try:
+        run_until_signalled(agent, stop, log)
+    finally:
+        if server is not None:
+            server.stop()
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -240,6 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the machine profiles that `--simulate` accepts.",
     )
     profiles.set_defaults(handler=_cmd_profiles)
+    run = commands.add_parser(
+        "run",
+        help="run the agent: scan, publish on the Node, serve health and metrics",
+        description="Scan the GPU topology every --interval and publish it on this Node's labels "
+        "and annotations when it changes. Settings: flags > TOPO_REPORTER_* environment > "
+        "--config YAML file > defaults.",
+    )
+    settings.add_arguments(run)
+    run.set_defaults(handler=_cmd_run)
     return parser
 
 

@@ -1,0 +1,312 @@
+"""The agent's loop: scan → choose what to publish → publish when it changed → record state.
+
+What it must never do: publish an emptier topology over a good one because a source failed (a
+failing NVML keeps the last published data and marks the agent degraded), write when nothing
+changed, or retry a permanent API refusal in a loop (it waits for a change or the next resync).
+A GPU that NVML reports lost is published as lost, deliberately. Steady state costs one Node read
+per resync period and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Protocol
+
+import structlog
+
+from reporter.collect import Scanner, ScanResult
+from reporter.errors import ApiPermanentError, InputError, PublishError
+from reporter.publish import patch
+from reporter.publish.client import EventType
+from reporter.publish.patch import Desired
+from reporter.publish.retry import Interrupted
+from reporter.publish.sink import Sink
+from reporter.schema import keys
+from reporter.schema import labels as projections
+from reporter.schema.codec import decode
+from reporter.schema.diff import changes, event_message
+from reporter.schema.model import Topology
+from reporter.serve.metrics import Metrics
+from reporter.serve.state import AgentState
+
+REASON_CHANGED = "GPUTopologyChanged"
+REASON_DEGRADED = "GPUTopologyDegraded"
+
+
+class Projection(Protocol):
+    """Topology to desired metadata, and published metadata back to a topology."""
+
+    def desired(self, topology: Topology) -> Desired: ...
+
+    def topology(self, published: Desired) -> Topology | None:
+        """The topology the metadata carries; None when absent or unreadable."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaProjection:
+    """The schema v1 projection: DESIGN.md's labels, `topology`, `matrix` and `owned`."""
+
+    prefix: str
+
+    def desired(self, topology: Topology) -> Desired:
+        return patch.desired(
+            projections.labels(topology, self.prefix),
+            projections.annotations(topology, self.prefix),
+            self.prefix,
+        )
+
+    def topology(self, published: Desired) -> Topology | None:
+        text = published.annotations.get(keys.key(self.prefix, keys.TOPOLOGY))
+        if text is None:
+            return None
+        try:
+            return decode(text)
+        except InputError:
+            # Hand-edited or from an incompatible version: it will be overwritten, not trusted.
+            return None
+
+
+def _worse(old: Topology, new: Topology) -> bool:
+    """Fewer GPUs or NICs, more lost GPUs, or a smaller NVLink island: worth a Warning."""
+
+    def island(t: Topology) -> int:
+        return max((len(i) for i in t.islands), default=0)
+
+    return (
+        len(new.gpus) < len(old.gpus)
+        or len(new.nics) < len(old.nics)
+        or sum(g.lost for g in new.gpus) > sum(g.lost for g in old.gpus)
+        or island(new) < island(old)
+    )
+
+
+class Agent:
+    """One node's publisher loop; `step()` is one scan and publish, `run()` loops until stopped."""
+
+    def __init__(
+        self,
+        *,
+        scanner: Scanner,
+        sink: Sink,
+        projection: Projection,
+        state: AgentState,
+        metrics: Metrics,
+        log: structlog.typing.FilteringBoundLogger,
+        stop: threading.Event,
+        interval_s: float,
+        resync_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._scanner = scanner
+        self._sink = sink
+        self._projection = projection
+        self._state = state
+        self._metrics = metrics
+        self._log = log
+        self._stop = stop
+        self._interval_s = interval_s
+        self._resync_s = resync_s
+        self._clock = clock
+        self._wall = wall
+        self._topology: Topology | None = None
+        """What the target carries: read at start, then what was last published."""
+        self._started = False
+        self._last_read = -math.inf
+        self._refused: Desired | None = None
+        """Desired metadata the API refused permanently: not retried until it changes or resync."""
+        self._refusal = ""
+        self._degraded_told = False
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Scan once and publish if needed; True when the target carries what should be there.
+
+        Raises Interrupted when shutdown is requested during an API retry.
+        """
+        self._state.beat()
+        result = self._scan()
+        try:
+            if not self._started:
+                # The one read at start: after a restart with an unchanged topology nothing is
+                # written, and a failing NVML can keep what an earlier run published.
+                self._last_read = self._clock()
+                self._topology = self._projection.topology(self._sink.published())
+                self._started = True
+            chosen = self._choose(result)
+            if chosen is None:
+                if not result.degraded:
+                    self._state.published()
+                return not result.degraded
+            return self._publish(chosen)
+        except ApiPermanentError as e:
+            self._log.error("node_read_refused", error=str(e))
+            self._failed(str(e))
+            return False
+        except PublishError as e:
+            self._log.warning("node_read_failed", error=str(e))
+            self._failed(str(e))
+            return False
+
+    def _scan(self) -> ScanResult:
+        started = self._clock()
+        result = self._scanner.scan()
+        duration = self._clock() - started
+        self._metrics.scanned(result, duration)
+        self._log.debug(
+            "scanned",
+            duration_s=round(duration, 4),
+            gpus=None if result.topology is None else len(result.topology.gpus),
+            sources={s.name: s.state.value for s in result.sources},
+        )
+        return result
+
+    def _choose(self, result: ScanResult) -> Topology | None:
+        if not result.degraded:
+            if self._state.degraded is not None:
+                self._log.info("recovered")
+            self._state.set_degraded(None)
+            self._metrics.degraded.set(0)
+            self._degraded_told = False
+            if result.topology is None:
+                self._log.info("no_gpu_observed")
+            return result.topology
+        reason = "; ".join(f"{s.name}: {s.error or 'failed'}" for s in result.failed)
+        self._state.set_degraded(reason)
+        self._metrics.degraded.set(1)
+        keep = self._topology is not None
+        if not self._degraded_told:
+            self._degraded_told = True
+            if keep:
+                self._log.warning("degraded_keeping_last_topology", reason=reason)
+                message = f"{reason}; keeping the last published topology"
+            else:
+                self._log.warning("degraded_nothing_published_before", reason=reason)
+                message = f"{reason}; publishing what the other sources saw"
+            self._event(EventType.WARNING, REASON_DEGRADED, message)
+        return self._topology if keep else result.topology
+
+    def _publish(self, topology: Topology) -> bool:
+        want = self._projection.desired(topology)
+        if self._clock() - self._last_read >= self._resync_s:
+            self._log.debug("resync")
+            self._sink.forget()
+            self._last_read = self._clock()
+            self._refused = None
+        if want == self._refused:
+            self._failed(self._refusal, result="refused")
+            return False
+        try:
+            wrote = self._sink.publish(want)
+        except ApiPermanentError as e:
+            # Logged once per refused desired state: a loop of identical errors helps nobody.
+            self._log.error("publish_refused", error=str(e))
+            self._refused, self._refusal = want, str(e)
+            self._failed(str(e), result="refused")
+            return False
+        except PublishError as e:
+            self._log.warning("publish_failed", error=str(e))
+            self._failed(str(e))
+            return False
+        previous, self._topology = self._topology, topology
+        self._refused = None
+        self._state.published()
+        self._metrics.publishes.labels(result="written" if wrote else "unchanged").inc()
+        self._metrics.topology(topology)
+        self._metrics.last_publish.set(self._wall())
+        if wrote:
+            self._tell_change(previous, topology)
+        return True
+
+    def _tell_change(self, previous: Topology | None, topology: Topology) -> None:
+        if previous is None:
+            self._log.info("topology_published", summary=projections.summary(topology))
+            self._event(
+                EventType.NORMAL, REASON_CHANGED, f"published: {projections.summary(topology)}"
+            )
+            return
+        lines = changes(previous, topology)
+        if not lines:
+            self._log.info("drift_repaired")
+            return
+        self._log.info("topology_changed", changes=list(lines))
+        kind = EventType.WARNING if _worse(previous, topology) else EventType.NORMAL
+        self._event(kind, REASON_CHANGED, event_message(lines))
+
+    def _event(self, event_type: EventType, reason: str, message: str) -> None:
+        try:
+            self._sink.event(event_type, reason, message)
+        except PublishError as e:
+            # Events are best effort: the labels and annotations are the contract.
+            self._log.warning("event_failed", reason=reason, error=str(e))
+
+    def _failed(self, reason: str, *, result: str = "failed") -> None:
+        self._state.publish_failed(reason)
+        self._metrics.publishes.labels(result=result).inc()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Step every interval until `stop` is set."""
+        self._log.info("started", interval_s=self._interval_s, resync_s=self._resync_s)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.step()
+                except Interrupted:
+                    break
+                self._state.beat()
+                self._stop.wait(self._interval_s)
+        finally:
+            self._state.stopped()
+            self._log.info("stopped")
+
+
+def run_until_signalled(
+    agent: Agent,
+    stop: threading.Event,
+    log: structlog.typing.FilteringBoundLogger,
+    *,
+    grace_s: float = 0.8,
+) -> None:
+    """Run the loop on a thread until SIGTERM/SIGINT; return within about `grace_s` of one.
+
+    The loop runs off the main thread so that a request stuck in a socket read cannot hold the
+    process past the kubelet's patience: after the grace period the process exits anyway.
+    Must be called from the main thread (signal handlers).
+    """
+    failure: list[BaseException] = []
+
+    def handle(signum: int, _: FrameType | None) -> None:
+        log.info("signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    def loop() -> None:
+        try:
+            agent.run()
+        except BaseException as e:
+            failure.append(e)
+            stop.set()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    worker = threading.Thread(target=loop, name="topo-reporter-loop", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive() and not stop.wait(0.5):
+            pass
+        worker.join(grace_s)
+        if worker.is_alive():
+            log.warning("exiting_with_request_in_flight")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failure:
+        raise failure[0]

@@ -1,0 +1,149 @@
+"""The minimal patch from what a Node carries to what the agent wants it to carry.
+
+Pure: current labels and annotations, desired ones and the prefix in; a JSON merge patch (or None
+when nothing differs) out. It sets only desired keys (all under the prefix), deletes only keys that
+the previous `<prefix>/owned` annotation lists and that are under the prefix, and never names any
+other key, so a foreign label or annotation cannot be changed or removed by construction.
+The patch carries `metadata.resourceVersion`: the apiserver answers 409 if the Node changed since
+it was read, and the caller re-reads and recomputes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reporter.errors import ApiPermanentError
+from reporter.schema import keys
+
+ANNOTATION_BUDGET_BYTES = 256 * 1024
+"""The apiserver's limit on all annotations of one object together (sum of key and value bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetadata:
+    """The part of a Node the publisher reads: its labels, annotations and version."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str | None = None
+    uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """The labels and annotations the agent wants on its Node, `owned` included."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+def under_prefix(key: str, prefix: str) -> bool:
+    return key.startswith(prefix + "/")
+
+
+def desired(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> Desired:
+    """Desired metadata with the `owned` annotation listing every other key it carries.
+
+    Raises ValueError for a key outside the prefix: the agent never writes one.
+    """
+    owned_key = keys.key(prefix, keys.OWNED)
+    foreign = sorted(k for k in (*labels, *annotations) if not under_prefix(k, prefix))
+    if foreign or owned_key in annotations:
+        raise ValueError(f"refusing to own keys outside {prefix}/ or the owned key: {foreign}")
+    owned = ",".join(sorted({*labels, *annotations}))
+    return Desired(dict(labels), {**annotations, owned_key: owned})
+
+
+def owned(annotations: Mapping[str, str], prefix: str) -> frozenset[str]:
+    """The keys the `owned` annotation lists, keeping only those under the prefix.
+
+    The filter matters: the annotation is writable by anyone who can edit the Node, and a key
+    outside the prefix listed there must still never be deleted.
+    """
+    text = annotations.get(keys.key(prefix, keys.OWNED), "")
+    listed = (k.strip() for k in text.split(","))
+    return frozenset(k for k in listed if k and under_prefix(k, prefix))
+
+
+def ours(current: NodeMetadata, prefix: str) -> Desired:
+    """What of the Node's metadata is under the prefix: what the agent may have published."""
+    return Desired(
+        {k: v for k, v in current.labels.items() if under_prefix(k, prefix)},
+        {k: v for k, v in current.annotations.items() if under_prefix(k, prefix)},
+    )
+
+
+def _section(
+    current: Mapping[str, str], wanted: Mapping[str, str], deletable: frozenset[str]
+) -> dict[str, str | None]:
+    changes: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
+    changes.update({k: None for k in sorted(deletable) if k in current and k not in wanted})
+    return changes
+
+
+def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str, Any] | None:
+    """The JSON merge patch bringing `current` to `want`; None when nothing differs."""
+    for k in (*want.labels, *want.annotations):
+        if not under_prefix(k, prefix):
+            raise ValueError(f"desired key {k!r} is outside the prefix {prefix!r}")
+    deletable = owned(current.annotations, prefix)
+    labels = _section(current.labels, want.labels, deletable)
+    annotations = _section(current.annotations, want.annotations, deletable)
+    if not labels and not annotations:
+        return None
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    if current.resource_version is not None:
+        metadata["resourceVersion"] = current.resource_version
+    return {"metadata": metadata}
+
+
+def apply(current: NodeMetadata, patch: Mapping[str, Any]) -> NodeMetadata:
+    """The metadata the Node will carry once `patch` is applied (merge patch semantics)."""
+    metadata = patch.get("metadata", {})
+
+    def merged(base: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+        out = dict(base)
+        for k, v in changes.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+        return out
+
+    return NodeMetadata(
+        current.name,
+        merged(current.labels, metadata.get("labels", {})),
+        merged(current.annotations, metadata.get("annotations", {})),
+        current.resource_version,
+        current.uid,
+    )
+
+
+def annotation_bytes(annotations: Mapping[str, str]) -> int:
+    """Size as the apiserver counts it: the bytes of every key and value."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+
+
+def check_annotation_budget(current: NodeMetadata, patch: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a patch that would take the Node's annotations over the apiserver's 256 KiB.
+
+    Raises ApiPermanentError naming the sizes, ours and everyone else's.
+    """
+    after = apply(current, patch).annotations
+    total = annotation_bytes(after)
+    if total <= ANNOTATION_BUDGET_BYTES:
+        return
+    mine = annotation_bytes({k: v for k, v in after.items() if under_prefix(k, prefix)})
+    raise ApiPermanentError(
+        f"node {current.name}: annotations would total {total} bytes, over the apiserver's "
+        f"{ANNOTATION_BUDGET_BYTES}-byte limit ({mine} bytes under {prefix}/, {total - mine} "
+        "from others): remove large foreign annotations from the node or shorten the prefix",
+        status=422,
+    )

@@ -1,0 +1,156 @@
+"""Where a topology goes: the Sink seam, the Node patch sink and the dry-run sink.
+
+A sink is told the desired metadata and makes its target carry it with as few API calls as it
+can: it remembers what the target carried after its last read or write and sends nothing when
+that already matches. `forget()` drops that memory so the next publish reads again (resync repairs
+drift).
+A second sink (a NodeFeature object for node-feature-discovery) implements the same Protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Protocol, TextIO
+
+import structlog
+
+from reporter.errors import ApiTransientError, PublishError
+from reporter.publish import patch as node_patch
+from reporter.publish import retry
+from reporter.publish.client import EventType, NodeClient
+from reporter.publish.patch import Desired, NodeMetadata
+
+
+class Sink(Protocol):
+    """A target for the desired labels and annotations."""
+
+    def published(self) -> Desired:
+        """What the target carries under the prefix (read if not known). Raises PublishError."""
+        ...
+
+    def publish(self, want: Desired) -> bool:
+        """Make the target carry `want`; True when something was written. Raises PublishError."""
+        ...
+
+    def forget(self) -> None:
+        """Drop what is known of the target: the next call reads it again."""
+        ...
+
+    def event(self, event_type: EventType, reason: str, message: str) -> None:
+        """Tell operators about a change (a Kubernetes Event, a log line). Raises PublishError."""
+        ...
+
+
+class NodePatchSink:
+    """Patches the agent's own Node: one GET when unknown, one PATCH per change, 409 re-reads."""
+
+    def __init__(
+        self,
+        client: NodeClient,
+        *,
+        node: str,
+        prefix: str,
+        namespace: str,
+        stop: threading.Event,
+        backoff: retry.Backoff,
+        log: structlog.typing.FilteringBoundLogger,
+        on_error: Any = lambda e: None,
+    ) -> None:
+        self._client = client
+        self._node = node
+        self._prefix = prefix
+        self._namespace = namespace
+        self._stop = stop
+        self._backoff = backoff
+        self._log = log
+        self._on_error = on_error
+        self._known: NodeMetadata | None = None
+
+    def _retrying(self, what: str, operation: Any) -> Any:
+        return retry.call(
+            operation,
+            what=what,
+            stop=self._stop,
+            backoff=self._backoff,
+            log=self._log,
+            on_error=self._on_error,
+        )
+
+    def _current(self) -> NodeMetadata:
+        if self._known is None:
+            self._known = self._client.get_node(self._node)
+            self._log.debug("node_read", resource_version=self._known.resource_version)
+        return self._known
+
+    def published(self) -> Desired:
+        return node_patch.ours(self._retrying("read node", self._current), self._prefix)
+
+    def publish(self, want: Desired) -> bool:
+        def attempt() -> bool:
+            current = self._current()
+            body = node_patch.minimal_patch(current, want, self._prefix)
+            if body is None:
+                return False
+            node_patch.check_annotation_budget(current, body, self._prefix)
+            try:
+                self._known = self._client.patch_node(self._node, body)
+            except ApiTransientError:
+                # A conflict, or a write that may or may not have landed: read before retrying.
+                self._known = None
+                raise
+            self._log.info(
+                "node_patched",
+                labels=sorted(body["metadata"].get("labels", {})),
+                annotations=sorted(body["metadata"].get("annotations", {})),
+                resource_version=self._known.resource_version,
+            )
+            return True
+
+        try:
+            return bool(self._retrying("patch node", attempt))
+        except PublishError:
+            self._known = None
+            raise
+
+    def forget(self) -> None:
+        self._known = None
+
+    def event(self, event_type: EventType, reason: str, message: str) -> None:
+        # One attempt: an Event is worth less than the API calls a retry loop would spend on it.
+        node = self._known or self._client.get_node(self._node)
+        self._client.create_event(self._namespace, node, event_type, reason, message)
+
+
+class DryRunSink:
+    """Prints the patch it would send to an empty Node as JSON; never contacts a cluster."""
+
+    def __init__(
+        self, *, node: str, prefix: str, out: TextIO, log: structlog.typing.FilteringBoundLogger
+    ) -> None:
+        self._node = node
+        self._prefix = prefix
+        self._out = out
+        self._log = log
+        self._printed: Desired | None = None
+
+    def published(self) -> Desired:
+        return self._printed or Desired({}, {})
+
+    def publish(self, want: Desired) -> bool:
+        if want == self._printed:
+            return False
+        body = node_patch.minimal_patch(NodeMetadata(self._node), want, self._prefix)
+        if body is None:
+            return False
+        json.dump(body, self._out, indent=2, sort_keys=True, ensure_ascii=False)
+        self._out.write("\n")
+        self._out.flush()
+        self._printed = want
+        return True
+
+    def forget(self) -> None:
+        """Nothing to forget: the dry-run sink never reads a Node."""
+
+    def event(self, event_type: EventType, reason: str, message: str) -> None:
+        self._log.info("event", type=event_type.value, reason=reason, message=message)

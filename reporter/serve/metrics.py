@@ -1,0 +1,107 @@
+"""Prometheus metrics of the agent, in a private registry (no process-global state in tests).
+
+Names follow `topo_reporter_<thing>_<unit>`. Label values are closed sets (results, API error
+kinds, link types, source names), never node or GPU identifiers, so cardinality stays fixed.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from reporter.collect import ScanResult, SourceState
+from reporter.errors import ApiPermanentError, PublishError
+from reporter.schema.model import LinkKind, Topology
+
+
+def api_error_kind(error: PublishError) -> str:
+    """A closed vocabulary for `topo_reporter_api_errors_total{kind}`."""
+    status = error.status
+    if status is None:
+        return "tls" if isinstance(error, ApiPermanentError) else "unreachable"
+    named = {401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict"}
+    named |= {422: "invalid", 429: "throttled"}
+    if status in named:
+        return named[status]
+    return "server" if status >= 500 else "other"
+
+
+class Metrics:
+    """The agent's metrics; `render()` is what /metrics serves."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.scan_duration = Histogram(
+            "topo_reporter_scan_duration_seconds",
+            "Time one topology scan took.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.scans = Counter(
+            "topo_reporter_scans", "Scans by result: ok, degraded, failed.", ["result"], registry=r
+        )
+        self.publishes = Counter(
+            "topo_reporter_publishes",
+            "Publish attempts by result: written, unchanged, kept (degraded), failed.",
+            ["result"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "topo_reporter_api_errors",
+            "Failed Kubernetes API calls by kind, retried ones included.",
+            ["kind"],
+            registry=r,
+        )
+        self.gpus = Gauge("topo_reporter_gpus", "GPUs in the published topology.", registry=r)
+        self.links = Gauge(
+            "topo_reporter_links",
+            "GPU pairs in the published topology by link type (NV, PIX, PXB, PHB, NODE, SYS).",
+            ["type"],
+            registry=r,
+        )
+        self.island = Gauge(
+            "topo_reporter_nvlink_island_size",
+            "GPUs in the largest NVLink island (1 when there is no NVLink).",
+            registry=r,
+        )
+        self.last_publish = Gauge(
+            "topo_reporter_last_publish_timestamp_seconds",
+            "Unix time of the last successful publish.",
+            registry=r,
+        )
+        self.degraded = Gauge(
+            "topo_reporter_degraded",
+            "1 while a source fails and the last good topology is kept.",
+            registry=r,
+        )
+        self.source_success = Gauge(
+            "topo_reporter_source_success",
+            "1 when the source answered in the last scan (ok or no data), 0 when it failed.",
+            ["source"],
+            registry=r,
+        )
+
+    def scanned(self, result: ScanResult, duration_s: float) -> None:
+        self.scan_duration.observe(duration_s)
+        outcome = "failed" if result.topology is None and result.degraded else "ok"
+        if result.topology is not None and result.degraded:
+            outcome = "degraded"
+        self.scans.labels(result=outcome).inc()
+        for source in result.sources:
+            self.source_success.labels(source=source.name).set(
+                0 if source.state is SourceState.FAILED else 1
+            )
+
+    def topology(self, t: Topology) -> None:
+        self.gpus.set(len(t.gpus))
+        counts: dict[LinkKind, int] = {k: 0 for k in LinkKind if k is not LinkKind.X}
+        n = len(t.gpus)
+        for i in range(n):
+            for j in range(i + 1, n):
+                counts[t.link(i, j).kind] += 1
+        for kind, count in counts.items():
+            self.links.labels(type=kind.value).set(count)
+        self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

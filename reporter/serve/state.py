@@ -1,0 +1,88 @@
+"""The agent's health, shared between the loop thread and the HTTP server thread.
+
+Live: the loop made progress recently. Ready: the last publish succeeded, no source is failing,
+and the data is fresh. It only records; it never decides what to publish.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    reason: str
+
+
+class AgentState:
+    """Thread-safe record of the loop's progress."""
+
+    def __init__(
+        self,
+        *,
+        stall_after_s: float,
+        stale_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._stall_after_s = stall_after_s
+        self._stale_after_s = stale_after_s
+        self._beat: float = clock()
+        self._published_at: float | None = None
+        self._publish_error: str | None = "no publish yet"
+        self._degraded: str | None = None
+        self._stopped = False
+
+    def beat(self) -> None:
+        """The loop is alive and making progress."""
+        with self._lock:
+            self._beat = self._clock()
+
+    def published(self) -> None:
+        """The desired metadata is on the target (written, or already there)."""
+        with self._lock:
+            self._published_at = self._clock()
+            self._publish_error = None
+
+    def publish_failed(self, reason: str) -> None:
+        with self._lock:
+            self._publish_error = reason
+
+    def set_degraded(self, reason: str | None) -> None:
+        with self._lock:
+            self._degraded = reason
+
+    def stopped(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+    @property
+    def degraded(self) -> str | None:
+        with self._lock:
+            return self._degraded
+
+    def liveness(self) -> Verdict:
+        with self._lock:
+            if self._stopped:
+                return Verdict(False, "stopped")
+            age = self._clock() - self._beat
+            if age > self._stall_after_s:
+                return Verdict(False, f"loop stalled for {age:.0f}s")
+            return Verdict(True, "ok")
+
+    def readiness(self) -> Verdict:
+        with self._lock:
+            if self._publish_error is not None:
+                return Verdict(False, self._publish_error)
+            if self._degraded is not None:
+                return Verdict(False, f"degraded: {self._degraded}")
+            assert self._published_at is not None  # set together with clearing the error
+            age = self._clock() - self._published_at
+            if age > self._stale_after_s:
+                return Verdict(False, f"data is {age:.0f}s old")
+            return Verdict(True, "ok")

@@ -1,0 +1,231 @@
+"""The agent's settings: one frozen value, resolved in one documented order, validated once.
+
+Precedence, lowest first: built-in defaults → the YAML file named by `--config` or
+`TOPO_REPORTER_CONFIG` → environment variables (`TOPO_REPORTER_*`, `NODE_NAME`, `POD_NAMESPACE`,
+`KUBECONFIG`) → command-line flags. A bad value is one `ConfigError` line naming where it came from.
+This module reads the file and the environment it is handed; it never touches the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reporter.errors import ConfigError
+from reporter.schema.keys import DEFAULT_PREFIX
+
+BACKENDS = ("auto", "nvml", "sysfs")
+SINKS = ("node", "nodefeature")
+LOG_FORMATS = ("auto", "json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything `topo-reporter run` needs to know, resolved and validated."""
+
+    node: str | None = None
+    """The Node to publish on (its own, from the downward API); required unless dry_run."""
+    kubeconfig: str | None = None
+    """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
+    prefix: str = DEFAULT_PREFIX
+    """Prefix of every label and annotation key the agent writes and owns."""
+    interval_s: float = 60.0
+    """Seconds between scans."""
+    resync_s: float = 300.0
+    """Seconds between reads of the Node that repair drift (our keys edited or deleted)."""
+    backend: str = "auto"
+    """Topology source: auto (NVML, sysfs when NVML is absent), nvml or sysfs."""
+    sysfs_root: str = "/sys"
+    """Where the host's sysfs is mounted (the chart mounts it at /host/sys)."""
+    simulate: str | None = None
+    """A simulated machine profile (`dgx-h100`) instead of the real hardware."""
+    sink: str = "node"
+    """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
+    namespace: str = "default"
+    """Namespace of the Events (and of the NodeFeature object for that sink)."""
+    listen: str = "0.0.0.0:8080"
+    """host:port of the health and metrics server; empty disables it."""
+    log_format: str = "auto"
+    """auto (JSON when stderr is not a terminal), json or console."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+    kubelet_config: str = "/var/lib/kubelet/config.yaml"
+    """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    once: bool = False
+    """Scan and publish once, then exit (non-zero on failure)."""
+    dry_run: bool = False
+    """Print the patch as JSON instead of sending it; needs no cluster."""
+    config_file: str | None = None
+    """The YAML settings file that was read, if any."""
+
+    def validate(self) -> Settings:
+        """Return self, or raise ConfigError with one line saying which value is wrong and why."""
+        if not self.dry_run and not self.node:
+            raise ConfigError(
+                "no node name: pass --node, or set TOPO_REPORTER_NODE or NODE_NAME (the chart "
+                "sets NODE_NAME from spec.nodeName); --dry-run needs none"
+            )
+        if len(self.prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.prefix):
+            raise ConfigError(
+                f"prefix {self.prefix!r} is not a DNS subdomain (lower-case letters, digits, '-' "
+                "and '.', at most 253 characters), e.g. gpu.topology.io"
+            )
+        if self.interval_s <= 0 or self.resync_s <= 0:
+            raise ConfigError("interval and resync must be positive durations, e.g. 60s, 5m")
+        for name, value, allowed in (
+            ("backend", self.backend, BACKENDS),
+            ("sink", self.sink, SINKS),
+            ("log-format", self.log_format, LOG_FORMATS),
+            ("log-level", self.log_level, LOG_LEVELS),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        listen_address(self.listen)
+        return self
+
+
+def parse_duration(text: str, *, name: str) -> float:
+    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise ConfigError(f"{name} {text!r} is not a duration: use seconds or 90s, 5m, 1h")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def listen_address(text: str) -> tuple[str, int] | None:
+    """`host:port` (IPv6 as `[::]:8080`) to a bind address; empty means no server."""
+    if text == "":
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen {text!r} is not host:port (e.g. 0.0.0.0:8080, or '' to disable)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# name -> (environment variables, most specific first; how the text becomes a value)
+_Convert = Any
+_SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
+    "node": (("TOPO_REPORTER_NODE", "NODE_NAME"), str),
+    "kubeconfig": (("KUBECONFIG",), str),
+    "prefix": (("TOPO_REPORTER_PREFIX",), str),
+    "interval_s": (("TOPO_REPORTER_INTERVAL",), "duration"),
+    "resync_s": (("TOPO_REPORTER_RESYNC",), "duration"),
+    "backend": (("TOPO_REPORTER_BACKEND",), str),
+    "sysfs_root": (("TOPO_REPORTER_SYSFS_ROOT",), str),
+    "simulate": (("TOPO_REPORTER_SIMULATE",), str),
+    "sink": (("TOPO_REPORTER_SINK",), str),
+    "namespace": (("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"), str),
+    "listen": (("TOPO_REPORTER_LISTEN",), str),
+    "log_format": (("TOPO_REPORTER_LOG_FORMAT",), str),
+    "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
+    "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
+}
+_FLAG_NAMES = {"interval_s": "interval", "resync_s": "resync"}
+_FLAGS_ONLY = ("once", "dry_run")
+
+
+def _flag(name: str) -> str:
+    return _FLAG_NAMES.get(name, name).replace("_", "-")
+
+
+def _convert(name: str, raw: object, origin: str) -> object:
+    kind = _SOURCES[name][1]
+    if kind == "duration":
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        return parse_duration(str(raw), name=f"{_flag(name)} ({origin})")
+    if not isinstance(raw, str):
+        raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {raw!r}")
+    return raw
+
+
+def _read_file(path: str) -> dict[str, object]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read settings file {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"settings file {path} is not YAML: {str(e).splitlines()[0]}") from e
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"settings file {path} must be a mapping of setting: value")
+    by_flag = {_flag(n): n for n in _SOURCES}
+    values: dict[str, object] = {}
+    for key, raw in loaded.items():
+        name = by_flag.get(str(key).replace("_", "-"))
+        if name is None:
+            raise ConfigError(
+                f"settings file {path}: unknown setting {key!r} (known: {', '.join(by_flag)})"
+            )
+        values[name] = _convert(name, raw, f"in {path}")
+    return values
+
+
+def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Settings:
+    """Settings from defaults, the YAML file, the environment and flags, validated.
+
+    `flags` maps field names to what the command line gave (None when not given).
+    Raises ConfigError.
+    """
+    values: dict[str, object] = {}
+    config_file = flags.get("config_file") or environ.get("TOPO_REPORTER_CONFIG") or None
+    if config_file is not None:
+        values.update(_read_file(str(config_file)))
+    for name, (variables, _) in _SOURCES.items():
+        for variable in variables:
+            raw = environ.get(variable)
+            # An empty variable is unset (charts render empty values), except for listen,
+            # where empty is how the server is turned off.
+            if raw is not None and (raw != "" or name == "listen"):
+                values[name] = _convert(name, raw, f"from {variable}")
+                break
+    for name in _SOURCES:
+        given = flags.get(name)
+        if given is not None:
+            values[name] = _convert(name, given, f"--{_flag(name)}")
+    for name in _FLAGS_ONLY:
+        values[name] = bool(flags.get(name))
+    values["config_file"] = None if config_file is None else str(config_file)
+    known = {f.name for f in fields(Settings)}
+    # Each value was converted to its field's type by _convert above; mypy cannot follow that.
+    chosen = {k: v for k, v in values.items() if k in known}
+    return Settings(**chosen).validate()  # type: ignore[arg-type]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `run` flags; every default is None so that resolve() can tell "not given"."""
+    add = parser.add_argument
+    add("--config", dest="config_file", metavar="FILE", help="YAML settings file")
+    add("--node", help="the Node to publish on (default: TOPO_REPORTER_NODE, NODE_NAME)")
+    add("--kubeconfig", help="kubeconfig path (default: KUBECONFIG, in-cluster, ~/.kube/config)")
+    add("--prefix", help=f"label and annotation key prefix (default {DEFAULT_PREFIX})")
+    add("--interval", dest="interval_s", metavar="DURATION", help="between scans (default 60s)")
+    add("--resync", dest="resync_s", metavar="DURATION", help="between Node re-reads (default 5m)")
+    add("--backend", help="auto, nvml or sysfs (default auto)")
+    add("--sysfs-root", dest="sysfs_root", help="host sysfs mount (default /sys)")
+    add("--simulate", metavar="PROFILE", help="simulated machine instead of the hardware")
+    add("--sink", help="node or nodefeature (default node)")
+    add("--namespace", help="namespace of Events (default: POD_NAMESPACE or default)")
+    add("--listen", help="health and metrics address (default 0.0.0.0:8080, '' disables)")
+    add("--log-format", dest="log_format", help="auto, json or console (default auto)")
+    add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
+    add("--kubelet-config", dest="kubelet_config", help="kubelet config file")
+    add("--once", action="store_true", default=None, help="scan and publish once, then exit")
+    add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

@@ -1,0 +1,172 @@
+"""Shared pieces of the agent tests: topologies built with the model, a fake scanner, a fake clock,
+and an agent wired to the API server double through the real Kubernetes client."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import structlog
+
+from reporter.agent import Agent, SchemaProjection
+from reporter.collect import ScanResult, SourceState, SourceStatus
+from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.retry import Backoff
+from reporter.publish.sink import NodePatchSink
+from reporter.schema.model import SELF, Gpu, Link, LinkKind, Nic, NumaNode, Source, Topology
+from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.state import AgentState
+
+NODE = "gpu-node-1"
+PREFIX = "gpu.topology.io"
+FAST = Backoff(attempts=4, initial_s=0.01, max_s=0.05, retry_after_max_s=2.0)
+"""Backoff for tests: real waits, but short."""
+
+
+def topology(
+    n: int = 8,
+    *,
+    nv: int = 18,
+    nics: Sequence[str] = ("mlx5_0", "mlx5_1"),
+    lost: Sequence[int] = (),
+    overrides: dict[tuple[int, int], Link] | None = None,
+) -> Topology:
+    """An NVSwitch machine like a DGX H100, GPUs split over two NUMA nodes."""
+    half = max(n // 2, 1)
+    gpus = tuple(
+        Gpu(
+            index=i,
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            pci=f"0000:{0x18 + 0x10 * i:02x}:00.0",
+            model="NVIDIA H100 80GB HBM3",
+            numa=frozenset({0 if i < half else 1}),
+            cpus=frozenset(range(0, 48)) if i < half else frozenset(range(48, 96)),
+            mem_mib=81559,
+            mig=False,
+            lost=i in lost,
+        )
+        for i in range(n)
+    )
+    grid = [[SELF if i == j else Link(LinkKind.NV, nv) for j in range(n)] for i in range(n)]
+    for (a, b), cell in (overrides or {}).items():
+        grid[a][b] = grid[b][a] = cell
+    nic_objs = tuple(
+        Nic(
+            name=name,
+            links=tuple(
+                Link(LinkKind.PIX if (g < half) == (k % 2 == 0) else LinkKind.SYS) for g in range(n)
+            ),
+            pci=f"0000:{0x1A + k:02x}:00.0",
+            numa=frozenset({k % 2}),
+        )
+        for k, name in enumerate(nics)
+    )
+    return Topology(
+        source=Source.NVML,
+        gpus=gpus,
+        links=tuple(tuple(row) for row in grid),
+        driver="550.54.15",
+        nics=nic_objs,
+        numa_nodes=(
+            NumaNode(0, frozenset(range(0, 48)), (10, 21)),
+            NumaNode(1, frozenset(range(48, 96)), (21, 10)),
+        ),
+        nvswitch=True,
+    )
+
+
+def ok(t: Topology | None) -> ScanResult:
+    return ScanResult(t, (SourceStatus("nvml", SourceState.OK, 0.01),))
+
+
+def nvml_failed(t: Topology | None = None) -> ScanResult:
+    """NVML did not load; `t` is what sysfs alone saw (or nothing)."""
+    sources = [SourceStatus("nvml", SourceState.FAILED, 0.01, "NVML did not load: driver gone")]
+    if t is not None:
+        sources.append(SourceStatus("sysfs", SourceState.OK, 0.01))
+        t = replace(t, source=Source.SYSFS, nvlink_observed=False)
+    return ScanResult(t, tuple(sources))
+
+
+@dataclass
+class FakeScanner:
+    """Returns prepared scan results in order, repeating the last one."""
+
+    results: list[ScanResult]
+    calls: int = 0
+
+    def scan(self) -> ScanResult:
+        result = self.results[min(self.calls, len(self.results) - 1)]
+        self.calls += 1
+        return result
+
+    def then(self, *results: ScanResult) -> None:
+        """Replace what comes next."""
+        self.results = self.results[: self.calls] + list(results)
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Wired:
+    """An agent and everything around it."""
+
+    agent: Agent
+    scanner: FakeScanner
+    sink: NodePatchSink
+    state: AgentState
+    metrics: Metrics
+    clock: FakeClock
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def wire(
+    kubeconfig: Path,
+    scanner: FakeScanner,
+    *,
+    clock: FakeClock | None = None,
+    interval_s: float = 60.0,
+    resync_s: float = 300.0,
+    request_timeout_s: tuple[float, float] = (2.0, 2.0),
+    stop: threading.Event | None = None,
+) -> Wired:
+    """An agent on NODE, publishing through the real client to whatever kubeconfig names."""
+    clock = clock or FakeClock()
+    stop = stop or threading.Event()
+    metrics = Metrics()
+    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
+    log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    sink = NodePatchSink(
+        KubeNodeClient(load_configuration(str(kubeconfig)), request_timeout_s=request_timeout_s),
+        node=NODE,
+        prefix=PREFIX,
+        namespace="default",
+        stop=stop,
+        backoff=FAST,
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    )
+    agent = Agent(
+        scanner=scanner,
+        sink=sink,
+        projection=SchemaProjection(PREFIX),
+        state=state,
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=interval_s,
+        resync_s=resync_s,
+        clock=clock,
+    )
+    return Wired(agent, scanner, sink, state, metrics, clock, stop)

@@ -1,0 +1,17 @@
+"""A Kubernetes API server double for tests: real HTTP on loopback, real client, real kubectl."""
+
+from .kubeconfig import write_kubeconfig
+from .server import AGENT_PERMISSIONS, ALL, ApiServerDouble, Fault, Recorded, status_body
+from .tls import Certificate, make_certificate
+
+__all__ = [
+    "AGENT_PERMISSIONS",
+    "ALL",
+    "ApiServerDouble",
+    "Certificate",
+    "Fault",
+    "Recorded",
+    "make_certificate",
+    "status_body",
+    "write_kubeconfig",
+]

@@ -1,0 +1,205 @@
+"""KubeNodeClient against the API server double: the real client, errors mapped once, each fault."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.publish.client import EventType
+from reporter.publish.kube import KubeNodeClient, load_configuration
+from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
+from tests.kube_double.tls import Certificate
+
+NODE = "gpu-node-1"
+
+
+def client(kubeconfig: Path, timeout: float = 2.0) -> KubeNodeClient:
+    return KubeNodeClient(load_configuration(str(kubeconfig)), request_timeout_s=(timeout, timeout))
+
+
+def test_get_node_reads_labels_annotations_and_version(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    node = client(kubeconfig).get_node(NODE)
+    assert node.name == NODE
+    assert node.labels["kubernetes.io/hostname"] == NODE
+    assert node.resource_version == apiserver.node(NODE)["metadata"]["resourceVersion"]
+    assert node.uid == apiserver.node(NODE)["metadata"]["uid"]
+
+
+def test_patch_is_a_json_merge_patch_and_returns_the_new_version(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    kube = client(kubeconfig)
+    before = kube.get_node(NODE)
+    after = kube.patch_node(
+        NODE,
+        {
+            "metadata": {
+                "labels": {"gpu.topology.io/count": "8"},
+                "resourceVersion": before.resource_version,
+            }
+        },
+    )
+    assert after.labels["gpu.topology.io/count"] == "8"
+    assert after.resource_version != before.resource_version
+    (write,) = apiserver.writes()
+    assert write.content_type == "application/merge-patch+json"
+
+
+def test_event_names_the_node_as_involved_object(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    kube = client(kubeconfig)
+    node = kube.get_node(NODE)
+    kube.create_event("default", node, EventType.WARNING, "GPUTopologyChanged", "GPU6 lost")
+    (event,) = apiserver.list_events("default", "involvedObject.kind=Node")
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": NODE,
+        "uid": node.uid,
+    }
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Warning",
+        "GPUTopologyChanged",
+        "GPU6 lost",
+    )
+    assert event["source"]["component"] == "topo-reporter"
+
+
+TRANSIENT = [
+    ("429 with Retry-After in seconds", Fault(429, retry_after="7"), 429, 7.0),
+    ("500 internal error", Fault(500), 500, None),
+    ("502 bad gateway", Fault(502), 502, None),
+    ("503 with Retry-After", Fault(503, retry_after="2"), 503, 2.0),
+    ("504 gateway timeout", Fault(504), 504, None),
+    ("409 conflict", Fault(409), 409, None),
+    ("a dropped connection", Fault(drop=True), None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "retry_after"), [c[1:] for c in TRANSIENT], ids=[c[0] for c in TRANSIENT]
+)
+def test_transient_faults_become_api_transient_error(
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    fault: Fault,
+    status: int | None,
+    retry_after: float | None,
+) -> None:
+    apiserver.plan(fault)
+    with pytest.raises(ApiTransientError) as e:
+        client(kubeconfig).get_node(NODE)
+    assert e.value.status == status
+    assert e.value.retry_after == retry_after
+
+
+def test_a_retry_after_date_is_turned_into_seconds(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    apiserver.plan(Fault(429, retry_after="Wed, 21 Oct 2015 07:28:00 GMT"))
+    with pytest.raises(ApiTransientError) as e:
+        client(kubeconfig).get_node(NODE)
+    assert e.value.retry_after == 0.0  # a date in the past: retry now
+
+
+def test_a_read_slower_than_the_timeout_is_transient(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    apiserver.plan(Fault(delay_s=1.0))
+    with pytest.raises(ApiTransientError, match="timed out"):
+        client(kubeconfig, timeout=0.2).get_node(NODE)
+
+
+def test_connection_refused_is_transient(
+    apiserver_certificate: Certificate, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_kubeconfig(
+        tmp_path / "kc", f"https://127.0.0.1:{port}", "t", ca_cert=apiserver_certificate.cert
+    )
+    with pytest.raises(ApiTransientError, match="cannot connect"):
+        client(config).get_node(NODE)
+
+
+def test_an_untrusted_certificate_is_permanent_and_says_to_check_the_ca(
+    apiserver: ApiServerDouble, tmp_path: Path
+) -> None:
+    config = write_kubeconfig(tmp_path / "kc", apiserver.url, "agent-token", ca_cert=None)
+    with pytest.raises(ApiPermanentError, match="check the cluster CA"):
+        client(config).get_node(NODE)
+
+
+LABELS_8 = {"metadata": {"labels": {"gpu.topology.io/count": "8"}}}
+BAD_LABEL = {"metadata": {"labels": {"gpu.topology.io/count": "8 GPUs"}}}
+PERMANENT: list[tuple[str, str, Callable[[KubeNodeClient], object], str]] = [
+    ("401: no valid token", "wrong-token", lambda k: k.get_node(NODE), "credentials (401)"),
+    (
+        "403: a token without patch",
+        "reader-token",
+        lambda k: k.patch_node(NODE, LABELS_8),
+        "grant the agent's ClusterRole `patch`",
+    ),
+    ("404: a missing node", "agent-token", lambda k: k.get_node("absent"), "check --node"),
+    (
+        "422: a label value the apiserver refuses",
+        "agent-token",
+        lambda k: k.patch_node(NODE, BAD_LABEL),
+        "refused the metadata (422)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("token", "call", "message"), [c[1:] for c in PERMANENT], ids=[c[0] for c in PERMANENT]
+)
+def test_permanent_refusals_say_what_to_fix(
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    token: str,
+    call: Callable[[KubeNodeClient], object],
+    message: str,
+) -> None:
+    apiserver.tokens["reader-token"] = frozenset({"get nodes"})
+    kube = client(kubeconfig_with_token(token))
+    with pytest.raises(ApiPermanentError, match=re.escape(message)):
+        call(kube)
+
+
+def test_a_422_message_carries_the_apiservers_causes(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    with pytest.raises(ApiPermanentError) as e:
+        client(kubeconfig).patch_node(
+            NODE, {"metadata": {"annotations": {"gpu.topology.io/big": "x" * 262_144}}}
+        )
+    assert e.value.status == 422
+    assert "metadata.annotations: Too long: may not be more than 262144 bytes" in str(e.value)
+
+
+def test_no_error_message_contains_the_token(
+    apiserver: ApiServerDouble, apiserver_certificate: Certificate, tmp_path: Path
+) -> None:
+    secret = "s3cr3t-token-value"
+    config = write_kubeconfig(
+        tmp_path / "kc", apiserver.url, secret, ca_cert=apiserver_certificate.cert
+    )
+    with pytest.raises(PublishError) as e:
+        client(config).get_node(NODE)
+    assert secret not in str(e.value)
+    assert secret not in repr(e.value.__cause__)
+
+
+def test_an_unreadable_kubeconfig_is_a_config_error_naming_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "absent.kubeconfig"
+    with pytest.raises(ConfigError, match=f"from {path}"):
+        load_configuration(str(path))

@@ -1,0 +1,179 @@
+"""The minimal node patch: only our keys, stale owned keys removed, nothing sent when equal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reporter.errors import ApiPermanentError
+from reporter.publish import patch as p
+from reporter.publish.patch import Desired, NodeMetadata
+
+PREFIX = "gpu.topology.io"
+OWNED = f"{PREFIX}/owned"
+
+
+def node(labels: dict[str, str], annotations: dict[str, str], rv: str | None = "7") -> NodeMetadata:
+    return NodeMetadata("n1", labels, annotations, rv, "uid-1")
+
+
+def want(labels: dict[str, str], annotations: dict[str, str]) -> Desired:
+    return p.desired(labels, annotations, PREFIX)
+
+
+CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
+    (
+        "a fresh node gets every key and the owned list, with the resourceVersion it was read at",
+        node({"kubernetes.io/hostname": "n1"}, {}),
+        want({f"{PREFIX}/count": "8"}, {f"{PREFIX}/matrix": "m"}),
+        {
+            "metadata": {
+                "labels": {f"{PREFIX}/count": "8"},
+                "annotations": {
+                    f"{PREFIX}/matrix": "m",
+                    OWNED: f"{PREFIX}/count,{PREFIX}/matrix",
+                },
+                "resourceVersion": "7",
+            }
+        },
+    ),
+    (
+        "nothing is sent when the node already carries exactly what is desired",
+        node(
+            {f"{PREFIX}/count": "8", "team": "a"},
+            {f"{PREFIX}/matrix": "m", OWNED: f"{PREFIX}/count,{PREFIX}/matrix"},
+        ),
+        want({f"{PREFIX}/count": "8"}, {f"{PREFIX}/matrix": "m"}),
+        None,
+    ),
+    (
+        "a changed value is the only key in the patch; foreign keys are never named",
+        node(
+            {f"{PREFIX}/count": "8", "nvidia.com/gpu.count": "8", "team": "a"},
+            {f"{PREFIX}/matrix": "m", OWNED: f"{PREFIX}/count,{PREFIX}/matrix", "x/y": "z"},
+        ),
+        want({f"{PREFIX}/count": "7"}, {f"{PREFIX}/matrix": "m"}),
+        {"metadata": {"labels": {f"{PREFIX}/count": "7"}, "resourceVersion": "7"}},
+    ),
+    (
+        "keys the owned list names and that are no longer produced are deleted with null",
+        node(
+            {f"{PREFIX}/count": "8", f"{PREFIX}/rdma-nics": "8"},
+            {
+                f"{PREFIX}/matrix": "m",
+                f"{PREFIX}/old": "x",
+                OWNED: f"{PREFIX}/count,{PREFIX}/matrix,{PREFIX}/old,{PREFIX}/rdma-nics",
+            },
+        ),
+        want({f"{PREFIX}/count": "8"}, {f"{PREFIX}/matrix": "m"}),
+        {
+            "metadata": {
+                "labels": {f"{PREFIX}/rdma-nics": None},
+                "annotations": {
+                    f"{PREFIX}/old": None,
+                    OWNED: f"{PREFIX}/count,{PREFIX}/matrix",
+                },
+                "resourceVersion": "7",
+            }
+        },
+    ),
+    (
+        "a key under our prefix that the owned list does not name is someone else's: kept",
+        node(
+            {f"{PREFIX}/count": "8", f"{PREFIX}/added-by-hand": "yes"},
+            {OWNED: f"{PREFIX}/count"},
+        ),
+        want({f"{PREFIX}/count": "8"}, {}),
+        None,
+    ),
+    (
+        "a foreign key smuggled into the owned list is still never deleted",
+        node(
+            {f"{PREFIX}/count": "8", "kubernetes.io/hostname": "n1"},
+            {OWNED: f"{PREFIX}/count,kubernetes.io/hostname"},
+        ),
+        want({f"{PREFIX}/count": "8"}, {}),
+        {"metadata": {"annotations": {OWNED: f"{PREFIX}/count"}, "resourceVersion": "7"}},
+    ),
+    (
+        "our key edited by hand is set back (drift)",
+        node({f"{PREFIX}/count": "80"}, {OWNED: f"{PREFIX}/count"}),
+        want({f"{PREFIX}/count": "8"}, {}),
+        {"metadata": {"labels": {f"{PREFIX}/count": "8"}, "resourceVersion": "7"}},
+    ),
+    (
+        "without a known resourceVersion the patch carries none",
+        node({}, {}, rv=None),
+        want({f"{PREFIX}/count": "8"}, {}),
+        {
+            "metadata": {
+                "labels": {f"{PREFIX}/count": "8"},
+                "annotations": {OWNED: f"{PREFIX}/count"},
+            }
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_minimal_patch(
+    current: NodeMetadata, desired: Desired, expected: dict[str, Any] | None
+) -> None:
+    assert p.minimal_patch(current, desired, PREFIX) == expected
+
+
+def test_applying_the_patch_reaches_the_desired_state_and_keeps_foreign_keys() -> None:
+    current = node(
+        {f"{PREFIX}/count": "8", f"{PREFIX}/rdma-nics": "8", "team": "a"},
+        {OWNED: f"{PREFIX}/count,{PREFIX}/rdma-nics", "other.io/x": "y"},
+    )
+    desired = want({f"{PREFIX}/count": "7"}, {f"{PREFIX}/matrix": "m"})
+    body = p.minimal_patch(current, desired, PREFIX)
+    assert body is not None
+    after = p.apply(current, body)
+    assert p.ours(after, PREFIX) == desired
+    assert after.labels["team"] == "a"
+    assert after.annotations["other.io/x"] == "y"
+    assert p.minimal_patch(after, desired, PREFIX) is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations"),
+    [({"team": "a"}, {}), ({}, {"kubernetes.io/x": "y"}), ({}, {OWNED: "x"})],
+    ids=["a label outside the prefix", "an annotation outside the prefix", "the owned key itself"],
+)
+def test_desired_refuses_keys_it_must_not_own(
+    labels: dict[str, str], annotations: dict[str, str]
+) -> None:
+    with pytest.raises(ValueError, match="refusing"):
+        p.desired(labels, annotations, PREFIX)
+
+
+def test_owned_list_ignores_blanks_spaces_and_foreign_keys() -> None:
+    text = f" {PREFIX}/a ,,{PREFIX}/b, other.io/c ,{PREFIX}x/d"
+    assert p.owned({OWNED: text}, PREFIX) == {f"{PREFIX}/a", f"{PREFIX}/b"}
+
+
+def test_annotation_budget_counts_every_annotation_in_bytes_and_names_the_shares() -> None:
+    foreign = {"other.io/blob": "é" * 130_000}  # 260 000 bytes of someone else's
+    current = node({}, foreign)
+    body = p.minimal_patch(current, want({}, {f"{PREFIX}/matrix": "m" * 3000}), PREFIX)
+    assert body is not None
+    with pytest.raises(ApiPermanentError, match=r"over the apiserver's 262144-byte limit") as e:
+        p.check_annotation_budget(current, body, PREFIX)
+    assert "260013 from others" in str(e.value)
+    assert e.value.status == 422
+
+
+def test_annotation_budget_allows_exactly_the_limit() -> None:
+    key = f"{PREFIX}/matrix"
+    owned_len = len(OWNED) + len(key)
+    value = "m" * (p.ANNOTATION_BUDGET_BYTES - len(key) - owned_len)
+    current = node({}, {})
+    body = p.minimal_patch(current, want({}, {key: value}), PREFIX)
+    assert body is not None
+    assert p.annotation_bytes(p.apply(current, body).annotations) == p.ANNOTATION_BUDGET_BYTES
+    p.check_annotation_budget(current, body, PREFIX)
