@@ -127,6 +127,6 @@ def median_seconds(run: Callable[[], object], repeat: int) -> tuple[float, float
     return statistics.median(times), min(times)
 
 
-def quiet_logs() -> None:
+def quiet_logs(level: int = logging.WARNING) -> None:
     """Keep the collectors' debug events off the benchmark's output: warnings and above only."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
