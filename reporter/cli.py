@@ -87,6 +87,8 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
 
     Raises InputError (SchemaError for a document that does not validate) naming the field.
     """
+    if len(text) > MAX_INPUT_BYTES:
+        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
     doc: Any
     try:
         doc = json.loads(text)
@@ -99,10 +101,11 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
                 "object (`kubectl get node NAME -o json`)"
             ) from None
     if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
-        items = doc.get("items") or []
-        if len(items) != 1:
+        items = doc.get("items")
+        if not isinstance(items, list) or len(items) != 1:
+            count = len(items) if isinstance(items, list) else 0
             raise InputError(
-                f"{source} holds {len(items)} nodes: pass one (`kubectl get node NAME -o json`)"
+                f"{source} holds {count} nodes: pass one (`kubectl get node NAME -o json`)"
             )
         doc = items[0]
     if isinstance(doc, dict) and doc.get("kind") == "Node":
