@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import sys
 import tempfile
 import threading
@@ -33,7 +32,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import quiet_logs, table
+from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, build_scanner
 from reporter.publish.kube import KubeNodeClient, load_configuration
@@ -43,41 +42,13 @@ from reporter.schema import keys
 from reporter.schema.codec import encode
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
-from tests.kube_double import (
-    ApiServerDouble,
-    Fault,
-    Recorded,
-    make_certificate,
-    write_kubeconfig,
-)
+from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
 PREFIX = keys.DEFAULT_PREFIX
 COMPRESSION = 60.0
 INTERVAL_S = 60.0 / COMPRESSION
 RESYNC_S = 300.0 / COMPRESSION
 HOUR_S = 3600.0 / COMPRESSION
-
-
-class ThrottlingDouble(ApiServerDouble):
-    """The double, answering 429 with Retry-After to a random share of requests when asked."""
-
-    throttle = 0.0
-    rng = random.Random(7)
-    times: list[float]
-
-    def record(self, entry: Recorded) -> None:
-        self.times.append(time.monotonic())
-        super().record(entry)
-
-    def peak(self, since: float) -> int:
-        """The most requests in one wall-clock second after `since`."""
-        seconds = Counter(int(t - since) for t in self.times if t >= since)
-        return max(seconds.values(), default=0)
-
-    def take_fault(self, method: str, path: str) -> Fault | None:
-        if self.throttle and self.rng.random() < self.throttle:
-            return Fault(429, retry_after="1", message="too many requests")
-        return super().take_fault(method, path)
 
 
 class FixedScanner:
@@ -177,8 +148,7 @@ def main() -> None:
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         certificate = make_certificate(Path(tmp))
-        double = ThrottlingDouble(certificate=certificate)
-        double.times = []
+        double = RandomFaultDouble(certificate=certificate)
         nodes = [f"gpu-{i:03d}" for i in range(n)]
         for node in nodes:
             double.add_node(node)
@@ -217,11 +187,11 @@ def main() -> None:
             fresh = [f"gpu-throttled-{i:03d}" for i in range(n)]
             for node in fresh:
                 double.add_node(node)
-            double.throttle = 0.5
+            double.rate = 0.5
             mark = len(double.requests)
             agents = [start_agent(node, kubeconfig, scan) for node in fresh]
             took = wait_converged(double, fresh, annotation, 300)
-            double.throttle = 0.0
+            double.rate = 0.0
             c = count(double, mark)
             throttled = sum(
                 a.metrics.registry.get_sample_value(

@@ -1,4 +1,5 @@
-"""What the benchmarks share: the table printer, nvidia-smi's text for a model, synthetic machines.
+"""What the benchmarks share: the table printer, nvidia-smi's text for a model, synthetic machines,
+the API server double answering a random share of requests with faults.
 
 Benchmarks measure; they never assert. Nothing here is imported by the package or the tests.
 """
@@ -6,9 +7,13 @@ Benchmarks measure; they never assert. Nothing here is imported by the package o
 from __future__ import annotations
 
 import logging
+import random
 import statistics
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ import yaml
 
 from parsers.cpulist import format_cpulist
 from reporter.schema.model import Topology
+from tests.kube_double import ApiServerDouble, Fault, Recorded
 
 # `nvidia-smi topo -m` prints this legend under every matrix (drivers 470 and later).
 LEGEND = """Legend:
@@ -130,3 +136,50 @@ def median_seconds(run: Callable[[], object], repeat: int) -> tuple[float, float
 def quiet_logs(level: int = logging.WARNING) -> None:
     """Keep the collectors' debug events off the benchmark's output: warnings and above only."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+
+
+def throttled(rng: random.Random, method: str, path: str) -> Fault | None:
+    """A 429 with Retry-After: 1, the apiserver's priority-and-fairness answer under load."""
+    return Fault(429, retry_after="1", message="too many requests")
+
+
+def fault_kind(fault: Fault) -> str:
+    """How a served fault is counted: its status code, `drop`, or `delay`."""
+    if fault.drop:
+        return "drop"
+    return str(fault.status) if fault.status else "delay"
+
+
+@dataclass
+class RandomFaultDouble(ApiServerDouble):
+    """The double, serving `choose`'s fault to a random share `rate` of requests (0: none).
+
+    Planned faults (`plan`) come first. `served` counts the random faults by `fault_kind`;
+    `times` holds each request's arrival, for request rates.
+    """
+
+    rate: float = 0.0
+    choose: Callable[[random.Random, str, str], Fault | None] = throttled
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    times: list[float] = field(default_factory=list)
+    served: Counter[str] = field(default_factory=Counter)
+    _draw: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, entry: Recorded) -> None:
+        self.times.append(time.monotonic())
+        super().record(entry)
+
+    def peak(self, since: float) -> int:
+        """The most requests in one wall-clock second after `since`."""
+        seconds = Counter(int(t - since) for t in self.times if t >= since)
+        return max(seconds.values(), default=0)
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        planned = super().take_fault(method, path)
+        if planned is not None or not self.rate:
+            return planned
+        with self._draw:
+            fault = self.choose(self.rng, method, path) if self.rng.random() < self.rate else None
+            if fault is not None:
+                self.served[fault_kind(fault)] += 1
+        return fault
