@@ -288,6 +288,17 @@ def test_a_conflict_rereads_the_node_and_patches_against_the_new_version(
     assert apiserver.labels(NODE)["team"] == "ml"
 
 
+def test_a_failed_event_is_counted_as_an_api_error_and_the_publish_stands(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    apiserver.plan(Fault(503, "POST", path="/api/v1/namespaces/default/events"))
+    w = wire(kubeconfig, FakeScanner([ok(topology())]))
+    assert w.agent.step()
+    assert apiserver.events == []
+    assert w.metrics.api_errors.labels(kind="server")._value.get() == 1
+    assert w.metrics.publishes.labels(result="written")._value.get() == 1
+
+
 def test_retries_give_up_after_the_budget_and_the_next_interval_tries_again(
     apiserver: ApiServerDouble, kubeconfig: Path
 ) -> None:

@@ -118,8 +118,13 @@ class NodePatchSink:
 
     def event(self, event_type: EventType, reason: str, message: str) -> None:
         # One attempt: an Event is worth less than the API calls a retry loop would spend on it.
-        node = self._known or self._client.get_node(self._node)
-        self._client.create_event(self._namespace, node, event_type, reason, message)
+        # Its failure is still a failed API call, counted like every other.
+        try:
+            node = self._known or self._client.get_node(self._node)
+            self._client.create_event(self._namespace, node, event_type, reason, message)
+        except PublishError as e:
+            self._on_error(e)
+            raise
 
 
 class DryRunSink:
