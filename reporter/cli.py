@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -26,8 +27,15 @@ from parsers.nvsmi import parse_topo
 from reporter import logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
-from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
-from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.errors import (
+    CollectError,
+    ConfigError,
+    InputError,
+    PublishError,
+    TopoReporterError,
+)
+from reporter.publish.kube import KubeNodeClient, KubeNodeFeatureClient, load_configuration
+from reporter.publish.nodefeature import NodeFeatureDryRunSink, NodeFeatureSink
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
@@ -186,7 +194,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
     )
     sink: Sink
-    if config.dry_run:
+
+    def on_error(e: PublishError) -> None:
+        metrics.api_errors.labels(kind=api_error_kind(e)).inc()
+
+    if config.dry_run and config.sink == "nodefeature":
+        # The object is named after the node; without --node, the kubelet's default node name.
+        sink = NodeFeatureDryRunSink(
+            node=config.node or socket.gethostname().lower(),
+            namespace=config.namespace,
+            prefix=config.prefix,
+            out=sys.stdout,
+            log=log,
+        )
+    elif config.dry_run:
         sink = DryRunSink(node=config.node or "", prefix=config.prefix, out=sys.stdout, log=log)
     elif config.sink == "node":
         assert config.node is not None  # validate() requires it unless dry-run
@@ -198,10 +219,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stop=stop,
             backoff=Backoff(),
             log=log,
-            on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+            on_error=on_error,
         )
     else:
-        raise ConfigError(f"sink {config.sink!r} is not available in this build: use --sink node")
+        assert config.node is not None  # validate() requires it unless dry-run
+        sink = NodeFeatureSink(
+            KubeNodeFeatureClient(load_configuration(config.kubeconfig)),
+            node=config.node,
+            prefix=config.prefix,
+            namespace=config.namespace,
+            stop=stop,
+            backoff=Backoff(),
+            log=log,
+            on_error=on_error,
+        )
     agent = Agent(
         scanner=scanner,
         sink=sink,
