@@ -568,3 +568,22 @@ def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
         in failed["error"]
     )
     assert ours(apiserver)["spec"]["labels"][f"{PREFIX}/count"] == "8"
+
+
+def test_a_real_conflict_is_read_again_and_written_over_the_new_version(
+    apiserver: ApiServerDouble, nf_kubeconfig: Path
+) -> None:
+    scanner = FakeScanner([ok(topology())])
+    wired = wire_nf(nf_kubeconfig, scanner)
+    wired.agent.step()
+    # Someone labels our object between the agent's read and its next write.
+    apiserver.nodefeatures.edit(NAMESPACE, NAME, {"metadata": {"labels": {"team": "ml"}}})
+    apiserver.clear_requests()
+    scanner.then(ok(topology(4)))
+    assert wired.agent.step()
+    assert [(r.method, r.status) for r in apiserver.requests if r.path.startswith(API)] == [
+        ("PUT", 409),
+        ("GET", 200),
+        ("PUT", 200),
+    ]
+    assert ours(apiserver)["metadata"]["labels"]["team"] == "ml"
