@@ -331,25 +331,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    parse = commands.add_parser(
-        "parse",
-        help="turn `nvidia-smi topo -m` text into the schema",
-        description="Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it "
-        "in the v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
-    )
-    parse.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(parse)
-    parse.set_defaults(handler=_cmd_parse)
-
-    render = commands.add_parser(
-        "render",
-        help="read a topology annotation or a Node object and print it",
-        description="Read a topology annotation value, or a whole Node as `kubectl get node NAME "
-        "-o json` (or -o yaml) prints it, validate it, and print it.",
-    )
-    render.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(render)
-    render.set_defaults(handler=_cmd_render)
+    for name, help_text, description, handler in (
+        (
+            "parse",
+            "turn `nvidia-smi topo -m` text into the schema",
+            "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
+            "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+            _cmd_parse,
+        ),
+        (
+            "render",
+            "read a topology annotation or a Node object and print it",
+            "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
+            "(or -o yaml) prints it, validate it, and print it.",
+            _cmd_render,
+        ),
+    ):
+        reader = commands.add_parser(name, help=help_text, description=description)
+        reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+        _add_format(reader)
+        reader.set_defaults(handler=handler)
 
     collect = commands.add_parser(
         "collect",
