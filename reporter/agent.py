@@ -20,7 +20,9 @@ from typing import Protocol
 
 import structlog
 
+from parsers.kubelet import KubeletPolicies
 from reporter.collect import Scanner, ScanResult
+from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
 from reporter.errors import ApiPermanentError, InputError, PublishError
 from reporter.publish import patch
 from reporter.publish.client import EventType
@@ -36,13 +38,14 @@ from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
 
 REASON_CHANGED = "GPUTopologyChanged"
-REASON_DEGRADED = "GPUTopologyDegraded"
+REASON_DEGRADED = DEGRADED_REASON
+REASON_FINDING = "GPUTopologyFinding"
 
 
 class Projection(Protocol):
     """Topology to desired metadata, and published metadata back to a topology."""
 
-    def desired(self, topology: Topology) -> Desired: ...
+    def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired: ...
 
     def topology(self, published: Desired) -> Topology | None:
         """The topology the metadata carries; None when absent or unreadable."""
@@ -55,9 +58,10 @@ class SchemaProjection:
 
     prefix: str
 
-    def desired(self, topology: Topology) -> Desired:
+    def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired:
+        kubelet = {} if policies is None else projections.kubelet_labels(policies, self.prefix)
         return patch.desired(
-            projections.labels(topology, self.prefix),
+            projections.labels(topology, self.prefix) | kubelet,
             projections.annotations(topology, self.prefix),
             self.prefix,
         )
@@ -104,6 +108,7 @@ class Agent:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
     ) -> None:
         self._scanner = scanner
         self._sink = sink
@@ -124,6 +129,11 @@ class Agent:
         """Desired metadata the API refused permanently: not retried until it changes or resync."""
         self._refusal = ""
         self._degraded_told = False
+        self._kubelet = kubelet
+        self._policies: KubeletPolicies | None = None
+        self._kubelet_error: str | None = None
+        self._findings_told: set[tuple[str, str]] | None = None
+        """Node-local findings already reported as Events; None until the first publish."""
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -134,6 +144,7 @@ class Agent:
         """
         self._state.beat()
         result = self._scan()
+        self._policies = self._read_kubelet()
         try:
             if not self._started:
                 # The one read at start: after a restart with an unchanged topology nothing is
@@ -194,8 +205,32 @@ class Agent:
             self._event(EventType.WARNING, REASON_DEGRADED, message)
         return self._topology if keep else result.topology
 
+    def _read_kubelet(self) -> KubeletPolicies | None:
+        try:
+            policies = self._kubelet()
+        except InputError as e:
+            if str(e) != self._kubelet_error:
+                # Once per distinct error: the file is read every interval.
+                self._log.error("kubelet_config_unreadable", error=str(e))
+            self._kubelet_error = str(e)
+            return None
+        self._kubelet_error = None
+        return policies
+
+    def _report_findings(self, topology: Topology, changed: bool) -> None:
+        """Warning Events for node-local findings: at start, then on changes, once each."""
+        if self._findings_told is not None and not changed:
+            return
+        current = {(f.code, f.summary): f for f in local_findings(topology, self._policies)}
+        for key, finding in current.items():
+            if key not in (self._findings_told or set()):
+                self._log.warning("finding", code=finding.code, summary=finding.summary)
+                reason = FINDING_REASONS.get(finding.code, REASON_FINDING)
+                self._event(EventType.WARNING, reason, event_text(finding))
+        self._findings_told = set(current)
+
     def _publish(self, topology: Topology) -> bool:
-        want = self._projection.desired(topology)
+        want = self._projection.desired(topology, self._policies)
         if self._clock() - self._last_read >= self._resync_s:
             self._log.debug("resync")
             self._sink.forget()
@@ -224,6 +259,7 @@ class Agent:
         self._metrics.last_publish.set(self._wall())
         if wrote:
             self._tell_change(previous, topology)
+        self._report_findings(topology, changed=wrote)
         return True
 
     def _tell_change(self, previous: Topology | None, topology: Topology) -> None:

@@ -8,6 +8,7 @@ cause ends here as one line on stderr (what happened, what to do) and a non-zero
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -24,9 +25,10 @@ import yaml
 
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
-from reporter import logs, settings
+from reporter import doctor, logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
+from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import (
     CollectError,
     ConfigError,
@@ -34,7 +36,14 @@ from reporter.errors import (
     PublishError,
     TopoReporterError,
 )
-from reporter.publish.kube import KubeNodeClient, KubeNodeFeatureClient, load_configuration
+from reporter.placement import best_gpu_set
+from reporter.publish.kube import (
+    AGENT_POD_SELECTOR,
+    KubeClusterReader,
+    KubeNodeClient,
+    KubeNodeFeatureClient,
+    load_configuration,
+)
 from reporter.publish.nodefeature import NodeFeatureDryRunSink, NodeFeatureSink
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
@@ -42,6 +51,7 @@ from reporter.schema import keys
 from reporter.schema.codec import from_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
+from reporter.schema.node import node_name, topology_annotation
 from reporter.schema.normalize import topology_from_matrix
 from reporter.serve.http import HealthServer
 from reporter.serve.metrics import Metrics, api_error_kind
@@ -86,6 +96,8 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
 
     Raises InputError (SchemaError for a document that does not validate) naming the field.
     """
+    if len(text) > MAX_INPUT_BYTES:
+        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
     doc: Any
     try:
         doc = json.loads(text)
@@ -98,27 +110,38 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
                 "object (`kubectl get node NAME -o json`)"
             ) from None
     if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
-        items = doc.get("items") or []
-        if len(items) != 1:
+        items = doc.get("items")
+        if not isinstance(items, list) or len(items) != 1:
+            count = len(items) if isinstance(items, list) else 0
             raise InputError(
-                f"{source} holds {len(items)} nodes: pass one (`kubectl get node NAME -o json`)"
+                f"{source} holds {count} nodes: pass one (`kubectl get node NAME -o json`)"
             )
         doc = items[0]
     if isinstance(doc, dict) and doc.get("kind") == "Node":
-        name = (doc.get("metadata") or {}).get("name", "?")
-        annotation = ((doc.get("metadata") or {}).get("annotations") or {}).get(
-            keys.key(prefix, keys.TOPOLOGY)
-        )
-        if annotation is None:
-            raise InputError(
-                f"node {name} has no {keys.key(prefix, keys.TOPOLOGY)} annotation: is "
-                "topo-reporter running on it, with this --prefix?"
-            )
+        name = node_name(doc)
+        annotation = topology_annotation(doc, prefix)
         try:
             doc = json.loads(annotation)
         except (ValueError, RecursionError) as e:
             raise InputError(f"node {name}: the topology annotation is not JSON: {e}") from None
     return from_document(doc)
+
+
+def topology_from_any_text(text: str, source: str, prefix: str) -> Topology:
+    """A topology from whatever a user holds: an annotation, a Node (JSON or YAML), or the text of
+    `nvidia-smi topo -m`. A JSON or YAML mapping with `v` or `kind` is a document; the rest is text.
+    """
+    doc: Any = None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            doc = None
+    if isinstance(doc, dict) and ("v" in doc or "kind" in doc):
+        return topology_from_document_text(text, source, prefix)
+    return topology_from_text(text, source)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +164,44 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace) -> int:
     topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
     sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    return EXIT_OK
+
+
+def _gpu_count(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of GPUs") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
+    return count
+
+
+def _gpu_indices(value: str) -> list[int]:
+    try:
+        indices = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of GPU indices (0,1,5)"
+        ) from None
+    if not indices:
+        raise argparse.ArgumentTypeError("the list of available GPUs is empty")
+    return indices
+
+
+def _cmd_best_set(args: argparse.Namespace) -> int:
+    topology = topology_from_any_text(read_input(args.file), args.file, args.prefix)
+    best = best_gpu_set(topology, args.gpus, args.available)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(best.to_document()) + "\n")
+    else:
+        links, numa, nic = best.score
+        sys.stdout.write(
+            f"GPUs: {','.join(map(str, best.gpus))}\n"
+            f"score: {links} {numa} {nic} (link points, minus NUMA nodes spanned, NIC points; "
+            f"larger is better; {best.points_per_pair:.1f} points per pair)\n"
+            f"why: {best.explain()}\n"
+        )
     return EXIT_OK
 
 
@@ -243,6 +304,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stop=stop,
         interval_s=config.interval_s,
         resync_s=config.resync_s,
+        kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE
@@ -262,6 +324,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _is_gpu_node(node: dict[str, Any], prefix: str) -> bool:
+    status = node.get("status") or {}
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return (
+        doctor.GPU_RESOURCE in (status.get("capacity") or {})
+        or keys.key(prefix, keys.TOPOLOGY) in annotations
+    )
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    reader = KubeClusterReader(
+        load_configuration(args.kubeconfig), agent_selector=args.agent_selector
+    )
+    if args.node:
+        nodes = [reader.get_node(args.node)]
+    else:
+        nodes = [n for n in reader.list_nodes() if _is_gpu_node(n, args.prefix)]
+    by_node = {
+        str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
+    }
+    if args.format == "json":
+        sys.stdout.write(doctor.report_json(by_node))
+    else:
+        sys.stdout.write(doctor.report_text(by_node, summary=args.all))
+    worst = doctor.worst(by_node)
+    return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -273,25 +363,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    parse = commands.add_parser(
-        "parse",
-        help="turn `nvidia-smi topo -m` text into the schema",
-        description="Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it "
-        "in the v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
-    )
-    parse.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(parse)
-    parse.set_defaults(handler=_cmd_parse)
-
-    render = commands.add_parser(
-        "render",
-        help="read a topology annotation or a Node object and print it",
-        description="Read a topology annotation value, or a whole Node as `kubectl get node NAME "
-        "-o json` (or -o yaml) prints it, validate it, and print it.",
-    )
-    render.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(render)
-    render.set_defaults(handler=_cmd_render)
+    for name, help_text, description, handler in (
+        (
+            "parse",
+            "turn `nvidia-smi topo -m` text into the schema",
+            "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
+            "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+            _cmd_parse,
+        ),
+        (
+            "render",
+            "read a topology annotation or a Node object and print it",
+            "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
+            "(or -o yaml) prints it, validate it, and print it.",
+            _cmd_render,
+        ),
+    ):
+        reader = commands.add_parser(name, help=help_text, description=description)
+        reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+        _add_format(reader)
+        reader.set_defaults(handler=handler)
 
     collect = commands.add_parser(
         "collect",
@@ -336,6 +427,66 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings.add_arguments(run)
     run.set_defaults(handler=_cmd_run)
+
+    diagnose = commands.add_parser(
+        "doctor",
+        help="explain why GPU pods stay Pending or run slow, node by node",
+        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
+        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
+        "no finding is an error, 1 otherwise, 2 on bad usage.",
+    )
+    which = diagnose.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", metavar="NAME", help="examine one node")
+    which.add_argument(
+        "--all", action="store_true", help="examine every GPU node and summarize, worst first"
+    )
+    diagnose.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    diagnose.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    diagnose.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
+    )
+    diagnose.add_argument(
+        "--agent-selector",
+        default=AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {AGENT_POD_SELECTOR})",
+    )
+    diagnose.set_defaults(handler=_cmd_doctor)
+
+    best_set = commands.add_parser(
+        "best-set",
+        help="the K best-connected GPUs of a node, with their score and why",
+        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
+        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
+        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
+        "then to a closer RDMA NIC. The score ranks nodes for the same K.",
+    )
+    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    best_set.add_argument(
+        "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
+    )
+    best_set.add_argument(
+        "--available",
+        type=_gpu_indices,
+        metavar="I,J,...",
+        help="the GPU indices free to choose from (default: every GPU that is not lost)",
+    )
+    best_set.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    best_set.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"annotation prefix of a Node object (default: {keys.DEFAULT_PREFIX})",
+    )
+    best_set.set_defaults(handler=_cmd_best_set)
     return parser
 
 

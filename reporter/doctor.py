@@ -23,9 +23,15 @@ from reporter.schema.labels import gpus_per_numa
 from reporter.schema.model import Topology
 
 GPU_RESOURCE = "nvidia.com/gpu"
-TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
-TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
-CPU_MANAGER_POLICY = "cpu-manager-policy"
+DEGRADED_REASON = "GPUTopologyDegraded"
+"""The Event reason the agent uses when a source fails; the doctor looks for it."""
+FINDING_REASONS = {
+    "gpu-lost": "GPULost",
+    "nvlink-degraded": "NVLinkDegraded",
+    "numa-unknown": "GPUNUMAUnknown",
+    "numa-alignment-limit": "TopologyManagerLimit",
+}
+"""Event reasons of the node-local findings the agent reports itself."""
 
 
 class Severity(enum.IntEnum):
@@ -178,13 +184,15 @@ def _alignment_limit(topology: Topology, policies: KubeletPolicies) -> list[Find
 
 def policies_from_labels(labels: Mapping[str, str], prefix: str) -> KubeletPolicies | None:
     """The kubelet policies the agent published, or None when it did not (file not readable)."""
-    policy = labels.get(keys.key(prefix, TOPOLOGY_MANAGER_POLICY))
+    policy = labels.get(keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY))
     if policy is None:
         return None
     return KubeletPolicies(
         topology_manager_policy=policy,
-        topology_manager_scope=labels.get(keys.key(prefix, TOPOLOGY_MANAGER_SCOPE), "container"),
-        cpu_manager_policy=labels.get(keys.key(prefix, CPU_MANAGER_POLICY), "none"),
+        topology_manager_scope=labels.get(
+            keys.key(prefix, keys.TOPOLOGY_MANAGER_SCOPE), "container"
+        ),
+        cpu_manager_policy=labels.get(keys.key(prefix, keys.CPU_MANAGER_POLICY), "none"),
     )
 
 
@@ -313,10 +321,6 @@ def summarize(
     return [(code, severity[code], sorted(nodes[code])) for code in order]
 
 
-AGENT_POD_LABEL = "app.kubernetes.io/name=topo-reporter"
-DEGRADED_REASON = "TopologyDegraded"
-
-
 class ClusterReader(Protocol):
     """What the doctor reads from the API: nodes, the agent's pods, and Events on a node.
 
@@ -432,3 +436,9 @@ def report_json(findings_by_node: Mapping[str, list[Finding]]) -> str:
 def worst(findings_by_node: Mapping[str, list[Finding]]) -> Severity | None:
     """The most severe finding of the report, None when there is none."""
     return max((f.severity for fs in findings_by_node.values() for f in fs), default=None)
+
+
+def event_text(finding: Finding) -> str:
+    """A finding as one Event message: what, the evidence, the fix (kept under 1 KiB)."""
+    text = f"{finding.summary}. Evidence: {'; '.join(finding.evidence)}. Fix: {finding.fix}"
+    return text if len(text) <= 1024 else text[:1021] + "..."

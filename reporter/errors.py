@@ -3,7 +3,8 @@
     TopoReporterError                 anything we raise on purpose; the CLI prints it as one line
     ├── ConfigError                   a bad flag, environment variable or settings file
     ├── InputError                    a file or annotation we were handed does not read
-    │   └── SchemaError               JSON that is not valid schema v1 (names the field)
+    │   ├── SchemaError               JSON that is not valid schema v1 (names the field)
+    │   └── PlacementError            a GPU request the topology cannot meet (a ValueError too)
     ├── CollectError                  a source failed as a whole
     │   └── NvmlUnavailable           NVML could not be initialised (driver, runtime, permissions)
     └── PublishError                  the Kubernetes API refused or could not be reached
@@ -34,6 +35,13 @@ class SchemaError(InputError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}" if field else message)
+
+
+class PlacementError(InputError, ValueError):
+    """A GPU set request that does not fit the topology: k < 1, too few GPUs, an unknown index.
+
+    Also a ValueError, so a scheduler plugin that knows nothing of our tree can still catch it.
+    """
 
 
 class CollectError(TopoReporterError):

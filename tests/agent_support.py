@@ -4,12 +4,13 @@ and an agent wired to the API server double through the real Kubernetes client."
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from parsers.kubelet import KubeletPolicies
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, SourceState, SourceStatus
 from reporter.publish.kube import KubeNodeClient, load_configuration
@@ -140,6 +141,7 @@ def wire(
     resync_s: float = 300.0,
     request_timeout_s: tuple[float, float] = (2.0, 2.0),
     stop: threading.Event | None = None,
+    kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
 ) -> Wired:
     """An agent on NODE, publishing through the real client to whatever kubeconfig names."""
     clock = clock or FakeClock()
@@ -168,5 +170,6 @@ def wire(
         interval_s=interval_s,
         resync_s=resync_s,
         clock=clock,
+        kubelet=kubelet,
     )
     return Wired(agent, scanner, sink, state, metrics, clock, stop)

@@ -6,6 +6,7 @@ the Node's labels and annotations, the requests made (writes counted), and the E
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from reporter.collect.kubelet import read_kubelet_policies
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
 from reporter.publish.retry import Interrupted
@@ -184,7 +186,10 @@ def test_a_gpu_nvml_reports_lost_is_published_as_lost_with_a_warning(
     assert w.agent.step()
     published = decode(apiserver.annotations(NODE)[f"{PREFIX}/topology"])
     assert [g.index for g in published.gpus if g.lost] == [6]
-    assert events(apiserver)[-1] == ("Warning", "GPUTopologyChanged", "GPU6 lost")
+    assert events(apiserver)[-2] == ("Warning", "GPUTopologyChanged", "GPU6 lost")
+    kind, reason, message = events(apiserver)[-1]
+    assert (kind, reason) == ("Warning", "GPULost")
+    assert message.startswith("GPU6 fell off the bus")
     assert w.state.readiness().ok
 
 
@@ -374,3 +379,68 @@ def test_shutdown_during_a_retry_wait_stops_without_another_attempt(
     with pytest.raises(Interrupted):
         w.agent.step()
     assert [r.method for r in apiserver.requests].count("PATCH") == 1
+
+
+def test_kubelet_policies_are_published_as_labels_and_their_limit_as_one_warning(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("kind: KubeletConfiguration\ntopologyManagerPolicy: single-numa-node\n")
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        kubelet=functools.partial(read_kubelet_policies, config),
+    )
+    assert w.agent.step()
+    node_labels = apiserver.labels(NODE)
+    assert node_labels[f"{PREFIX}/topology-manager-policy"] == "single-numa-node"
+    assert node_labels[f"{PREFIX}/topology-manager-scope"] == "container"
+    assert node_labels[f"{PREFIX}/cpu-manager-policy"] == "none"
+    assert f"{PREFIX}/topology-manager-policy" in ours(apiserver).annotations[f"{PREFIX}/owned"]
+    limits = [e for e in events(apiserver) if e[1] == "TopologyManagerLimit"]
+    assert len(limits) == 1
+    assert "admits at most 4 GPUs per pod" in limits[0][2]
+    for _ in range(3):
+        w.clock.advance(60)
+        assert w.agent.step()
+    assert len([e for e in events(apiserver) if e[1] == "TopologyManagerLimit"]) == 1
+
+
+def test_a_finding_is_told_again_only_after_it_went_away(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    w = wire(kubeconfig, FakeScanner([ok(topology(lost=[6]))]))
+    w.agent.step()
+    w.scanner.then(ok(topology()))
+    w.clock.advance(60)
+    w.agent.step()
+    w.scanner.then(ok(topology(lost=[6])))
+    w.clock.advance(60)
+    w.agent.step()
+    assert [e[1] for e in events(apiserver)].count("GPULost") == 2
+
+
+def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged_once(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+) -> None:
+    missing = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        kubelet=functools.partial(read_kubelet_policies, tmp_path / "absent.yaml"),
+    )
+    assert missing.agent.step()
+    assert f"{PREFIX}/topology-manager-policy" not in apiserver.labels(NODE)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [\n")
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        kubelet=functools.partial(read_kubelet_policies, bad),
+    )
+    with capture_logs() as logs:
+        for _ in range(3):
+            w.clock.advance(60)
+            assert w.agent.step()
+    unreadable = [e for e in logs if e["event"] == "kubelet_config_unreadable"]
+    assert len(unreadable) == 1
+    assert "bad.yaml" in unreadable[0]["error"]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reporter.cli import main
+from reporter.cli import main, topology_from_document_text
+from reporter.errors import InputError
 from tests.golden import FIXTURES, body
 
 DGX_A100 = FIXTURES / "03-dgx-a100-nv12-mlx5.txt"
@@ -177,3 +178,38 @@ def test_the_console_script_is_installed_with_version_and_help() -> None:
             [exe, command, "--help"], capture_output=True, text=True, check=True
         ).stdout
         assert "--format" in help_text
+
+
+TOPOLOGY_KEY = "gpu.topology.io/topology"
+
+
+def _mangled_node(metadata: object, kind: str = "Node") -> str:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+    return json.dumps(node if kind == "Node" else {"kind": kind, "items": node})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_mangled_node({"name": "n1", "annotations": {TOPOLOGY_KEY: []}}), "is not a string"),
+        (_mangled_node({"name": "n1", "annotations": {TOPOLOGY_KEY: 7}}), "is not a string"),
+        (_mangled_node({"name": "n1", "annotations": [TOPOLOGY_KEY]}), "not a mapping"),
+        (_mangled_node(["name"]), "node \\? has no"),
+        (_mangled_node({"name": "n1"}, kind="NodeList"), "holds 0 nodes"),
+        ('{"kind": "List", "items": 3}', "holds 0 nodes"),
+        ("[" * 5_000_000, "larger than"),
+    ],
+    ids=[
+        "annotation value is a list",
+        "annotation value is a number",
+        "annotations is a list",
+        "metadata is a list",
+        "items is an object",
+        "items is a number",
+        "input beyond the size limit is refused before parsing",
+    ],
+)
+def test_mangled_node_documents_are_input_errors_not_tracebacks(text: str, message: str) -> None:
+    # Found by tests/test_fuzz_codec.py: these once ended in TypeError or AttributeError.
+    with pytest.raises(InputError, match=message):
+        topology_from_document_text(text, "node.json", "gpu.topology.io")

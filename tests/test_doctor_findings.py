@@ -246,7 +246,9 @@ def test_examine_decodes_the_annotation_and_observes_the_agent() -> None:
     reader = FakeReader(
         [seven],
         pods={"dgx-07": [READY_POD]},
-        events={"dgx-07": [{"reason": "TopologyDegraded", "message": "NVML: Driver Not Loaded"}]},
+        events={
+            "dgx-07": [{"reason": "GPUTopologyDegraded", "message": "NVML: Driver Not Loaded"}]
+        },
     )
     findings = examine(reader, reader.list_nodes()[0], "gpu.topology.io")
     assert codes(findings) == ["gpus-unallocatable", "agent-degraded", "gpu-lost"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -212,3 +213,49 @@ def test_nvml_common_ancestor_levels(level: int, kind: str) -> None:
 def test_unknown_nvml_level_raises() -> None:
     with pytest.raises(ValueError, match="60"):
         link_from_nvml_level(60)
+
+
+def _cpulist_by_enumeration(text: str) -> set[int]:
+    # The kernel's bitmap_parselist semantics spelled out one CPU at a time, as a reference.
+    cpus: set[int] = set()
+    for part in text.split(","):
+        span, _, stride = part.partition(":")
+        first, _, last = span.partition("-")
+        used, _, group = stride.partition("/")
+        lo, hi = int(first), int(last or first)
+        cpus.update(c for c in range(lo, hi + 1) if not stride or (c - lo) % int(group) < int(used))
+    return cpus
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 600), st.integers(0, 600), st.integers(1, 9), st.integers(1, 9))
+        .filter(lambda t: t[0] <= t[1])
+        .map(lambda t: f"{t[0]}-{t[1]}" + (f":{min(t[2], t[3])}/{t[3]}" if t[2] % 2 else "")),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_cpulist_ranges_and_strides_match_cpu_by_cpu_enumeration(parts: list[str]) -> None:
+    text = ",".join(parts)
+    assert parse_cpulist(text) == _cpulist_by_enumeration(text)
+
+
+def test_repeated_full_ranges_are_one_set_not_a_huge_amount_of_work() -> None:
+    # 30000 copies of the widest range once took a minute (one set insertion per CPU per copy);
+    # the answer is the set of all CPUs, as for one copy.
+    assert parse_cpulist(",".join(["0-65535"] * 30000)) == frozenset(range(65536))
+    assert parse_cpulist(",".join(["0-65535:1/2"] * 2000)) == frozenset(range(0, 65536, 2))
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (parse_cpulist, "0," * 50_000_000),
+        (parse_cpumask, "ffffffff," * 10_000_000),
+    ],
+    ids=["cpulist of 100 MB", "cpumask of 90 MB"],
+)
+def test_huge_cpu_sets_are_refused_by_length(parse: Callable[[str], object], text: str) -> None:
+    with pytest.raises(ParseError, match="longer than any"):
+        parse(text)

@@ -30,6 +30,8 @@ from reporter.publish.patch import NodeMetadata
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "topo-reporter"
 _TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
+"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -229,6 +231,76 @@ class KubeNodeClient:
             event,
             _preload_content=False,
         )
+
+
+class KubeClusterReader(KubeNodeClient):
+    """The doctor's reads (reporter.doctor.ClusterReader) over the official client.
+
+    Returns the API's own JSON as dicts. Pods and Events are optional reads: where the operator's
+    credentials may not list them, the answer is None (unknown), not an error.
+    """
+
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        *,
+        agent_selector: str = AGENT_POD_SELECTOR,
+        request_timeout_s: tuple[float, float] = (5.0, 30.0),
+    ) -> None:
+        super().__init__(configuration, request_timeout_s=request_timeout_s)
+        self._agent_selector = agent_selector
+
+    def _read(self, what: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = fn(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
+        except ApiException as e:
+            if e.status == 403:
+                raise ApiPermanentError(
+                    f"{what}: forbidden (403): `topo-reporter doctor` needs get and list on "
+                    f"`{resource}` (the built-in `view` ClusterRole does not cover nodes: bind one "
+                    "that does)",
+                    status=403,
+                ) from e
+            if e.status == 404:
+                raise ApiPermanentError(f"{what}: not found (404)", status=404) from e
+            raise _map_api_exception(e, "read", what) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise _map_transport(e, "read", what, self._host) from e
+        return json.loads(response.data)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(self._read("list nodes", "nodes", self._api.list_node)["items"])
+
+    def get_node(self, name: str) -> dict[str, Any]:  # type: ignore[override]  # the doctor wants the whole Node, the agent only its metadata
+        node: dict[str, Any] = self._read(f"node {name}", "nodes", self._api.read_node, name)
+        return node
+
+    def agent_pods(self, node: str) -> list[dict[str, Any]] | None:
+        return self._optional(
+            f"topo-reporter pods on {node}",
+            "pods",
+            self._api.list_pod_for_all_namespaces,
+            label_selector=self._agent_selector,
+            field_selector=f"spec.nodeName={node}",
+        )
+
+    def node_events(self, node: str) -> list[dict[str, Any]] | None:
+        return self._optional(
+            f"events of node {node}",
+            "events",
+            self._api.list_event_for_all_namespaces,
+            field_selector=f"involvedObject.kind=Node,involvedObject.name={node}",
+        )
+
+    def _optional(
+        self, what: str, resource: str, fn: Any, **kwargs: Any
+    ) -> list[dict[str, Any]] | None:
+        try:
+            return list(self._read(what, resource, fn, **kwargs)["items"])
+        except ApiPermanentError as e:
+            if e.status == 403:
+                return None
+            raise
 
 
 # -- Node Feature Discovery's NodeFeature objects (the nodefeature sink) ---------------------

@@ -10,8 +10,9 @@ from reporter.schema.codec import encode, to_document
 from reporter.schema.labels import annotations as annotation_values
 from reporter.schema.labels import labels, render_matrix
 from reporter.schema.model import Topology
+from reporter.schema.pictures import to_dot, to_mermaid
 
-FORMATS = ("json", "yaml", "matrix", "labels")
+FORMATS = ("json", "yaml", "matrix", "labels", "dot", "mermaid")
 
 
 def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
@@ -26,4 +27,8 @@ def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
         pairs = {**labels(topology, prefix), **annotation_values(topology, prefix)}
         # One key=value per line: a multi-line value (the matrix) is printed JSON-quoted.
         return "".join(f"{k}={json.dumps(v) if chr(10) in v else v}\n" for k, v in pairs.items())
+    if fmt == "dot":
+        return to_dot(topology)
+    if fmt == "mermaid":
+        return to_mermaid(topology)
     raise ValueError(f"unknown format {fmt!r}")

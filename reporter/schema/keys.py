@@ -18,6 +18,10 @@ NUMA_NODES = "numa-nodes"
 MAX_GPUS_PER_NUMA = "max-gpus-per-numa"
 RDMA_NICS = "rdma-nics"
 SCHEMA = "schema"
+# Labels from the kubelet's configuration: what Topology Manager will do with a GPU request.
+TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
+TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
+CPU_MANAGER_POLICY = "cpu-manager-policy"
 
 # Annotations
 TOPOLOGY = "topology"

@@ -7,6 +7,7 @@ ends) by construction: they are small integers and fixed words. Nothing here rea
 from collections import Counter
 
 from parsers.cpulist import format_cpulist
+from parsers.kubelet import KubeletPolicies
 from reporter.schema import keys
 from reporter.schema.codec import encode
 from reporter.schema.model import SELF, Link, Topology
@@ -51,6 +52,15 @@ def labels(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, s
     out[keys.RDMA_NICS] = str(len(topology.nics))
     out[keys.SCHEMA] = f"v{keys.SCHEMA_VERSION}"
     return {keys.key(prefix, name): value for name, value in out.items()}
+
+
+def kubelet_labels(policies: KubeletPolicies, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, str]:
+    """The kubelet's alignment policies as labels, so a scheduler can see what admission will do."""
+    return {
+        keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY): policies.topology_manager_policy,
+        keys.key(prefix, keys.TOPOLOGY_MANAGER_SCOPE): policies.topology_manager_scope,
+        keys.key(prefix, keys.CPU_MANAGER_POLICY): policies.cpu_manager_policy,
+    }
 
 
 def annotations(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, str]:

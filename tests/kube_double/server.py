@@ -160,6 +160,20 @@ def _selected(obj: Mapping[str, Any], selector: str) -> bool:
     return True
 
 
+def _labels_selected(labels: Mapping[str, str], selector: str) -> bool:
+    """Equality-based label selectors (`a=b,c!=d`), the kind kubectl and clients send most."""
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            name, value = term.split("!=", 1)
+            if labels.get(name) == value:
+                return False
+        else:
+            name, value = re.split("==?", term, maxsplit=1)
+            if labels.get(name) != value:
+                return False
+    return True
+
+
 def _event_to_core(event: Mapping[str, Any]) -> dict[str, Any]:
     """events.k8s.io/v1 to core/v1, as the apiserver's conversion does for the fields we read."""
     return {
@@ -204,6 +218,7 @@ class ApiServerDouble:
     )
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Recorded] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -326,6 +341,48 @@ class ApiServerDouble:
         with self._lock:
             self.nodes[name] = node
         return copy.deepcopy(node)
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        labels: Mapping[str, str] | None = None,
+        ready: bool = True,
+    ) -> dict[str, Any]:
+        """Register a running Pod on `node`, Ready or not."""
+        pod = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": str(next(self._revision)),
+                "labels": dict(labels or {}),
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "x"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
+        with self._lock:
+            self.pods.append(pod)
+        return copy.deepcopy(pod)
+
+    def list_pods(
+        self, namespace: str | None, field_selector: str, label_selector: str
+    ) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                copy.deepcopy(p)
+                for p in self.pods
+                if (namespace is None or p["metadata"]["namespace"] == namespace)
+                and _selected(p, field_selector)
+                and _labels_selected(p["metadata"]["labels"], label_selector)
+            ]
 
     def node(self, name: str) -> dict[str, Any]:
         with self._lock:
@@ -752,13 +809,13 @@ class _Handler(BaseHTTPRequestHandler):
             if path.startswith("/api/v1/nodes/"):
                 return 200, owner.get_node(path.removeprefix("/api/v1/nodes/"))
             if path in ("/api/v1/pods", "/api/v1/events", "/apis/events.k8s.io/v1/events"):
-                return 200, self._list(path, None, selector)
+                return 200, self._list(path, None, selector, query)
         namespaced = _NAMESPACED.fullmatch(path.split("/v1", 1)[-1]) if "/v1/" in path else None
         if namespaced is not None:
             namespace, resource, name = namespaced.groups()
             group_path = path.split("/namespaces/", maxsplit=1)[0]
             if method == "GET" and name is None and resource in ("pods", "events"):
-                return 200, self._list(f"{group_path}/{resource}", namespace, selector)
+                return 200, self._list(f"{group_path}/{resource}", namespace, selector, query)
             if method == "POST" and resource == "events" and name is None:
                 if not isinstance(body, dict):
                     raise _StatusError(400, "an Event must be a JSON object")
@@ -780,9 +837,17 @@ class _Handler(BaseHTTPRequestHandler):
             )
         raise _StatusError(404, "the server could not find the requested resource")
 
-    def _list(self, path: str, namespace: str | None, selector: str) -> dict[str, Any]:
+    def _list(
+        self,
+        path: str,
+        namespace: str | None,
+        selector: str,
+        query: Mapping[str, list[str]],
+    ) -> dict[str, Any]:
         if path.endswith("/pods"):
-            return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
+            labels = (query.get("labelSelector") or [""])[0]
+            items = self.owner.list_pods(namespace, selector, labels)
+            return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
         events = self.owner.list_events(namespace, selector)
         if path.startswith("/apis/events.k8s.io"):
             return {

@@ -1,0 +1,269 @@
+"""API cost at cluster scale: 200 agents against the Kubernetes API server double.
+
+Method. One process: the API server double from tests/kube_double (HTTPS on 127.0.0.1, the
+agent's token and RBAC), 200 Nodes, and 200 agents, each in its own thread, each with its own real
+Kubernetes client, NodePatchSink and Agent exactly as `topo-reporter run` wires them. Every agent's
+scanner returns one simulated DGX H100 scan (scan cost is bench/scan_cost.py's subject). A
+simulated hour is compressed 60x: interval 1 s for the default 60 s, resync 5 s for the default
+5 min, so 60 s of wall time is one node-hour. Requests are counted by the double. Phases:
+
+1. install: 200 agents start on Nodes that carry nothing;
+2. steady state: one compressed hour, nothing changes; writes and reads per node-hour;
+3. rolling update: every agent stops and a new one starts at once (Nodes keep what was published);
+4. throttled: 200 more agents start on fresh Nodes while the double answers 429 (Retry-After: 1)
+   to a random half of all requests; time until every Node carries the right data, requests.
+
+    python bench/api_cost.py [--agents 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import quiet_logs, table
+from reporter.agent import Agent, SchemaProjection
+from reporter.collect import ScanResult, build_scanner
+from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.retry import Backoff
+from reporter.publish.sink import NodePatchSink
+from reporter.schema import keys
+from reporter.schema.codec import encode
+from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.state import AgentState
+from tests.kube_double import (
+    ApiServerDouble,
+    Fault,
+    Recorded,
+    make_certificate,
+    write_kubeconfig,
+)
+
+PREFIX = keys.DEFAULT_PREFIX
+COMPRESSION = 60.0
+INTERVAL_S = 60.0 / COMPRESSION
+RESYNC_S = 300.0 / COMPRESSION
+HOUR_S = 3600.0 / COMPRESSION
+
+
+class ThrottlingDouble(ApiServerDouble):
+    """The double, answering 429 with Retry-After to a random share of requests when asked."""
+
+    throttle = 0.0
+    rng = random.Random(7)
+    times: list[float]
+
+    def record(self, entry: Recorded) -> None:
+        self.times.append(time.monotonic())
+        super().record(entry)
+
+    def peak(self, since: float) -> int:
+        """The most requests in one wall-clock second after `since`."""
+        seconds = Counter(int(t - since) for t in self.times if t >= since)
+        return max(seconds.values(), default=0)
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        if self.throttle and self.rng.random() < self.throttle:
+            return Fault(429, retry_after="1", message="too many requests")
+        return super().take_fault(method, path)
+
+
+class FixedScanner:
+    """One scan result, every time: the machine does not change during the benchmark."""
+
+    def __init__(self, result: ScanResult) -> None:
+        self._result = result
+
+    def scan(self) -> ScanResult:
+        return self._result
+
+
+@dataclass
+class Running:
+    agent: Agent
+    stop: threading.Event
+    thread: threading.Thread
+    metrics: Metrics
+
+
+def start_agent(node: str, kubeconfig: Path, scan: ScanResult) -> Running:
+    stop = threading.Event()
+    metrics = Metrics()
+    log = structlog.get_logger("topo_reporter").bind(node=node)
+    sink = NodePatchSink(
+        KubeNodeClient(load_configuration(str(kubeconfig))),
+        node=node,
+        prefix=PREFIX,
+        namespace="default",
+        stop=stop,
+        backoff=Backoff(),
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    )
+    agent = Agent(
+        scanner=FixedScanner(scan),
+        sink=sink,
+        projection=SchemaProjection(PREFIX),
+        state=AgentState(stall_after_s=300, stale_after_s=900),
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=INTERVAL_S,
+        resync_s=RESYNC_S,
+    )
+    thread = threading.Thread(target=agent.run, name=f"agent-{node}", daemon=True)
+    thread.start()
+    return Running(agent, stop, thread, metrics)
+
+
+def stop_all(agents: list[Running]) -> None:
+    for a in agents:
+        a.stop.set()
+    for a in agents:
+        a.thread.join(timeout=10)
+
+
+def count(double: ApiServerDouble, since: int) -> Counter[str]:
+    """Requests after the first `since`, by kind: node reads, node writes, events, 429s."""
+    out: Counter[str] = Counter()
+    for r in double.requests[since:]:
+        if r.status == 429:
+            out["429"] += 1
+        if r.path.startswith("/api/v1/nodes"):
+            out["node GET" if r.method == "GET" else f"node {r.method}"] += 1
+        elif "/events" in r.path:
+            out["event " + r.method] += 1
+    out["all"] = len(double.requests) - since
+    return out
+
+
+def converged(double: ApiServerDouble, nodes: list[str], annotation: str) -> bool:
+    key = keys.key(PREFIX, keys.TOPOLOGY)
+    return all(double.annotations(n).get(key) == annotation for n in nodes)
+
+
+def wait_converged(
+    double: ApiServerDouble, nodes: list[str], annotation: str, limit: float
+) -> float:
+    start = time.monotonic()
+    while not converged(double, nodes, annotation):
+        if time.monotonic() - start > limit:
+            return float("nan")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=200)
+    args = parser.parse_args()
+    quiet_logs(logging.ERROR)
+    n = args.agents
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    assert scan.topology is not None
+    annotation = encode(scan.topology)
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = ThrottlingDouble(certificate=certificate)
+        double.times = []
+        nodes = [f"gpu-{i:03d}" for i in range(n)]
+        for node in nodes:
+            double.add_node(node)
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            # 1. install
+            mark = len(double.requests)
+            agents = [start_agent(node, kubeconfig, scan) for node in nodes]
+            took = wait_converged(double, nodes, annotation, 120)
+            time.sleep(INTERVAL_S)
+            c = count(double, mark)
+            rows.append(["install (all start on empty Nodes)", f"{took:.1f} s", *per_node(c, n)])
+            # 2. steady state: one compressed hour
+            mark = len(double.requests)
+            time.sleep(HOUR_S)
+            c = count(double, mark)
+            rows.append(["steady state, per node-hour", f"{HOUR_S:.0f} s", *per_node(c, n)])
+            # 3. rolling update: all restart at once
+            stop_all(agents)
+            mark = len(double.requests)
+            t0 = time.monotonic()
+            agents = [start_agent(node, kubeconfig, scan) for node in nodes]
+            time.sleep(2 * INTERVAL_S)
+            c = count(double, mark)
+            rows.append(
+                [
+                    f"restart of every agent at once (peak {double.peak(t0)} requests/s)",
+                    f"{2 * INTERVAL_S:.0f} s",
+                    *per_node(c, n),
+                ]
+            )
+            stop_all(agents)
+            # 4. throttled install on fresh Nodes
+            fresh = [f"gpu-throttled-{i:03d}" for i in range(n)]
+            for node in fresh:
+                double.add_node(node)
+            double.throttle = 0.5
+            mark = len(double.requests)
+            agents = [start_agent(node, kubeconfig, scan) for node in fresh]
+            took = wait_converged(double, fresh, annotation, 300)
+            double.throttle = 0.0
+            c = count(double, mark)
+            throttled = sum(
+                a.metrics.registry.get_sample_value(
+                    "topo_reporter_api_errors_total", {"kind": "throttled"}
+                )
+                or 0.0
+                for a in agents
+            )
+            rows.append(
+                [
+                    f"install, 429 to half the requests ({throttled:.0f} counted by the agents)",
+                    f"{took:.1f} s",
+                    *per_node(c, n),
+                ]
+            )
+            stop_all(agents)
+    print(f"{n} agents, interval {INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n")
+    print(
+        table(
+            [
+                "phase",
+                "wall time",
+                "node reads/node",
+                "node writes/node",
+                "events/node",
+                "429s/node",
+                "requests",
+            ],
+            rows,
+        )
+    )
+
+
+def per_node(c: Counter[str], n: int) -> list[str]:
+    return [
+        f"{c['node GET'] / n:.2f}",
+        f"{c['node PATCH'] / n:.2f}",
+        f"{c['event POST'] / n:.2f}",
+        f"{c['429'] / n:.2f}",
+        str(c["all"]),
+    ]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""How long `best_gpu_set` takes on machines of 8, 16 and 32 GPUs, for a range of k.
+
+    python bench/best_gpu_set.py            # prints a Markdown table
+
+Performance lives here, not in the test suite: tests check the answer, this measures the time.
+Machines are built from their wiring so the script needs nothing but the package.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from math import comb
+
+from parsers.links import SELF, Link, LinkKind
+from reporter.placement import best_gpu_set
+from reporter.schema.model import Gpu, Nic, Source, Topology
+
+
+def build(
+    n: int,
+    link: Callable[[int, int], Link],
+    numa: Callable[[int], int],
+    nics: int = 0,
+    nic_link: Callable[[int, int], Link] | None = None,
+) -> Topology:
+    """A topology from functions of the GPU (and NIC) indices."""
+    links = tuple(
+        tuple(SELF if a == b else link(min(a, b), max(a, b)) for b in range(n)) for a in range(n)
+    )
+    return Topology(
+        source=Source.NVIDIA_SMI,
+        gpus=tuple(Gpu(index=i, numa=frozenset({numa(i)})) for i in range(n)),
+        links=links,
+        nics=tuple(
+            Nic(name=f"mlx5_{k}", links=tuple(nic_link(k, g) for g in range(n)))  # type: ignore[misc]
+            for k in range(nics)
+        ),
+    )
+
+
+def pcie_tree(per_switch: int, per_socket: int) -> Callable[[int, int], Link]:
+    """PIX under one switch, NODE within a socket, SYS across sockets."""
+
+    def link(a: int, b: int) -> Link:
+        if a // per_switch == b // per_switch:
+            return Link(LinkKind.PIX)
+        return Link(LinkKind.NODE if a // per_socket == b // per_socket else LinkKind.SYS)
+
+    return link
+
+
+def nvswitch(
+    count: int, island: int, outside: Callable[[int, int], Link]
+) -> Callable[[int, int], Link]:
+    """NV<count> inside islands of `island` GPUs (one NVSwitch fabric each), `outside` between."""
+    return lambda a, b: Link(LinkKind.NV, count) if a // island == b // island else outside(a, b)
+
+
+def nic_near(gpus_per_nic: int, n_per_socket: int) -> Callable[[int, int], Link]:
+    return lambda k, g: (
+        Link(LinkKind.PXB)
+        if g // gpus_per_nic == k
+        else Link(
+            LinkKind.NODE if g // n_per_socket == k * gpus_per_nic // n_per_socket else LinkKind.SYS
+        )
+    )
+
+
+def random_machine(n: int, seed: int) -> Topology:
+    rng = random.Random(seed)
+    cells = [Link(LinkKind.NV, k) for k in (1, 2, 4, 6, 12, 18)] + [
+        Link(k) for k in LinkKind if k not in (LinkKind.X, LinkKind.NV)
+    ]
+    table = {(a, b): rng.choice(cells) for a in range(n) for b in range(a + 1, n)}
+    return build(
+        n,
+        lambda a, b: table[a, b],
+        lambda i: rng.randrange(4),
+        4,
+        lambda k, g: Link(rng.choice(list(LinkKind)[2:])),
+    )
+
+
+# DGX-1 hybrid cube-mesh (V100): NV1/NV2 within each quad and to the same slot of the other quad.
+_DGX1 = {
+    (0, 1): 1,
+    (0, 2): 1,
+    (0, 3): 2,
+    (0, 4): 2,
+    (1, 2): 2,
+    (1, 3): 1,
+    (1, 5): 2,
+    (2, 3): 2,
+    (2, 6): 1,
+    (3, 7): 1,
+}
+_DGX1 |= {(a + 4, b + 4): k for (a, b), k in list(_DGX1.items()) if b < 4}
+
+
+def _dgx1(a: int, b: int) -> Link:
+    if (a, b) in _DGX1:
+        return Link(LinkKind.NV, _DGX1[a, b])
+    return Link(LinkKind.NODE if a // 4 == b // 4 else LinkKind.SYS)
+
+
+MACHINES: list[tuple[str, Topology]] = [
+    (
+        "8x DGX A100 (NVSwitch NV12, 4 NUMA, 4 NICs)",
+        build(8, nvswitch(12, 8, pcie_tree(2, 4)), lambda i: i // 2, 4, nic_near(2, 4)),
+    ),
+    ("8x DGX-1 hybrid cube-mesh NV1/NV2", build(8, _dgx1, lambda i: i // 4, 4, nic_near(2, 4))),
+    (
+        "8x PCIe (PIX pairs, 2 sockets)",
+        build(8, pcie_tree(2, 4), lambda i: i // 4, 2, nic_near(4, 4)),
+    ),
+    (
+        "16x DGX-2 (NVSwitch NV6, 2 NUMA)",
+        build(16, nvswitch(6, 16, pcie_tree(2, 8)), lambda i: i // 8, 8, nic_near(2, 8)),
+    ),
+    (
+        "16x PCIe (4 switches, 2 sockets)",
+        build(16, pcie_tree(4, 8), lambda i: i // 8, 4, nic_near(4, 8)),
+    ),
+    ("16x random links (seed 1)", random_machine(16, 1)),
+    ("16x random links (seed 2)", random_machine(16, 2)),
+    (
+        "32x 4 NVSwitch islands of 8 (NV18)",
+        build(32, nvswitch(18, 8, pcie_tree(4, 16)), lambda i: i // 8, 8, nic_near(4, 16)),
+    ),
+    (
+        "32x PCIe (8 switches, 2 sockets)",
+        build(32, pcie_tree(4, 16), lambda i: i // 16, 8, nic_near(4, 16)),
+    ),
+]
+
+
+def seconds(topology: Topology, k: int, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        best_gpu_set(topology, k)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    print("| machine | GPUs | k | k-subsets | best set | median ms |")
+    print("|---|---|---|---|---|---|")
+    for name, topology in MACHINES:
+        n = len(topology.gpus)
+        for k in sorted({1, 2, 4, n // 4, n // 2, 3 * n // 4, n - 1} - {0}):
+            ms = seconds(topology, k, repeat=5 if n <= 16 else 3) * 1000
+            gpus = ",".join(map(str, best_gpu_set(topology, k).gpus))
+            print(f"| {name} | {n} | {k} | {comb(n, k)} | {gpus} | {ms:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Footprint of `topo-reporter run` on a simulated DGX H100: RSS, CPU, time to first publish.
+
+Method. The agent runs as its own process, as in the DaemonSet, with `--simulate dgx-h100`:
+(a) `--dry-run` (publishes to stdout), (b) against the API server double (HTTPS on loopback, the
+real Kubernetes client). Time to first publish: from just before the process is spawned to the
+first line on stdout (dry-run) or to the moment the double holds the annotation (polled every
+5 ms). RSS: psutil, sampled every 50 ms for WINDOW seconds with `--interval 1s` (60x the default
+pace); peak is the largest sample, steady the median of the last half. CPU seconds per hour:
+CPU used between the first publish and the end of the window, divided by the scans made, times the
+60 scans an hour holds at the default interval. Import time: `python -X importtime` of the CLI.
+
+    python bench/footprint.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import table
+from reporter.schema import keys
+from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+
+WINDOW_S = 20.0
+AGENT = [sys.executable, "-m", "reporter.cli", "run", "--simulate", "dgx-h100", "--listen", ""]
+
+
+def measure(argv: list[str], first_publish: object, env: dict[str, str]) -> list[object]:
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [*argv, "--interval", "1s"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    )
+    watched = psutil.Process(process.pid)
+    samples: list[float] = []
+    try:
+        published = first_publish(process)  # type: ignore[operator]
+        first_s = time.perf_counter() - start
+        cpu_at_publish = sum(watched.cpu_times()[:2])
+        end = time.perf_counter() + WINDOW_S
+        while time.perf_counter() < end:
+            samples.append(watched.memory_info().rss / 2**20)
+            time.sleep(0.05)
+        cpu_window = sum(watched.cpu_times()[:2]) - cpu_at_publish
+    finally:
+        process.terminate()
+        process.wait(5)
+    assert published
+    per_scan = cpu_window / WINDOW_S  # one scan a second
+    return [
+        f"{first_s:.2f}",
+        f"{max(samples):.1f}",
+        f"{statistics.median(samples[len(samples) // 2 :]):.1f}",
+        f"{cpu_at_publish:.2f}",
+        f"{per_scan * 1000:.1f}",
+        f"{per_scan * 60:.1f}",
+    ]
+
+
+def import_profile(env: dict[str, str]) -> list[list[object]]:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import reporter.cli"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    cumulative: dict[str, int] = {}
+    for line in result.stderr.splitlines():
+        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \|(\s*)(\S+)", line)
+        if match and len(match.group(2)) <= 5:  # top-level packages and their direct imports
+            cumulative[match.group(3)] = max(cumulative.get(match.group(3), 0), int(match.group(1)))
+    total = cumulative.get("reporter.cli", 1)
+    names = [
+        "kubernetes",
+        "reporter.publish.kube",
+        "structlog",
+        "jsonschema",
+        "yaml",
+        "prometheus_client",
+        "tenacity",
+        "reporter.collect",
+        "reporter.cli",
+    ]
+    return [
+        [n, f"{cumulative.get(n, 0) / 1000:.0f}", f"{100 * cumulative.get(n, 0) / total:.0f}%"]
+        for n in names
+        if n in cumulative
+    ]
+
+
+def main() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    rows = []
+
+    def first_line(process: subprocess.Popen[bytes]) -> bool:
+        assert process.stdout is not None
+        return bool(process.stdout.readline())
+
+    rows.append(["dry-run", *measure([*AGENT, "--dry-run"], first_line, env)])
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = ApiServerDouble(certificate=certificate)
+        double.add_node("gpu-1")
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            key = keys.key(keys.DEFAULT_PREFIX, keys.TOPOLOGY)
+
+            def annotated(_: subprocess.Popen[bytes]) -> bool:
+                deadline = time.perf_counter() + 30
+                while key not in double.annotations("gpu-1"):
+                    if time.perf_counter() > deadline:
+                        return False
+                    time.sleep(0.005)
+                return True
+
+            argv = [*AGENT, "--node", "gpu-1", "--kubeconfig", str(kubeconfig)]
+            rows.append(["API double (real client)", *measure(argv, annotated, env)])
+    print(
+        table(
+            [
+                "mode",
+                "first publish s",
+                "peak RSS MiB",
+                "steady RSS MiB",
+                "CPU s to first publish",
+                "CPU ms/scan",
+                "CPU s/hour (60 s interval)",
+            ],
+            rows,
+        )
+    )
+    print("\nImport time of `reporter.cli` (cumulative, ms):\n")
+    print(table(["module", "ms", "share"], import_profile(env)))
+
+
+if __name__ == "__main__":
+    main()
