@@ -119,11 +119,11 @@ def split_fused_links(cell: str) -> list[Link] | None:
         match = _TOKEN.match(cell, pos)
         if match is None:
             return None
-        end = match.end()
-        # A greedy NV count must not swallow digits of a following cell; tokens never start with a
-        # digit, so the only ambiguity would be NV1 followed by "8"-something, which is not a token.
-        links.append(parse_link(match.group(0)))
-        pos = end
+        try:
+            links.append(parse_link(match.group(0)))
+        except ParseError:
+            return None  # a piece beyond any hardware (`NV730`): not two fused cells
+        pos = match.end()
     return links
 
 

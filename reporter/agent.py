@@ -129,6 +129,7 @@ class Agent:
         """Desired metadata the API refused permanently: not retried until it changes or resync."""
         self._refusal = ""
         self._degraded_told = False
+        self._read_refusal: str | None = None
         self._kubelet = kubelet
         self._policies: KubeletPolicies | None = None
         self._kubelet_error: str | None = None
@@ -152,6 +153,7 @@ class Agent:
                 self._last_read = self._clock()
                 self._topology = self._projection.topology(self._sink.published())
                 self._started = True
+                self._read_refusal = None
             chosen = self._choose(result)
             if chosen is None:
                 if not result.degraded:
@@ -159,7 +161,10 @@ class Agent:
                 return not result.degraded
             return self._publish(chosen)
         except ApiPermanentError as e:
-            self._log.error("node_read_refused", error=str(e))
+            if str(e) != self._read_refusal:
+                # Once per distinct refusal: it is retried every interval, and repeats help nobody.
+                self._log.error("node_read_refused", error=str(e))
+            self._read_refusal = str(e)
             self._failed(str(e))
             return False
         except PublishError as e:

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -28,14 +29,22 @@ from reporter import doctor, logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
-from reporter.errors import CollectError, ConfigError, InputError, TopoReporterError
+from reporter.errors import (
+    CollectError,
+    ConfigError,
+    InputError,
+    PublishError,
+    TopoReporterError,
+)
 from reporter.placement import best_gpu_set
 from reporter.publish.kube import (
     AGENT_POD_SELECTOR,
     KubeClusterReader,
     KubeNodeClient,
+    KubeNodeFeatureClient,
     load_configuration,
 )
+from reporter.publish.nodefeature import NodeFeatureDryRunSink, NodeFeatureSink
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
@@ -246,7 +255,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
     )
     sink: Sink
-    if config.dry_run:
+
+    def on_error(e: PublishError) -> None:
+        metrics.api_errors.labels(kind=api_error_kind(e)).inc()
+
+    if config.dry_run and config.sink == "nodefeature":
+        # The object is named after the node; without --node, the kubelet's default node name.
+        sink = NodeFeatureDryRunSink(
+            node=config.node or socket.gethostname().lower(),
+            namespace=config.namespace,
+            prefix=config.prefix,
+            out=sys.stdout,
+            log=log,
+        )
+    elif config.dry_run:
         sink = DryRunSink(node=config.node or "", prefix=config.prefix, out=sys.stdout, log=log)
     elif config.sink == "node":
         assert config.node is not None  # validate() requires it unless dry-run
@@ -258,10 +280,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stop=stop,
             backoff=Backoff(),
             log=log,
-            on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+            on_error=on_error,
         )
     else:
-        raise ConfigError(f"sink {config.sink!r} is not available in this build: use --sink node")
+        assert config.node is not None  # validate() requires it unless dry-run
+        sink = NodeFeatureSink(
+            KubeNodeFeatureClient(load_configuration(config.kubeconfig)),
+            node=config.node,
+            prefix=config.prefix,
+            namespace=config.namespace,
+            stop=stop,
+            backoff=Backoff(),
+            log=log,
+            on_error=on_error,
+        )
     agent = Agent(
         scanner=scanner,
         sink=sink,
@@ -331,25 +363,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    parse = commands.add_parser(
-        "parse",
-        help="turn `nvidia-smi topo -m` text into the schema",
-        description="Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it "
-        "in the v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
-    )
-    parse.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(parse)
-    parse.set_defaults(handler=_cmd_parse)
-
-    render = commands.add_parser(
-        "render",
-        help="read a topology annotation or a Node object and print it",
-        description="Read a topology annotation value, or a whole Node as `kubectl get node NAME "
-        "-o json` (or -o yaml) prints it, validate it, and print it.",
-    )
-    render.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(render)
-    render.set_defaults(handler=_cmd_render)
+    for name, help_text, description, handler in (
+        (
+            "parse",
+            "turn `nvidia-smi topo -m` text into the schema",
+            "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
+            "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+            _cmd_parse,
+        ),
+        (
+            "render",
+            "read a topology annotation or a Node object and print it",
+            "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
+            "(or -o yaml) prints it, validate it, and print it.",
+            _cmd_render,
+        ),
+    ):
+        reader = commands.add_parser(name, help=help_text, description=description)
+        reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+        _add_format(reader)
+        reader.set_defaults(handler=handler)
 
     collect = commands.add_parser(
         "collect",

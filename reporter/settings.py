@@ -222,7 +222,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sysfs-root", dest="sysfs_root", help="host sysfs mount (default /sys)")
     add("--simulate", metavar="PROFILE", help="simulated machine instead of the hardware")
     add("--sink", help="node or nodefeature (default node)")
-    add("--namespace", help="namespace of Events (default: POD_NAMESPACE or default)")
+    add("--namespace", help="namespace of Events and the NodeFeature (default: POD_NAMESPACE)")
     add("--listen", help="health and metrics address (default 0.0.0.0:8080, '' disables)")
     add("--log-format", dest="log_format", help="auto, json or console (default auto)")
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -455,3 +456,17 @@ def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged
     unreadable = [e for e in logs if e["event"] == "kubelet_config_unreadable"]
     assert len(unreadable) == 1
     assert "bad.yaml" in unreadable[0]["error"]
+
+
+def test_a_refused_first_read_is_logged_once_however_often_it_is_retried(
+    apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path]
+) -> None:
+    w = wire(kubeconfig_with_token("wrong-token"), FakeScanner([ok(topology())]))
+    with capture_logs() as logs:
+        for _ in range(4):
+            w.clock.advance(60)
+            assert not w.agent.step()
+    refused = [e for e in logs if e["event"] == "node_read_refused"]
+    assert len(refused) == 1
+    assert "(401)" in refused[0]["error"]
+    assert not w.state.readiness().ok

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from reporter.publish.nodefeature import RBAC_VERBS
 from tests.helm_chart import (
     ALL_ON,
     CHART_DIR,
@@ -202,8 +203,8 @@ def test_nodefeature_sink_role_is_namespaced_on_nodefeatures_and_events(
 ) -> None:
     role = nodefeature.one("Role")
     assert role["metadata"]["namespace"] == NAMESPACE
-    verbs = ("get", "list", "watch", "create", "update", "patch")
-    assert _rules(role) == {("nfd.k8s-sigs.io", "nodefeatures", v) for v in verbs} | {
+    # Exactly the verbs the sink uses (tests/test_publish_nodefeature.py checks it uses these).
+    assert _rules(role) == {("nfd.k8s-sigs.io", "nodefeatures", v) for v in RBAC_VERBS} | {
         ("", "events", "create")
     }
 
@@ -458,6 +459,14 @@ def test_notes_show_how_to_see_the_result(all_on: Rendered) -> None:
     assert "kubectl describe node" in all_on.notes
     assert "kubectl get nodes -L topo.example.com/count," in all_on.notes
     assert "validatingadmissionpolicy" in all_on.notes
+
+
+def test_notes_of_the_nodefeature_sink_say_where_the_matrix_is(nodefeature: Rendered) -> None:
+    assert "extraLabelNs" in nodefeature.notes
+    assert "get nodefeature <node-name>-topo-reporter" in nodefeature.notes
+    assert r"{.spec.features.attributes.gputopology\.annotations.elements.matrix}" in (
+        nodefeature.notes
+    )
 
 
 def test_notes_warn_when_no_policy_guards_the_nodes() -> None:

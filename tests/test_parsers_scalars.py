@@ -200,6 +200,7 @@ def test_fused_cells_split_only_when_every_piece_is_a_token() -> None:
     assert split_fused_links("SYSPIX") == [Link(LinkKind.SYS), Link(LinkKind.PIX)]
     assert split_fused_links("NV18") is None
     assert split_fused_links("NV18x") is None
+    assert split_fused_links("NV730") is None
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.publish import nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
 
@@ -129,22 +130,23 @@ def _map_api_exception(e: ApiException, action: str, node: str) -> PublishError:
     return ApiPermanentError(text, status=status)
 
 
-def _map_transport(e: Exception, action: str, node: str, host: str) -> PublishError:
+def _map_transport(
+    e: Exception, action: str, node: str, host: str, *, subject: str | None = None
+) -> PublishError:
     reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
+    what = f"{action} {subject or f'node {node}'}"
     if isinstance(reason, urllib3.exceptions.SSLError | ssl.SSLError):
         return ApiPermanentError(
-            f"{action} node {node}: TLS with the API server at {host} failed ({reason}): check "
+            f"{what}: TLS with the API server at {host} failed ({reason}): check "
             "the cluster CA in the kubeconfig or service account"
         )
     # NewConnectionError subclasses ConnectTimeoutError in urllib3 2: test it first.
     if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
-        return ApiTransientError(
-            f"{action} node {node}: cannot connect to the API server at {host}"
-        )
+        return ApiTransientError(f"{what}: cannot connect to the API server at {host}")
     if isinstance(reason, urllib3.exceptions.TimeoutError | TimeoutError):
-        return ApiTransientError(f"{action} node {node}: the API server at {host} timed out")
+        return ApiTransientError(f"{what}: the API server at {host} timed out")
     return ApiTransientError(
-        f"{action} node {node}: cannot reach the API server at {host} ({type(reason).__name__})"
+        f"{what}: cannot reach the API server at {host} ({type(reason).__name__})"
     )
 
 
@@ -299,3 +301,157 @@ class KubeClusterReader(KubeNodeClient):
             if e.status == 403:
                 return None
             raise
+
+
+# -- Node Feature Discovery's NodeFeature objects (the nodefeature sink) ---------------------
+
+_NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
+
+
+def _status_details(body: str | None) -> Mapping[str, Any]:
+    try:
+        status = json.loads(body or "")
+    except ValueError:
+        return {}
+    details = status.get("details") if isinstance(status, dict) else None
+    return details if isinstance(details, dict) else {}
+
+
+def _map_nodefeature_exception(
+    e: ApiException, action: str, namespace: str, name: str
+) -> PublishError:
+    status = int(e.status or 0)
+    what = f"{action} NodeFeature {namespace}/{name}"
+    if status == 0:
+        first = str(e.reason).splitlines()[0]
+        return ApiPermanentError(
+            f"{what}: TLS with the API server failed ({first}): check the cluster CA in the "
+            "kubeconfig or service account"
+        )
+    detail = _status_message(e.body)
+    said = f": {detail}" if detail else ""
+    details = _status_details(e.body)
+    if status == 404 and details.get("name") == name:
+        # Only a replace gets here (a read of a missing object is not an error): it was
+        # deleted since it was read, and reading again leads to creating it.
+        return ApiTransientError(f"{what}: deleted since it was read (404)", status=404)
+    if status in _TRANSIENT_STATUS:
+        if status == 409:
+            text = f"{what}: conflict (409), it changed or appeared since it was read"
+        else:
+            text = f"{what}: the API server answered {status}{said}"
+        return ApiTransientError(text, status=status, retry_after=_retry_after(e.headers))
+    if status == 401:
+        text = (
+            f"{what}: the API server rejected the credentials (401): check the service account "
+            "token (automountServiceAccountToken) or the kubeconfig user"
+        )
+    elif status == 403:
+        verb = {"read": "get", "create": "create", "replace": "update"}.get(action, action)
+        text = (
+            f"{what}: forbidden (403): grant the agent a Role in namespace {namespace} with "
+            f"`{verb}` on `{_NODEFEATURES}` (the chart does with agent.sink=nodefeature and "
+            f"rbac.create=true){said}"
+        )
+    elif status == 404 and details.get("kind") == "namespaces":
+        text = (
+            f"{what}: namespace {namespace} does not exist (404): set --namespace, "
+            "TOPO_REPORTER_NAMESPACE or POD_NAMESPACE to the agent's namespace"
+        )
+    elif status == 404:
+        text = (
+            f"{what}: the API server does not serve {_NODEFEATURES}/{nodefeature.VERSION} (404): "
+            "install Node Feature Discovery with its CRDs (v0.14+, or v0.12+ with "
+            "-enable-nodefeature-api), or use --sink node"
+        )
+    elif status == 422:
+        text = f"{what}: the API server refused the object (422){said}"
+    else:
+        text = f"{what}: the API server answered {status}{said}"
+    return ApiPermanentError(text, status=status)
+
+
+class KubeNodeFeatureClient:
+    """NodeFeatureClient over the official client: NFD's NodeFeature objects and Node Events."""
+
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        *,
+        request_timeout_s: tuple[float, float] = (5.0, 15.0),
+    ) -> None:
+        self._api = client.CustomObjectsApi(client.ApiClient(configuration))
+        self._events = KubeNodeClient(configuration, request_timeout_s=request_timeout_s)
+        self._host = str(configuration.host)
+        self._timeout = request_timeout_s
+
+    def _call(
+        self, action: str, namespace: str, name: str, fn: Any, *args: Any, **kwargs: Any
+    ) -> dict[str, Any]:
+        try:
+            response = fn(
+                nodefeature.GROUP,
+                nodefeature.VERSION,
+                namespace,
+                nodefeature.PLURAL,
+                *args,
+                _request_timeout=self._timeout,
+                _preload_content=False,
+                **kwargs,
+            )
+        except ApiException as e:
+            raise _map_nodefeature_exception(e, action, namespace, name) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            subject = f"NodeFeature {namespace}/{name}"
+            raise _map_transport(e, action, name, self._host, subject=subject) from e
+        data = json.loads(response.data)
+        if not isinstance(data, dict):
+            raise ApiPermanentError(f"{action} NodeFeature {namespace}/{name}: not an object")
+        return data
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("read", namespace, name, self._api.get_namespaced_custom_object, name)
+        except ApiTransientError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_node_feature(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = str(body["metadata"]["name"])
+        return self._call(
+            "create", namespace, name, self._api.create_namespaced_custom_object, dict(body)
+        )
+
+    def replace_node_feature(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return self._call(
+            "replace",
+            namespace,
+            name,
+            self._api.replace_namespaced_custom_object,
+            name,
+            dict(body),
+        )
+
+    def create_event(
+        self,
+        namespace: str,
+        node: NodeMetadata,
+        event_type: EventType,
+        reason: str,
+        message: str,
+    ) -> None:
+        try:
+            self._events.create_event(namespace, node, event_type, reason, message)
+        except ApiPermanentError as e:
+            if e.status != 403:
+                raise
+            # The node sink's text names its ClusterRole; this sink holds a namespaced Role.
+            raise ApiPermanentError(
+                f"post event on node {node.name}: forbidden (403): grant the agent a Role in "
+                f"namespace {namespace} with `create` on `events` (the chart does with "
+                "rbac.create=true)",
+                status=403,
+            ) from e

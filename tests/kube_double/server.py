@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from . import nodefeatures
+from .nodefeatures import ApiStatusError, NodeFeatureStore
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .tls import Certificate
 from .validation import validate_metadata
@@ -225,6 +227,11 @@ class ApiServerDouble:
     """Serve HTTPS with this certificate (kubectl sends tokens only over TLS); None: plain HTTP."""
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
+    nodefeatures: NodeFeatureStore = field(init=False)
+    """NFD's NodeFeature objects; `nodefeatures.installed = False` serves a cluster without NFD."""
+
+    def __post_init__(self) -> None:
+        self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -751,9 +758,12 @@ class _Handler(BaseHTTPRequestHandler):
             rest = rest[2:]
         resource = rest[0] if rest else ""
         name = rest[1] if len(rest) > 1 else ""
-        verb = {"GET": "get" if name else "list", "PATCH": "patch", "POST": "create"}.get(
-            method, method.lower()
-        )
+        verb = {
+            "GET": "get" if name else "list",
+            "PATCH": "patch",
+            "POST": "create",
+            "PUT": "update",
+        }.get(method, method.lower())
         return (verb, resource, name)
 
     def _route(
@@ -765,6 +775,11 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any,
     ) -> tuple[int, Any]:
         owner = self.owner
+        if path.startswith(f"/apis/{nodefeatures.GROUP}/") or path == f"/apis/{nodefeatures.GROUP}":
+            try:
+                return owner.nodefeatures.serve(method, path, query, content_type, body)
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
         selector = (query.get("fieldSelector") or [""])[0]
         if method == "GET":
             if path == "/version":
@@ -778,7 +793,10 @@ class _Handler(BaseHTTPRequestHandler):
                     ],
                 }
             if path == "/apis":
-                return 200, _group_list()
+                groups = _group_list()
+                if owner.nodefeatures.installed:
+                    groups["groups"].append(nodefeatures.GROUP_ENTRY)
+                return 200, groups
             if path == "/api/v1":
                 return 200, _CORE_RESOURCES
             for group, resources in _GROUPS.items():

@@ -1,0 +1,388 @@
+"""Publishing through Node Feature Discovery: one NodeFeature object instead of a Node patch.
+
+Many clusters refuse a DaemonSet that may patch every Node (RBAC cannot narrow `patch nodes` to one
+Node). There nfd-master does the labelling: the agent writes one `nfd.k8s-sigs.io/v1alpha1`
+NodeFeature in its own namespace, labelled `nfd.node.kubernetes.io/node-name: <node>`, with our
+labels in `spec.labels` and the topology as NFD features in `spec.features`, and needs only a
+namespaced Role: `get`, `create` and `update` on `nodefeatures` (`RBAC_VERBS`), `create` on events.
+
+The object is ours alone, so it is replaced whole (`update`, with its resourceVersion) when it
+must change: a label the agent no longer produces goes with the old `spec.labels`, and nfd-master
+removes it from the Node. Nothing is sent when the object already carries what is wanted. This
+module never touches a Node and never writes another NodeFeature (nfd-worker's, GPU Feature
+Discovery's). nfd-master applies labels, not our annotations: the `topology` and `matrix`
+documents stay in the object, under the attribute feature `gputopology.annotations`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+import structlog
+
+from reporter.errors import ApiTransientError, ConfigError, PublishError
+from reporter.publish import retry
+from reporter.publish.client import EventType
+from reporter.publish.patch import Desired, NodeMetadata, desired, under_prefix
+from reporter.schema import keys
+
+GROUP = "nfd.k8s-sigs.io"
+VERSION = "v1alpha1"
+PLURAL = "nodefeatures"
+KIND = "NodeFeature"
+NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+"""How nfd-master finds the NodeFeature objects of a Node."""
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGER = "topo-reporter"
+NAME_SUFFIX = "-topo-reporter"
+RBAC_VERBS = frozenset({"get", "create", "update"})
+"""Every verb the sink uses on nodefeatures; the chart's Role grants exactly these."""
+
+# Feature set names: NFD's `<domain>.<feature>`, one dot, so NodeFeatureRule templates can use them.
+NODE_FEATURE = "gputopology.node"
+ANNOTATIONS_FEATURE = "gputopology.annotations"
+GPU_FEATURE = "gputopology.gpu"
+NIC_FEATURE = "gputopology.nic"
+NUMA_FEATURE = "gputopology.numa"
+
+_DOCUMENTS = (keys.TOPOLOGY, keys.MATRIX)
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE_MAX = 63
+
+
+def object_name(node: str) -> str:
+    """The NodeFeature's name for `node` (`<node>-topo-reporter`, as NFD's docs name vendors').
+
+    Raises ConfigError when the node name cannot be a label value: nfd-master finds the object by
+    the label `nfd.node.kubernetes.io/node-name`, so longer names cannot use this sink at all.
+    """
+    if not _DNS1123_SUBDOMAIN.fullmatch(node):
+        raise ConfigError(
+            f"node name {node!r} is not a lower-case DNS subdomain: pass the Node's name as "
+            "`kubectl get nodes` shows it (--node, TOPO_REPORTER_NODE or NODE_NAME)"
+        )
+    if len(node) > _LABEL_VALUE_MAX:
+        raise ConfigError(
+            f"node name {node!r} has {len(node)} characters: nfd-master finds NodeFeature objects "
+            f"by the label {NODE_NAME_LABEL}, whose value is at most {_LABEL_VALUE_MAX} "
+            "characters; use --sink node on this node"
+        )
+    return node + NAME_SUFFIX
+
+
+# -- the object: a pure projection of the desired labels and annotations ----------------------
+
+
+def _text(value: Any) -> str | None:
+    """NFD feature values are strings; unknown (None) becomes an absent attribute."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _attributes(values: Mapping[str, Any]) -> dict[str, str]:
+    return {k: t for k, v in values.items() if (t := _text(v)) is not None}
+
+
+def _instances(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"elements": [{"attributes": _attributes(item)} for item in items]}
+
+
+def features(label_values: Mapping[str, str], document: Mapping[str, Any]) -> dict[str, Any]:
+    """NFD's Features from the labels (short names) and the v1 topology document.
+
+    `gputopology.node`: the label values plus source, driver and nvswitch; `gputopology.gpu`: one
+    instance per GPU (index, uuid, pci, model, numa, cpus, mem_mib, mig, ..., its matrix row as
+    `links`, `nvlink_peers` and its `island`); `gputopology.nic` and `gputopology.numa` likewise.
+    Every value is a string; a value the source does not know is absent.
+    """
+    gpus = document.get("gpus", [])
+    rows = [str(r).split() for r in document.get("links", [])]
+    islands = document.get("islands", [])
+    nvlink_observed = document.get("nvlink_observed", True)
+    gpu_items = []
+    for gpu in gpus:
+        i = gpu["index"]
+        item = dict(gpu)
+        item["links"] = document["links"][i]
+        if nvlink_observed:
+            item["nvlink_peers"] = [j for j, t in enumerate(rows[i]) if t.startswith("NV")]
+        item["island"] = next((n for n, members in enumerate(islands) if i in members), None)
+        gpu_items.append(item)
+    node: dict[str, Any] = dict(label_values)
+    node.update(
+        source=document.get("source"),
+        driver=document.get("driver"),
+        nvswitch=document.get("nvswitch", False),
+    )
+    return {
+        "flags": {},
+        "attributes": {NODE_FEATURE: {"elements": _attributes(node)}},
+        "instances": {
+            GPU_FEATURE: _instances(gpu_items),
+            NIC_FEATURE: _instances(list(document.get("nics", []))),
+            NUMA_FEATURE: _instances(list(document.get("numa_nodes", []))),
+        },
+    }
+
+
+def spec(want: Desired, prefix: str) -> dict[str, Any]:
+    """The NodeFeature spec carrying `want`: its labels, and its documents as features."""
+    topology = want.annotations.get(keys.key(prefix, keys.TOPOLOGY))
+    document = json.loads(topology) if topology is not None else {}
+    short = {k.removeprefix(prefix + "/"): v for k, v in want.labels.items()}
+    out = features(short, document)
+    documents = {
+        n: v for n in _DOCUMENTS if (v := want.annotations.get(keys.key(prefix, n))) is not None
+    }
+    out["attributes"][ANNOTATIONS_FEATURE] = {"elements": documents}
+    return {"labels": dict(want.labels), "features": out}
+
+
+def node_feature(
+    want: Desired, *, node: str, namespace: str, prefix: str, current: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The whole object to create (`current` None) or to replace `current` with.
+
+    Replacing keeps what others put in `metadata` and `status` (their labels, annotations,
+    owner references) and sends `current`'s resourceVersion, so a concurrent change is a 409.
+    """
+    metadata = dict(current.get("metadata") or {}) if current is not None else {}
+    metadata.update(name=object_name(node), namespace=namespace)
+    metadata["labels"] = {
+        **(metadata.get("labels") or {}),
+        NODE_NAME_LABEL: node,
+        MANAGED_BY_LABEL: MANAGER,
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": spec(want, prefix),
+        # Newer NFD CRDs list `status` as required (their Go client always sends one); older
+        # ones prune it: an empty status is accepted by both.
+        "status": (current or {}).get("status") or {},
+    }
+
+
+def carries(current: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether `current` already is `body` where it matters: the spec and our two labels."""
+    labels = (current.get("metadata") or {}).get("labels") or {}
+    ours = body["metadata"]["labels"]
+    return current.get("spec") == body["spec"] and all(
+        labels.get(k) == ours[k] for k in (NODE_NAME_LABEL, MANAGED_BY_LABEL)
+    )
+
+
+def read_back(obj: Mapping[str, Any] | None, prefix: str) -> Desired:
+    """What a NodeFeature carries, read back as the labels and annotations it stands for."""
+    if obj is None:
+        return Desired({}, {})
+    spec_ = obj.get("spec") or {}
+    labels = {
+        k: v
+        for k, v in (spec_.get("labels") or {}).items()
+        if isinstance(v, str) and under_prefix(k, prefix)
+    }
+    attributes = (spec_.get("features") or {}).get("attributes") or {}
+    elements = (attributes.get(ANNOTATIONS_FEATURE) or {}).get("elements") or {}
+    annotations = {
+        keys.key(prefix, n): v for n in _DOCUMENTS if isinstance(v := elements.get(n), str)
+    }
+    return desired(labels, annotations, prefix)
+
+
+# -- the seam and the sinks -------------------------------------------------------------------
+
+
+class NodeFeatureClient(Protocol):
+    """Read, create and replace NodeFeature objects, and post Events about the Node.
+
+    Implementations raise only PublishError subclasses: ApiTransientError for what a retry may
+    cure (a 409, a 404 on replace because the object was deleted since it was read), else
+    ApiPermanentError (403, NFD's CRD not installed, a 422).
+    """
+
+    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none by that name."""
+        ...
+
+    def create_node_feature(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the object; returns it as stored."""
+        ...
+
+    def replace_node_feature(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Replace the object (body carries its resourceVersion); returns it as stored."""
+        ...
+
+    def create_event(
+        self,
+        namespace: str,
+        node: NodeMetadata,
+        event_type: EventType,
+        reason: str,
+        message: str,
+    ) -> None:
+        """Post a core/v1 Event whose involvedObject is the Node."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """The object as last read or written; `obj` None: read, and there is none."""
+
+    obj: dict[str, Any] | None
+
+
+class NodeFeatureSink:
+    """Keeps one NodeFeature carrying the topology: one GET when unknown, one write per change."""
+
+    def __init__(
+        self,
+        client: NodeFeatureClient,
+        *,
+        node: str,
+        prefix: str,
+        namespace: str,
+        stop: threading.Event,
+        backoff: retry.Backoff,
+        log: structlog.typing.FilteringBoundLogger,
+        on_error: Any = lambda e: None,
+    ) -> None:
+        """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
+        self._client = client
+        self._node = node
+        self._name = object_name(node)
+        self._prefix = prefix
+        self._namespace = namespace
+        self._stop = stop
+        self._backoff = backoff
+        self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
+        self._on_error = on_error
+        self._known: _Read | None = None
+
+    def _retrying(self, what: str, operation: Any) -> Any:
+        return retry.call(
+            operation,
+            what=what,
+            stop=self._stop,
+            backoff=self._backoff,
+            log=self._log,
+            on_error=self._on_error,
+        )
+
+    def _current(self) -> dict[str, Any] | None:
+        if self._known is None:
+            self._known = _Read(self._client.get_node_feature(self._namespace, self._name))
+            version = (
+                None
+                if self._known.obj is None
+                else self._known.obj["metadata"].get("resourceVersion")
+            )
+            self._log.debug(
+                "nodefeature_read", exists=self._known.obj is not None, resource_version=version
+            )
+        return self._known.obj
+
+    def published(self) -> Desired:
+        return read_back(self._retrying("read nodefeature", self._current), self._prefix)
+
+    def publish(self, want: Desired) -> bool:
+        def attempt() -> bool:
+            current = self._current()
+            body = node_feature(
+                want,
+                node=self._node,
+                namespace=self._namespace,
+                prefix=self._prefix,
+                current=current,
+            )
+            if current is not None and carries(current, body):
+                return False
+            try:
+                if current is None:
+                    written = self._client.create_node_feature(self._namespace, body)
+                else:
+                    written = self._client.replace_node_feature(self._namespace, self._name, body)
+            except ApiTransientError:
+                # A conflict, a vanished object, or a write that may have landed: read again.
+                self._known = None
+                raise
+            # Remember the spec as sent: an apiserver that prunes or defaults a field must not
+            # make every later step look like a change (the next resync compares what is stored).
+            self._known = _Read({**written, "spec": body["spec"]})
+            self._log.info(
+                "nodefeature_created" if current is None else "nodefeature_updated",
+                labels=sorted(body["spec"]["labels"]),
+                resource_version=written.get("metadata", {}).get("resourceVersion"),
+            )
+            return True
+
+        try:
+            return bool(self._retrying("write nodefeature", attempt))
+        except PublishError:
+            self._known = None
+            raise
+
+    def forget(self) -> None:
+        self._known = None
+
+    def event(self, event_type: EventType, reason: str, message: str) -> None:
+        # No right to read the Node, so no uid: like the kubelet, the Node's name stands for it,
+        # which is what `kubectl describe node` also looks for. One attempt, as for the node sink.
+        node = NodeMetadata(self._node, uid=self._node)
+        self._client.create_event(self._namespace, node, event_type, reason, message)
+
+
+class NodeFeatureDryRunSink:
+    """Prints the NodeFeature it would create as JSON; never contacts a cluster."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        namespace: str,
+        prefix: str,
+        out: TextIO,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        """Raises ConfigError like NodeFeatureSink for a node name NFD cannot take."""
+        object_name(node)
+        self._node = node
+        self._namespace = namespace
+        self._prefix = prefix
+        self._out = out
+        self._log = log
+        self._printed: Desired | None = None
+
+    def published(self) -> Desired:
+        return self._printed or Desired({}, {})
+
+    def publish(self, want: Desired) -> bool:
+        if want == self._printed:
+            return False
+        body = node_feature(
+            want, node=self._node, namespace=self._namespace, prefix=self._prefix, current=None
+        )
+        json.dump(body, self._out, indent=2, sort_keys=True, ensure_ascii=False)
+        self._out.write("\n")
+        self._out.flush()
+        self._printed = want
+        return True
+
+    def forget(self) -> None:
+        """Nothing to forget: the dry-run sink never reads a cluster."""
+
+    def event(self, event_type: EventType, reason: str, message: str) -> None:
+        self._log.info("event", type=event_type.value, reason=reason, message=message)
