@@ -98,6 +98,8 @@ class Drift:
     actions: Counter[str] = field(default_factory=Counter)
     repairs_s: list[float] = field(default_factory=list)
     unrepaired: int = 0
+    interrupted: int = 0
+    """Edits whose repair the end of the soak cut short (judged by the final check instead)."""
     foreign_labels: dict[str, str] = field(default_factory=dict)
     foreign_annotations: dict[str, str] = field(default_factory=dict)
 
@@ -190,7 +192,11 @@ def drift(
         start = time.monotonic()
         # Our keys must come back: within a resync, plus retries while a fault burst lasts.
         while mismatches(double, expected) and action != "delete owned":
-            if stop.is_set() or time.monotonic() - start > 3 * RESYNC_S + 2 * LONGEST_RETRY_S:
+            if stop.is_set():
+                # The soak ended mid-repair: the final convergence check judges this edit.
+                record.interrupted += 1
+                break
+            if time.monotonic() - start > 3 * RESYNC_S + 2 * LONGEST_RETRY_S:
                 record.unrepaired += 1
                 break
             time.sleep(0.05)
@@ -199,6 +205,9 @@ def drift(
                 owned = keys.key(PREFIX, keys.OWNED)
                 while owned not in double.annotations(NODE) and not stop.is_set():
                     time.sleep(0.05)
+                if stop.is_set():
+                    record.interrupted += 1
+                    continue
             record.repairs_s.append(time.monotonic() - start)
 
 
@@ -467,7 +476,8 @@ def report(
         ("foreign keys intact", f"{n_foreign - len(lost)} of {n_foreign}", not lost),
         (
             "every drift of ours repaired",
-            f"{len(repairs)} of {len(repairs) + r.drift.unrepaired}",
+            f"{len(repairs)} of {len(repairs) + r.drift.unrepaired}"
+            + (f" (+{r.drift.interrupted} cut short by the end)" if r.drift.interrupted else ""),
             r.drift.unrepaired == 0,
         ),
         ("/readyz at the end", str(r.readyz), r.readyz == 200),
