@@ -32,7 +32,7 @@ from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
-from reporter.serve.metrics import Metrics
+from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 from tests.agent_support import FAST, NODE, PREFIX, FakeClock, FakeScanner, ok, topology
 from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
@@ -221,6 +221,7 @@ class NfWired:
     sink: nf.NodeFeatureSink
     state: AgentState
     clock: FakeClock
+    metrics: Metrics
 
 
 def wire_nf(kubeconfig: Path, scanner: FakeScanner, *, clock: FakeClock | None = None) -> NfWired:
@@ -228,6 +229,7 @@ def wire_nf(kubeconfig: Path, scanner: FakeScanner, *, clock: FakeClock | None =
     stop = threading.Event()
     state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
     log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    metrics = Metrics()
     sink = nf.NodeFeatureSink(
         KubeNodeFeatureClient(load_configuration(str(kubeconfig)), request_timeout_s=(2.0, 2.0)),
         node=NODE,
@@ -236,20 +238,21 @@ def wire_nf(kubeconfig: Path, scanner: FakeScanner, *, clock: FakeClock | None =
         stop=stop,
         backoff=FAST,
         log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
     )
     agent = Agent(
         scanner=scanner,
         sink=sink,
         projection=SchemaProjection(PREFIX),
         state=state,
-        metrics=Metrics(),
+        metrics=metrics,
         log=log,
         stop=stop,
         interval_s=60,
         resync_s=300,
         clock=clock,
     )
-    return NfWired(agent, scanner, sink, state, clock)
+    return NfWired(agent, scanner, sink, state, clock, metrics)
 
 
 def ours(apiserver: ApiServerDouble) -> dict[str, Any]:
@@ -571,6 +574,7 @@ def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
         in failed["error"]
     )
     assert ours(apiserver)["spec"]["labels"][f"{PREFIX}/count"] == "8"
+    assert wired.metrics.api_errors.labels(kind="forbidden")._value.get() == 1
 
 
 def test_a_real_conflict_is_read_again_and_written_over_the_new_version(

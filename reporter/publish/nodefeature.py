@@ -342,7 +342,12 @@ class NodeFeatureSink:
         # No right to read the Node, so no uid: like the kubelet, the Node's name stands for it,
         # which is what `kubectl describe node` also looks for. One attempt, as for the node sink.
         node = NodeMetadata(self._node, uid=self._node)
-        self._client.create_event(self._namespace, node, event_type, reason, message)
+        try:
+            self._client.create_event(self._namespace, node, event_type, reason, message)
+        except PublishError as e:
+            # A failed Event is still a failed API call, counted like every other.
+            self._on_error(e)
+            raise
 
 
 class NodeFeatureDryRunSink:
