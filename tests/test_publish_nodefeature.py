@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 
 from reporter.agent import Agent, SchemaProjection
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
+from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
 from reporter.publish.kube import (
     KubeNodeFeatureClient,
@@ -528,6 +529,8 @@ def test_nodefeature_error_mapping(
     e = ApiException(status=status, reason="x")
     e.body = json.dumps({"kind": "Status", **body})
     mapped = _map_nodefeature_exception(e, "create", NAMESPACE, NAME)
+    shared = errors_map.nodefeature_error(status, "x", e.body, None, "create", NAMESPACE, NAME)
+    assert (type(shared), str(shared), shared.status) == (type(mapped), str(mapped), mapped.status)
     assert type(mapped) is kind
     assert said in str(mapped)
     assert str(mapped).startswith(f"create NodeFeature {NAMESPACE}/{NAME}: ")
