@@ -38,7 +38,6 @@ from reporter.errors import (
 )
 from reporter.placement import best_gpu_set
 from reporter.publish.kube import (
-    AGENT_POD_SELECTOR,
     KubeClusterReader,
     KubeNodeClient,
     KubeNodeFeatureClient,
@@ -455,8 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diagnose.add_argument(
         "--agent-selector",
-        default=AGENT_POD_SELECTOR,
-        help=f"label selector of the agent's pods (default: {AGENT_POD_SELECTOR})",
+        default=doctor.AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
     )
     diagnose.set_defaults(handler=_cmd_doctor)
 

@@ -20,15 +20,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from reporter.doctor import AGENT_POD_SELECTOR
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.publish import errors_map, nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
-
-MERGE_PATCH = "application/merge-patch+json"
-COMPONENT = "topo-reporter"
-AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
-"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
+from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -66,15 +63,7 @@ def _map_transport(
 
 
 def _metadata(raw: Any) -> NodeMetadata:
-    data = json.loads(raw)
-    meta = data.get("metadata") or {}
-    return NodeMetadata(
-        name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-        resource_version=meta.get("resourceVersion"),
-        uid=meta.get("uid"),
-    )
+    return node_metadata(json.loads(raw))
 
 
 class KubeNodeClient:
