@@ -162,6 +162,38 @@ def test_insecure_skip_tls_verify_connects_without_a_ca_and_warns(
         assert lean(config).get_node(NODE).name == NODE
 
 
+def test_where_a_file_and_its_data_are_both_given_the_file_wins_as_in_the_official_client(
+    tmp_path: Path,
+) -> None:
+    path = kubeconfig_file(
+        tmp_path / "kc",
+        {
+            "server": "https://h",
+            "certificate-authority": "ca.crt",
+            "certificate-authority-data": "Y2E=",
+        },
+        {
+            "token": "inline",
+            "tokenFile": "token",
+            "client-certificate": "c.crt",
+            "client-certificate-data": "Yw==",
+            "client-key": "c.key",
+            "client-key-data": "aw==",
+        },
+    )
+    config = load_rest_config(str(path))
+    assert (config.ca_file, config.token_file) == (
+        str(tmp_path / "ca.crt"),
+        str(tmp_path / "token"),
+    )
+    assert (config.ca_data, config.token, config.client_cert_data, config.client_key_data) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
 CONFIG_ERRORS = [
     (
         "no current-context",

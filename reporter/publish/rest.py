@@ -188,18 +188,23 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         except (binascii.Error, ValueError) as e:
             raise _unloadable(where, f"{key} is not base64") from e
 
-    ca_data = data(cluster, "certificate-authority-data")
+    # Where both a file and its `-data` (or `token`) are given, the file wins, as in the
+    # official client: the same kubeconfig means the same credentials with either.
+    ca_file = file(cluster, "certificate-authority")
+    ca_data = None if ca_file else data(cluster, "certificate-authority-data")
+    token_file = file(user, "tokenFile")
+    cert_file, key_file = file(user, "client-certificate"), file(user, "client-key")
     return RestConfig(
         server=server,
         source=where,
-        ca_file=None if ca_data else file(cluster, "certificate-authority"),
+        ca_file=ca_file,
         ca_data=ca_data.decode("ascii", "replace") if ca_data else None,
-        token=str(user["token"]) if user.get("token") else None,
-        token_file=None if user.get("token") else file(user, "tokenFile"),
-        client_cert_file=file(user, "client-certificate"),
-        client_key_file=file(user, "client-key"),
-        client_cert_data=data(user, "client-certificate-data"),
-        client_key_data=data(user, "client-key-data"),
+        token=None if token_file or not user.get("token") else str(user["token"]),
+        token_file=token_file,
+        client_cert_file=cert_file,
+        client_key_file=key_file,
+        client_cert_data=None if cert_file else data(user, "client-certificate-data"),
+        client_key_data=None if key_file else data(user, "client-key-data"),
         insecure=bool(cluster.get("insecure-skip-tls-verify")),
     )
 
