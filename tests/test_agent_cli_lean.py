@@ -12,12 +12,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from tests.kube_double import ApiServerDouble
+from tests.kube_double import ApiServerDouble, Certificate, write_kubeconfig
 from tests.test_agent_cli import NODE, env
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -87,30 +85,16 @@ def test_run_with_a_plain_kubeconfig_publishes_through_the_lean_client_without_k
     assert not loaded
 
 
-def exec_kubeconfig(apiserver: ApiServerDouble, kubeconfig: Path, path: Path) -> Path:
-    """The agent's kubeconfig with its token handed out by an exec plugin, as EKS does."""
-    doc: dict[str, Any] = yaml.safe_load(kubeconfig.read_text())
-    credential = {
-        "apiVersion": "client.authentication.k8s.io/v1beta1",
-        "kind": "ExecCredential",
-        "status": {"token": "agent-token"},
-    }
-    doc["users"][0]["user"] = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": sys.executable,
-            "args": ["-c", f"print({json.dumps(json.dumps(credential))})"],
-            "interactiveMode": "Never",
-        }
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def test_an_exec_plugin_kubeconfig_falls_back_to_the_official_client(
-    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+    apiserver: ApiServerDouble, apiserver_certificate: Certificate, tmp_path: Path
 ) -> None:
-    plugin = exec_kubeconfig(apiserver, kubeconfig, tmp_path / "exec.kubeconfig")
+    plugin = write_kubeconfig(
+        tmp_path / "exec.kubeconfig",
+        apiserver.url,
+        "agent-token",
+        ca_cert=apiserver_certificate.cert,
+        exec_plugin=True,
+    )
     result, loaded = run_cli(
         tmp_path,
         *["run", "--simulate", "dgx-h100", "--once", "--listen", ""],
