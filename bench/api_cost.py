@@ -1,11 +1,12 @@
 """API cost at cluster scale: 200 agents against the Kubernetes API server double.
 
 Method. One process: the API server double from tests/kube_double (HTTPS on 127.0.0.1, the
-agent's token and RBAC), 200 Nodes, and 200 agents, each in its own thread, each with its own real
-Kubernetes client, NodePatchSink and Agent exactly as `topo-reporter run` wires them. Every agent's
-scanner returns one simulated DGX H100 scan (scan cost is bench/scan_cost.py's subject). A
-simulated hour is compressed 60x: interval 1 s for the default 60 s, resync 5 s for the default
-5 min, so 60 s of wall time is one node-hour. Requests are counted by the double. Phases:
+agent's token and RBAC), 200 Nodes, and 200 agents, each in its own thread, each with its own API
+client (`--client lean`, the default, as `topo-reporter run` picks for a token kubeconfig or a
+pod; `--client official` for the `kubernetes` one), NodePatchSink and Agent as `run` wires them.
+Every agent's scanner returns one simulated DGX H100 scan (scan cost is bench/scan_cost.py's
+subject). A simulated hour is compressed 60x: interval 1 s for the default 60 s, resync 5 s for the
+default 5 min, so 60 s of wall time is one node-hour. Requests are counted by the double. Phases:
 
 1. install: 200 agents start on Nodes that carry nothing;
 2. steady state: one compressed hour, nothing changes; writes and reads per node-hour;
@@ -13,7 +14,7 @@ simulated hour is compressed 60x: interval 1 s for the default 60 s, resync 5 s 
 4. throttled: 200 more agents start on fresh Nodes while the double answers 429 (Retry-After: 1)
    to a random half of all requests; time until every Node carries the right data, requests.
 
-    python bench/api_cost.py [--agents 200]
+    python bench/api_cost.py [--agents 200] [--client lean|official]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, build_scanner
+from reporter.publish.client import NodeClient
 from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.rest import RestNodeClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import keys
@@ -69,12 +73,20 @@ class Running:
     metrics: Metrics
 
 
-def start_agent(node: str, kubeconfig: Path, scan: ScanResult) -> Running:
+CLIENTS: dict[str, Callable[[Path], NodeClient]] = {
+    "lean": lambda kubeconfig: RestNodeClient(load_rest_config(str(kubeconfig))),
+    "official": lambda kubeconfig: KubeNodeClient(load_configuration(str(kubeconfig))),
+}
+
+
+def start_agent(
+    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], NodeClient]
+) -> Running:
     stop = threading.Event()
     metrics = Metrics()
     log = structlog.get_logger("topo_reporter").bind(node=node)
     sink = NodePatchSink(
-        KubeNodeClient(load_configuration(str(kubeconfig))),
+        client(kubeconfig),
         node=node,
         prefix=PREFIX,
         namespace="default",
@@ -139,7 +151,9 @@ def wait_converged(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="lean")
     args = parser.parse_args()
+    client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
     n = args.agents
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
@@ -158,7 +172,7 @@ def main() -> None:
             )
             # 1. install
             mark = len(double.requests)
-            agents = [start_agent(node, kubeconfig, scan) for node in nodes]
+            agents = [start_agent(node, kubeconfig, scan, client) for node in nodes]
             took = wait_converged(double, nodes, annotation, 120)
             time.sleep(INTERVAL_S)
             c = count(double, mark)
@@ -172,7 +186,7 @@ def main() -> None:
             stop_all(agents)
             mark = len(double.requests)
             t0 = time.monotonic()
-            agents = [start_agent(node, kubeconfig, scan) for node in nodes]
+            agents = [start_agent(node, kubeconfig, scan, client) for node in nodes]
             time.sleep(2 * INTERVAL_S)
             c = count(double, mark)
             rows.append(
@@ -189,7 +203,7 @@ def main() -> None:
                 double.add_node(node)
             double.rate = 0.5
             mark = len(double.requests)
-            agents = [start_agent(node, kubeconfig, scan) for node in fresh]
+            agents = [start_agent(node, kubeconfig, scan, client) for node in fresh]
             took = wait_converged(double, fresh, annotation, 300)
             double.rate = 0.0
             c = count(double, mark)
@@ -208,7 +222,10 @@ def main() -> None:
                 ]
             )
             stop_all(agents)
-    print(f"{n} agents, interval {INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n")
+    print(
+        f"{n} agents ({args.client} client), interval {INTERVAL_S:.0f} s, "
+        f"resync {RESYNC_S:.0f} s (60x compressed)\n"
+    )
     print(
         table(
             [

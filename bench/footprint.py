@@ -1,13 +1,15 @@
 """Footprint of `topo-reporter run` on a simulated DGX H100: RSS, CPU, time to first publish.
 
 Method. The agent runs as its own process, as in the DaemonSet, with `--simulate dgx-h100`:
-(a) `--dry-run` (publishes to stdout), (b) against the API server double (HTTPS on loopback, the
-real Kubernetes client). Time to first publish: from just before the process is spawned to the
-first line on stdout (dry-run) or to the moment the double holds the annotation (polled every
-5 ms). RSS: psutil, sampled every 50 ms for WINDOW seconds with `--interval 1s` (60x the default
-pace); peak is the largest sample, steady the median of the last half. CPU seconds per hour:
-CPU used between the first publish and the end of the window, divided by the scans made, times the
-60 scans an hour holds at the default interval. Import time: `python -X importtime` of the CLI.
+(a) `--dry-run` (publishes to stdout), (b) against the API server double (HTTPS on loopback) with
+a plain token kubeconfig, which `run` serves with its lean client (reporter.publish.rest), (c) the
+same with the token from an exec plugin, which only the official `kubernetes` client runs. Time
+to first publish: from just before the process is spawned to the first line on stdout (dry-run)
+or to the moment the double holds the annotation (polled every 5 ms). RSS: psutil, sampled every
+50 ms for WINDOW seconds with `--interval 1s` (60x the default pace); peak is the largest sample,
+steady the median of the last half. CPU seconds per hour: CPU used between the first publish and
+the end of the window, divided by the scans made, times the 60 scans an hour holds at the default
+interval. Import time: `python -X importtime` of the CLI.
 
     python bench/footprint.py
 """
@@ -83,6 +85,8 @@ def import_profile(env: dict[str, str]) -> list[list[object]]:
     names = [
         "kubernetes",
         "reporter.publish.kube",
+        "reporter.publish.rest",
+        "urllib3",
         "structlog",
         "jsonschema",
         "yaml",
@@ -110,23 +114,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         certificate = make_certificate(Path(tmp))
         double = ApiServerDouble(certificate=certificate)
-        double.add_node("gpu-1")
         with double:
-            kubeconfig = write_kubeconfig(
-                Path(tmp) / "kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
-            )
             key = keys.key(keys.DEFAULT_PREFIX, keys.TOPOLOGY)
 
             def annotated(_: subprocess.Popen[bytes]) -> bool:
                 deadline = time.perf_counter() + 30
-                while key not in double.annotations("gpu-1"):
+                while key not in double.annotations(f"gpu-{len(rows)}"):
                     if time.perf_counter() > deadline:
                         return False
                     time.sleep(0.005)
                 return True
 
-            argv = [*AGENT, "--node", "gpu-1", "--kubeconfig", str(kubeconfig)]
-            rows.append(["API double (real client)", *measure(argv, annotated, env)])
+            for mode, exec_plugin in (
+                ("API double, lean client (token kubeconfig)", False),
+                ("API double, official client (exec-plugin kubeconfig)", True),
+            ):
+                kubeconfig = write_kubeconfig(
+                    Path(tmp) / f"kubeconfig-{exec_plugin}",
+                    double.url,
+                    "agent-token",
+                    ca_cert=certificate.cert,
+                    exec_plugin=exec_plugin,
+                )
+                node = f"gpu-{len(rows)}"
+                double.add_node(node)
+                argv = [*AGENT, "--node", node, "--kubeconfig", str(kubeconfig)]
+                rows.append([mode, *measure(argv, annotated, env)])
     print(
         table(
             [

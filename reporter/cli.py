@@ -37,14 +37,20 @@ from reporter.errors import (
     TopoReporterError,
 )
 from reporter.placement import best_gpu_set
-from reporter.publish.kube import (
-    AGENT_POD_SELECTOR,
-    KubeClusterReader,
-    KubeNodeClient,
-    KubeNodeFeatureClient,
-    load_configuration,
+from reporter.publish.client import NodeClient
+from reporter.publish.nodefeature import (
+    NodeFeatureClient,
+    NodeFeatureDryRunSink,
+    NodeFeatureSink,
+    object_name,
 )
-from reporter.publish.nodefeature import NodeFeatureDryRunSink, NodeFeatureSink
+from reporter.publish.rest import (
+    LeanClientUnsupportedError,
+    RestConfig,
+    RestNodeClient,
+    RestNodeFeatureClient,
+    load_rest_config,
+)
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
@@ -241,6 +247,43 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _lean_config(
+    kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger
+) -> RestConfig | None:
+    """Credentials for the lean client, or None where only the official client can use them."""
+    try:
+        config = load_rest_config(kubeconfig)
+    except LeanClientUnsupportedError as e:
+        log.info("api_client", api_client="official", reason=str(e))
+        return None
+    log.info("api_client", api_client="lean", server=config.server)
+    return config
+
+
+# The official `kubernetes` client costs the agent ~33 MiB and 0.18 s to import: it is imported
+# only where the lean client cannot serve (exec/auth-provider kubeconfigs, proxies) and by doctor.
+
+
+def _node_client(kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger) -> NodeClient:
+    lean = _lean_config(kubeconfig, log)
+    if lean is not None:
+        return RestNodeClient(lean)
+    from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
+
+    return kube.KubeNodeClient(kube.load_configuration(kubeconfig))
+
+
+def _node_feature_client(
+    kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger
+) -> NodeFeatureClient:
+    lean = _lean_config(kubeconfig, log)
+    if lean is not None:
+        return RestNodeFeatureClient(lean)
+    from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
+
+    return kube.KubeNodeFeatureClient(kube.load_configuration(kubeconfig))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = settings.resolve(vars(args), os.environ)
     logs.configure(log_format=config.log_format, level=config.log_level, node=config.node)
@@ -273,7 +316,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     elif config.sink == "node":
         assert config.node is not None  # validate() requires it unless dry-run
         sink = NodePatchSink(
-            KubeNodeClient(load_configuration(config.kubeconfig)),
+            _node_client(config.kubeconfig, log),
             node=config.node,
             prefix=config.prefix,
             namespace=config.namespace,
@@ -284,8 +327,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         assert config.node is not None  # validate() requires it unless dry-run
+        object_name(config.node)  # a name NFD cannot take is the one line said, before anything
         sink = NodeFeatureSink(
-            KubeNodeFeatureClient(load_configuration(config.kubeconfig)),
+            _node_feature_client(config.kubeconfig, log),
             node=config.node,
             prefix=config.prefix,
             namespace=config.namespace,
@@ -334,8 +378,11 @@ def _is_gpu_node(node: dict[str, Any], prefix: str) -> bool:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    reader = KubeClusterReader(
-        load_configuration(args.kubeconfig), agent_selector=args.agent_selector
+    # An operator's tool: the official client, for every kubeconfig kubectl takes.
+    from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
+
+    reader = kube.KubeClusterReader(
+        kube.load_configuration(args.kubeconfig), agent_selector=args.agent_selector
     )
     if args.node:
         nodes = [reader.get_node(args.node)]
@@ -455,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diagnose.add_argument(
         "--agent-selector",
-        default=AGENT_POD_SELECTOR,
-        help=f"label selector of the agent's pods (default: {AGENT_POD_SELECTOR})",
+        default=doctor.AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
     )
     diagnose.set_defaults(handler=_cmd_doctor)
 

@@ -22,6 +22,9 @@ from reporter.schema.codec import decode
 from reporter.schema.labels import gpus_per_numa
 from reporter.schema.model import Topology
 
+AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
+"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
+
 GPU_RESOURCE = "nvidia.com/gpu"
 DEGRADED_REASON = "GPUTopologyDegraded"
 """The Event reason the agent uses when a source fails; the doctor looks for it."""

@@ -1,5 +1,6 @@
 """Shared pieces of the agent tests: topologies built with the model, a fake scanner, a fake clock,
-and an agent wired to the API server double through the real Kubernetes client."""
+and an agent wired to the API server double through either API client: the official `kubernetes`
+one (`official`) or the agent's own (`lean`). The `wire` fixture runs a test once with each."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import structlog
 from parsers.kubelet import KubeletPolicies
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, SourceState, SourceStatus
-from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.client import NodeClient
+from reporter.publish.kube import KubeNodeClient, KubeNodeFeatureClient, load_configuration
+from reporter.publish.nodefeature import NodeFeatureClient
+from reporter.publish.rest import RestNodeClient, RestNodeFeatureClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import SELF, Gpu, Link, LinkKind, Nic, NumaNode, Source, Topology
@@ -132,10 +136,28 @@ class Wired:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def wire(
+NodeClientFactory = Callable[[Path, tuple[float, float]], NodeClient]
+NodeFeatureClientFactory = Callable[[Path, tuple[float, float]], NodeFeatureClient]
+
+NODE_CLIENTS: dict[str, NodeClientFactory] = {
+    "official": lambda kc, t: KubeNodeClient(load_configuration(str(kc)), request_timeout_s=t),
+    "lean": lambda kc, t: RestNodeClient(load_rest_config(str(kc)), request_timeout_s=t),
+}
+"""Each NodeClient the agent can run with, made from a kubeconfig and a (connect, read) timeout."""
+
+NODEFEATURE_CLIENTS: dict[str, NodeFeatureClientFactory] = {
+    "official": lambda kc, t: KubeNodeFeatureClient(
+        load_configuration(str(kc)), request_timeout_s=t
+    ),
+    "lean": lambda kc, t: RestNodeFeatureClient(load_rest_config(str(kc)), request_timeout_s=t),
+}
+
+
+def wire_agent(
     kubeconfig: Path,
     scanner: FakeScanner,
     *,
+    client: NodeClientFactory = NODE_CLIENTS["official"],
     clock: FakeClock | None = None,
     interval_s: float = 60.0,
     resync_s: float = 300.0,
@@ -143,14 +165,14 @@ def wire(
     stop: threading.Event | None = None,
     kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
 ) -> Wired:
-    """An agent on NODE, publishing through the real client to whatever kubeconfig names."""
+    """An agent on NODE, publishing through `client` to whatever kubeconfig names."""
     clock = clock or FakeClock()
     stop = stop or threading.Event()
     metrics = Metrics()
     state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
     log = structlog.get_logger("topo_reporter").bind(node=NODE)
     sink = NodePatchSink(
-        KubeNodeClient(load_configuration(str(kubeconfig)), request_timeout_s=request_timeout_s),
+        client(kubeconfig, request_timeout_s),
         node=NODE,
         prefix=PREFIX,
         namespace="default",
@@ -173,3 +195,7 @@ def wire(
         kubelet=kubelet,
     )
     return Wired(agent, scanner, sink, state, metrics, clock, stop)
+
+
+WireAgent = Callable[..., Wired]
+"""`wire_agent` with its client chosen (the `wire` fixture)."""

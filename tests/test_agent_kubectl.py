@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.agent_support import NODE, PREFIX, FakeScanner, ok, topology, wire
+from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology
 from tests.kube_double import ApiServerDouble
 
 
@@ -21,7 +21,7 @@ def kubectl() -> str:
 
 
 def test_kubectl_describe_node_shows_the_labels_a_readable_matrix_and_the_event(
-    apiserver: ApiServerDouble, kubeconfig: Path, admin_kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, admin_kubeconfig: Path, wire: WireAgent
 ) -> None:
     wire(kubeconfig, FakeScanner([ok(topology())])).agent.step()
     result = subprocess.run(

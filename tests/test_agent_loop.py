@@ -26,10 +26,10 @@ from tests.agent_support import (
     NODE,
     PREFIX,
     FakeScanner,
+    WireAgent,
     nvml_failed,
     ok,
     topology,
-    wire,
 )
 from tests.kube_double import ApiServerDouble, Fault
 
@@ -46,7 +46,7 @@ def events(apiserver: ApiServerDouble) -> list[tuple[str, str, str]]:
 
 
 def test_first_publish_writes_labels_annotations_owned_in_one_patch_and_tells_operators(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     assert w.agent.step()
@@ -67,7 +67,7 @@ def test_first_publish_writes_labels_annotations_owned_in_one_patch_and_tells_op
 
 
 def test_second_run_with_the_same_topology_makes_no_request_at_all(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -79,7 +79,7 @@ def test_second_run_with_the_same_topology_makes_no_request_at_all(
 
 
 def test_restart_with_an_unchanged_topology_reads_once_and_writes_nothing(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     wire(kubeconfig, FakeScanner([ok(topology())])).agent.step()
     apiserver.clear_requests()
@@ -90,7 +90,7 @@ def test_restart_with_an_unchanged_topology_reads_once_and_writes_nothing(
 
 
 def test_foreign_labels_and_annotations_are_never_touched(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     foreign_labels = {
         "nvidia.com/gpu.count": "8",
@@ -119,7 +119,7 @@ def test_foreign_labels_and_annotations_are_never_touched(
 
 
 def test_keys_it_owned_and_no_longer_produces_are_removed(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -140,7 +140,7 @@ def _projection(t: Topology) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def test_drift_is_repaired_at_resync_with_one_read_and_one_patch(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]), resync_s=300)
     w.agent.step()
@@ -165,7 +165,7 @@ def test_drift_is_repaired_at_resync_with_one_read_and_one_patch(
 
 
 def test_a_change_is_one_patch_and_an_event_in_words(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -178,7 +178,7 @@ def test_a_change_is_one_patch_and_an_event_in_words(
 
 
 def test_a_gpu_nvml_reports_lost_is_published_as_lost_with_a_warning(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -195,7 +195,7 @@ def test_a_gpu_nvml_reports_lost_is_published_as_lost_with_a_warning(
 
 
 def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -226,7 +226,7 @@ def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
 
 
 def test_degraded_after_a_restart_keeps_what_the_node_already_carries(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     wire(kubeconfig, FakeScanner([ok(topology())])).agent.step()
     before = ours(apiserver)
@@ -237,7 +237,7 @@ def test_degraded_after_a_restart_keeps_what_the_node_already_carries(
 
 
 def test_degraded_with_nothing_published_before_publishes_what_sysfs_saw(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([nvml_failed(topology())]))
     w.agent.step()
@@ -258,7 +258,7 @@ def test_degraded_with_nothing_published_before_publishes_what_sysfs_saw(
     ids=["503", "429 with Retry-After", "500", "502", "504", "dropped connection"],
 )
 def test_transient_faults_are_retried_until_the_patch_lands(
-    apiserver: ApiServerDouble, kubeconfig: Path, fault: Fault, status: int | None
+    apiserver: ApiServerDouble, kubeconfig: Path, fault: Fault, status: int | None, wire: WireAgent
 ) -> None:
     on_patch = replace(fault, method="PATCH")
     apiserver.plan(on_patch, on_patch)
@@ -271,7 +271,7 @@ def test_transient_faults_are_retried_until_the_patch_lands(
 
 
 def test_a_conflict_rereads_the_node_and_patches_against_the_new_version(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     w.agent.step()
@@ -301,7 +301,7 @@ def test_a_failed_event_is_counted_as_an_api_error_and_the_publish_stands(
 
 
 def test_retries_give_up_after_the_budget_and_the_next_interval_tries_again(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.plan(*[Fault(503, "PATCH") for _ in range(4)])
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
@@ -314,7 +314,7 @@ def test_retries_give_up_after_the_budget_and_the_next_interval_tries_again(
 
 
 def test_a_422_is_logged_once_and_not_retried_until_the_topology_changes_or_resync(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.plan(Fault(422, "PATCH", message="metadata.labels: Invalid value"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]), resync_s=300)
@@ -335,7 +335,7 @@ def test_a_422_is_logged_once_and_not_retried_until_the_topology_changes_or_resy
 
 
 def test_a_403_says_which_rbac_rule_is_missing_and_the_agent_stays_up(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.tokens["agent-token"] = frozenset({"get nodes", "create events"})
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
@@ -348,7 +348,7 @@ def test_a_403_says_which_rbac_rule_is_missing_and_the_agent_stays_up(
 
 
 def test_the_annotation_budget_is_checked_before_sending(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.edit_node(NODE, {"metadata": {"annotations": {"other.io/blob": "x" * 260_000}}})
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
@@ -359,7 +359,9 @@ def test_the_annotation_budget_is_checked_before_sending(
     assert "over the apiserver's 262144-byte limit" in refusal["error"]
 
 
-def test_every_log_line_carries_the_node_name(apiserver: ApiServerDouble, kubeconfig: Path) -> None:
+def test_every_log_line_carries_the_node_name(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
     apiserver.plan(Fault(503, "PATCH"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     with capture_logs() as logs:
@@ -373,7 +375,9 @@ def test_every_log_line_carries_the_node_name(apiserver: ApiServerDouble, kubeco
     assert all(e.get("node") == NODE for e in logs), [e for e in logs if "node" not in e]
 
 
-def test_a_retry_wait_honours_retry_after(apiserver: ApiServerDouble, kubeconfig: Path) -> None:
+def test_a_retry_wait_honours_retry_after(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
     apiserver.plan(Fault(429, "PATCH", retry_after="1"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
     with capture_logs() as logs:
@@ -383,7 +387,7 @@ def test_a_retry_wait_honours_retry_after(apiserver: ApiServerDouble, kubeconfig
 
 
 def test_shutdown_during_a_retry_wait_stops_without_another_attempt(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.plan(Fault(503, "PATCH", retry_after="120"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
@@ -394,7 +398,7 @@ def test_shutdown_during_a_retry_wait_stops_without_another_attempt(
 
 
 def test_kubelet_policies_are_published_as_labels_and_their_limit_as_one_warning(
-    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path, wire: WireAgent
 ) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("kind: KubeletConfiguration\ntopologyManagerPolicy: single-numa-node\n")
@@ -419,7 +423,7 @@ def test_kubelet_policies_are_published_as_labels_and_their_limit_as_one_warning
 
 
 def test_a_finding_is_told_again_only_after_it_went_away(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     w = wire(kubeconfig, FakeScanner([ok(topology(lost=[6]))]))
     w.agent.step()
@@ -433,7 +437,7 @@ def test_a_finding_is_told_again_only_after_it_went_away(
 
 
 def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged_once(
-    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path, wire: WireAgent
 ) -> None:
     missing = wire(
         kubeconfig,
@@ -459,7 +463,7 @@ def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged
 
 
 def test_a_refused_first_read_is_logged_once_however_often_it_is_retried(
-    apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path]
+    apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path], wire: WireAgent
 ) -> None:
     w = wire(kubeconfig_with_token("wrong-token"), FakeScanner([ok(topology())]))
     with capture_logs() as logs:

@@ -1,4 +1,4 @@
-"""KubeNodeClient against the API server double: the real client, errors mapped once, each fault."""
+"""Both NodeClients (official, lean) against the API server double: errors mapped once."""
 
 from __future__ import annotations
 
@@ -10,22 +10,23 @@ from pathlib import Path
 import pytest
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
-from reporter.publish.client import EventType
-from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.client import EventType, NodeClient
+from reporter.publish.kube import load_configuration
+from tests.agent_support import NodeClientFactory
 from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
 from tests.kube_double.tls import Certificate
 
 NODE = "gpu-node-1"
 
 
-def client(kubeconfig: Path, timeout: float = 2.0) -> KubeNodeClient:
-    return KubeNodeClient(load_configuration(str(kubeconfig)), request_timeout_s=(timeout, timeout))
+def client(factory: NodeClientFactory, kubeconfig: Path, timeout: float = 2.0) -> NodeClient:
+    return factory(kubeconfig, (timeout, timeout))
 
 
 def test_get_node_reads_labels_annotations_and_version(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
-    node = client(kubeconfig).get_node(NODE)
+    node = client(node_client, kubeconfig).get_node(NODE)
     assert node.name == NODE
     assert node.labels["kubernetes.io/hostname"] == NODE
     assert node.resource_version == apiserver.node(NODE)["metadata"]["resourceVersion"]
@@ -33,9 +34,9 @@ def test_get_node_reads_labels_annotations_and_version(
 
 
 def test_patch_is_a_json_merge_patch_and_returns_the_new_version(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
-    kube = client(kubeconfig)
+    kube = client(node_client, kubeconfig)
     before = kube.get_node(NODE)
     after = kube.patch_node(
         NODE,
@@ -53,9 +54,9 @@ def test_patch_is_a_json_merge_patch_and_returns_the_new_version(
 
 
 def test_event_names_the_node_as_involved_object(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
-    kube = client(kubeconfig)
+    kube = client(node_client, kubeconfig)
     node = kube.get_node(NODE)
     kube.create_event("default", node, EventType.WARNING, "GPUTopologyChanged", "GPU6 lost")
     (event,) = apiserver.list_events("default", "involvedObject.kind=Node")
@@ -93,33 +94,34 @@ def test_transient_faults_become_api_transient_error(
     fault: Fault,
     status: int | None,
     retry_after: float | None,
+    node_client: NodeClientFactory,
 ) -> None:
     apiserver.plan(fault)
     with pytest.raises(ApiTransientError) as e:
-        client(kubeconfig).get_node(NODE)
+        client(node_client, kubeconfig).get_node(NODE)
     assert e.value.status == status
     assert e.value.retry_after == retry_after
 
 
 def test_a_retry_after_date_is_turned_into_seconds(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
     apiserver.plan(Fault(429, retry_after="Wed, 21 Oct 2015 07:28:00 GMT"))
     with pytest.raises(ApiTransientError) as e:
-        client(kubeconfig).get_node(NODE)
+        client(node_client, kubeconfig).get_node(NODE)
     assert e.value.retry_after == 0.0  # a date in the past: retry now
 
 
 def test_a_read_slower_than_the_timeout_is_transient(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
     apiserver.plan(Fault(delay_s=1.0))
     with pytest.raises(ApiTransientError, match="timed out"):
-        client(kubeconfig, timeout=0.2).get_node(NODE)
+        client(node_client, kubeconfig, timeout=0.2).get_node(NODE)
 
 
 def test_connection_refused_is_transient(
-    apiserver_certificate: Certificate, tmp_path: Path
+    apiserver_certificate: Certificate, tmp_path: Path, node_client: NodeClientFactory
 ) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,20 +130,20 @@ def test_connection_refused_is_transient(
         tmp_path / "kc", f"https://127.0.0.1:{port}", "t", ca_cert=apiserver_certificate.cert
     )
     with pytest.raises(ApiTransientError, match="cannot connect"):
-        client(config).get_node(NODE)
+        client(node_client, config).get_node(NODE)
 
 
 def test_an_untrusted_certificate_is_permanent_and_says_to_check_the_ca(
-    apiserver: ApiServerDouble, tmp_path: Path
+    apiserver: ApiServerDouble, tmp_path: Path, node_client: NodeClientFactory
 ) -> None:
     config = write_kubeconfig(tmp_path / "kc", apiserver.url, "agent-token", ca_cert=None)
     with pytest.raises(ApiPermanentError, match="check the cluster CA"):
-        client(config).get_node(NODE)
+        client(node_client, config).get_node(NODE)
 
 
 LABELS_8 = {"metadata": {"labels": {"gpu.topology.io/count": "8"}}}
 BAD_LABEL = {"metadata": {"labels": {"gpu.topology.io/count": "8 GPUs"}}}
-PERMANENT: list[tuple[str, str, Callable[[KubeNodeClient], object], str]] = [
+PERMANENT: list[tuple[str, str, Callable[[NodeClient], object], str]] = [
     ("401: no valid token", "wrong-token", lambda k: k.get_node(NODE), "credentials (401)"),
     (
         "403: a token without patch",
@@ -166,20 +168,21 @@ def test_permanent_refusals_say_what_to_fix(
     apiserver: ApiServerDouble,
     kubeconfig_with_token: Callable[[str], Path],
     token: str,
-    call: Callable[[KubeNodeClient], object],
+    call: Callable[[NodeClient], object],
     message: str,
+    node_client: NodeClientFactory,
 ) -> None:
     apiserver.tokens["reader-token"] = frozenset({"get nodes"})
-    kube = client(kubeconfig_with_token(token))
+    kube = client(node_client, kubeconfig_with_token(token))
     with pytest.raises(ApiPermanentError, match=re.escape(message)):
         call(kube)
 
 
 def test_a_422_message_carries_the_apiservers_causes(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
 ) -> None:
     with pytest.raises(ApiPermanentError) as e:
-        client(kubeconfig).patch_node(
+        client(node_client, kubeconfig).patch_node(
             NODE, {"metadata": {"annotations": {"gpu.topology.io/big": "x" * 262_144}}}
         )
     assert e.value.status == 422
@@ -187,14 +190,17 @@ def test_a_422_message_carries_the_apiservers_causes(
 
 
 def test_no_error_message_contains_the_token(
-    apiserver: ApiServerDouble, apiserver_certificate: Certificate, tmp_path: Path
+    apiserver: ApiServerDouble,
+    apiserver_certificate: Certificate,
+    tmp_path: Path,
+    node_client: NodeClientFactory,
 ) -> None:
     secret = "s3cr3t-token-value"
     config = write_kubeconfig(
         tmp_path / "kc", apiserver.url, secret, ca_cert=apiserver_certificate.cert
     )
     with pytest.raises(PublishError) as e:
-        client(config).get_node(NODE)
+        client(node_client, config).get_node(NODE)
     assert secret not in str(e.value)
     assert secret not in repr(e.value.__cause__)
 

@@ -2,14 +2,17 @@
 
 The double serves NFD's NodeFeature custom resource with a real apiserver's contracts
 (resourceVersion, 409, 404 for a missing CRD, the CRD's structural schema); the agent talks to it
-through the real Kubernetes client with a token holding only what the chart's Role grants.
+through each client (the official `kubernetes` one and the lean one, every sink test runs with
+both) with a token holding only what the chart's Role grants.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,12 +24,9 @@ from structlog.testing import capture_logs
 
 from reporter.agent import Agent, SchemaProjection
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
+from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
-from reporter.publish.kube import (
-    KubeNodeFeatureClient,
-    _map_nodefeature_exception,
-    load_configuration,
-)
+from reporter.publish.kube import _map_nodefeature_exception
 from reporter.publish.patch import Desired
 from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
@@ -34,7 +34,17 @@ from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
-from tests.agent_support import FAST, NODE, PREFIX, FakeClock, FakeScanner, ok, topology
+from tests.agent_support import (
+    FAST,
+    NODE,
+    NODEFEATURE_CLIENTS,
+    PREFIX,
+    FakeClock,
+    FakeScanner,
+    NodeFeatureClientFactory,
+    ok,
+    topology,
+)
 from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
 from tests.kube_double.nodefeatures import API, schema_problems
 
@@ -224,14 +234,20 @@ class NfWired:
     metrics: Metrics
 
 
-def wire_nf(kubeconfig: Path, scanner: FakeScanner, *, clock: FakeClock | None = None) -> NfWired:
+def wire_nf_agent(
+    client: NodeFeatureClientFactory,
+    kubeconfig: Path,
+    scanner: FakeScanner,
+    *,
+    clock: FakeClock | None = None,
+) -> NfWired:
     clock = clock or FakeClock()
     stop = threading.Event()
     state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
     log = structlog.get_logger("topo_reporter").bind(node=NODE)
     metrics = Metrics()
     sink = nf.NodeFeatureSink(
-        KubeNodeFeatureClient(load_configuration(str(kubeconfig)), request_timeout_s=(2.0, 2.0)),
+        client(kubeconfig, (2.0, 2.0)),
         node=NODE,
         prefix=PREFIX,
         namespace=NAMESPACE,
@@ -255,6 +271,15 @@ def wire_nf(kubeconfig: Path, scanner: FakeScanner, *, clock: FakeClock | None =
     return NfWired(agent, scanner, sink, state, clock, metrics)
 
 
+WireNf = Callable[..., NfWired]
+
+
+@pytest.fixture(params=sorted(NODEFEATURE_CLIENTS))
+def wire_nf(request: pytest.FixtureRequest) -> WireNf:
+    """`wire_nf_agent` through each NodeFeatureClient (official, lean): each test runs twice."""
+    return functools.partial(wire_nf_agent, NODEFEATURE_CLIENTS[request.param])
+
+
 def ours(apiserver: ApiServerDouble) -> dict[str, Any]:
     found = apiserver.nodefeatures.get(NAMESPACE, NAME)
     assert found is not None, "the agent's NodeFeature does not exist"
@@ -266,7 +291,7 @@ def nf_requests(apiserver: ApiServerDouble) -> list[tuple[str, str]]:
 
 
 def test_first_publish_creates_the_object_and_touches_no_node(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     node_before = apiserver.node(NODE)
     wired = wire_nf(nf_kubeconfig, FakeScanner([ok(topology())]))
@@ -281,7 +306,7 @@ def test_first_publish_creates_the_object_and_touches_no_node(
 
 
 def test_steady_state_sends_nothing_and_a_restart_reads_once_and_writes_nothing(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     wire_nf(nf_kubeconfig, FakeScanner([ok(topology())])).agent.step()
     version = ours(apiserver)["metadata"]["resourceVersion"]
@@ -295,7 +320,7 @@ def test_steady_state_sends_nothing_and_a_restart_reads_once_and_writes_nothing(
 
 
 def test_a_change_is_one_update_that_drops_stale_labels(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
@@ -314,7 +339,7 @@ def test_a_change_is_one_update_that_drops_stale_labels(
 
 
 def test_drift_is_repaired_at_resync_hand_added_labels_included(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     wired = wire_nf(nf_kubeconfig, FakeScanner([ok(topology())]))
     wired.agent.step()
@@ -333,7 +358,7 @@ def test_drift_is_repaired_at_resync_hand_added_labels_included(
 
 
 def test_a_deleted_object_is_created_again_at_resync(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     wired = wire_nf(nf_kubeconfig, FakeScanner([ok(topology())]))
     wired.agent.step()
@@ -344,7 +369,7 @@ def test_a_deleted_object_is_created_again_at_resync(
 
 
 def test_foreign_nodefeatures_and_others_metadata_on_ours_are_untouched(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     worker = {
         "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
@@ -374,7 +399,7 @@ def test_foreign_nodefeatures_and_others_metadata_on_ours_are_untouched(
 
 
 def test_the_sink_uses_exactly_the_verbs_the_chart_grants(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
@@ -408,6 +433,7 @@ def test_transient_errors_are_retried_until_the_update_lands(
     nf_kubeconfig: Path,
     fault: Fault,
     requests: list[tuple[str, str]] | None,
+    wire_nf: WireNf,
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
@@ -424,7 +450,7 @@ def test_transient_errors_are_retried_until_the_update_lands(
 
 
 def test_an_object_deleted_between_read_and_update_is_created(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
@@ -441,7 +467,9 @@ def test_an_object_deleted_between_read_and_update_is_created(
     assert ours(apiserver)["spec"]["labels"][f"{PREFIX}/count"] == "4"
 
 
-def test_a_5xx_on_create_is_retried(apiserver: ApiServerDouble, nf_kubeconfig: Path) -> None:
+def test_a_5xx_on_create_is_retried(
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
+) -> None:
     apiserver.plan(Fault(502, method="POST", path=PATH))
     assert wire_nf(nf_kubeconfig, FakeScanner([ok(topology())])).agent.step()
     # A failed write may have landed: the object is read again before the next try.
@@ -449,7 +477,7 @@ def test_a_5xx_on_create_is_retried(apiserver: ApiServerDouble, nf_kubeconfig: P
 
 
 def refusal(
-    apiserver: ApiServerDouble, kubeconfig: Path, *faults: Fault
+    wire_nf: WireNf, apiserver: ApiServerDouble, kubeconfig: Path, *faults: Fault
 ) -> tuple[NfWired, list[dict[str, Any]]]:
     apiserver.plan(*faults)
     wired = wire_nf(kubeconfig, FakeScanner([ok(topology())]))
@@ -460,10 +488,10 @@ def refusal(
 
 
 def test_nfd_not_installed_is_permanent_and_says_to_install_it(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     apiserver.nodefeatures.installed = False
-    wired, errors = refusal(apiserver, nf_kubeconfig)
+    wired, errors = refusal(wire_nf, apiserver, nf_kubeconfig)
     assert "does not serve nodefeatures.nfd.k8s-sigs.io/v1alpha1 (404)" in errors[0]["error"]
     assert "install Node Feature Discovery" in errors[0]["error"]
     assert not wired.state.readiness().ok
@@ -472,10 +500,10 @@ def test_nfd_not_installed_is_permanent_and_says_to_install_it(
 
 
 def test_a_missing_role_is_permanent_and_names_the_verb_and_the_namespace(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     apiserver.tokens[TOKEN] = frozenset({"get nodefeatures", "create events"})
-    _, errors = refusal(apiserver, nf_kubeconfig)
+    _, errors = refusal(wire_nf, apiserver, nf_kubeconfig)
     assert errors[0]["event"] == "publish_refused"
     assert (
         f"create NodeFeature {NAMESPACE}/{NAME}: forbidden (403): grant the agent a Role in "
@@ -486,10 +514,10 @@ def test_a_missing_role_is_permanent_and_names_the_verb_and_the_namespace(
 
 
 def test_a_422_is_permanent_and_carries_the_apiservers_message(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     fault = Fault(422, method="POST", path=PATH, message="spec.labels: Invalid value")
-    _, errors = refusal(apiserver, nf_kubeconfig, fault)
+    _, errors = refusal(wire_nf, apiserver, nf_kubeconfig, fault)
     assert (
         "the API server refused the object (422): spec.labels: Invalid value" in errors[0]["error"]
     )
@@ -531,13 +559,15 @@ def test_nodefeature_error_mapping(
     e = ApiException(status=status, reason="x")
     e.body = json.dumps({"kind": "Status", **body})
     mapped = _map_nodefeature_exception(e, "create", NAMESPACE, NAME)
+    shared = errors_map.nodefeature_error(status, "x", e.body, None, "create", NAMESPACE, NAME)
+    assert (type(shared), str(shared), shared.status) == (type(mapped), str(mapped), mapped.status)
     assert type(mapped) is kind
     assert said in str(mapped)
     assert str(mapped).startswith(f"create NodeFeature {NAMESPACE}/{NAME}: ")
 
 
 def test_events_go_to_the_agents_namespace_and_name_the_node(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
@@ -562,7 +592,7 @@ def test_events_go_to_the_agents_namespace_and_name_the_node(
 
 
 def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     apiserver.tokens[TOKEN] = ROLE - {"create events"}
     wired = wire_nf(nf_kubeconfig, FakeScanner([ok(topology())]))
@@ -578,7 +608,7 @@ def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
 
 
 def test_a_real_conflict_is_read_again_and_written_over_the_new_version(
-    apiserver: ApiServerDouble, nf_kubeconfig: Path
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import urllib3
@@ -22,16 +20,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from reporter.doctor import AGENT_POD_SELECTOR
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
-from reporter.publish import nodefeature
+from reporter.publish import errors_map, nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
-
-MERGE_PATCH = "application/merge-patch+json"
-COMPONENT = "topo-reporter"
-_TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
-AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
-"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
+from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -58,108 +52,18 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
     return configuration
 
 
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    value = (headers or {}).get("Retry-After")
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def _status_message(body: str | None) -> str:
-    """The apiserver's Status message, or its causes; the raw body is not echoed (size, noise)."""
-    try:
-        status = json.loads(body or "")
-    except ValueError:
-        return ""
-    if not isinstance(status, dict):
-        return ""
-    causes = (status.get("details") or {}).get("causes") or []
-    parts = [f"{c.get('field', '')}: {c.get('message', '')}" for c in causes if isinstance(c, dict)]
-    return "; ".join(parts) or str(status.get("message", ""))
-
-
 def _map_api_exception(e: ApiException, action: str, node: str) -> PublishError:
-    status = int(e.status or 0)
-    if status == 0:
-        # The client reports a TLS failure as an ApiException without a status.
-        first = str(e.reason).splitlines()[0]
-        return ApiPermanentError(
-            f"{action} node {node}: TLS with the API server failed ({first}): check the "
-            "cluster CA in the kubeconfig or service account"
-        )
-    detail = _status_message(e.body)
-    said = f": {detail}" if detail else ""
-    if status in _TRANSIENT_STATUS:
-        if status == 409:
-            text = f"{action} node {node}: conflict (409), the node changed since it was read"
-        else:
-            text = f"{action} node {node}: the API server answered {status}{said}"
-        return ApiTransientError(text, status=status, retry_after=_retry_after(e.headers))
-    if status == 401:
-        text = (
-            f"{action} node {node}: the API server rejected the credentials (401): check the "
-            "service account token (automountServiceAccountToken) or the kubeconfig user"
-        )
-    elif status == 403:
-        verb = {"read": "get", "patch": "patch", "post event on": "create"}.get(action, action)
-        resource = "events" if action == "post event on" else "nodes"
-        text = (
-            f"{action} node {node}: forbidden (403): grant the agent's ClusterRole `{verb}` on "
-            f"`{resource}`{said}"
-        )
-    elif status == 404:
-        text = (
-            f"{action} node {node}: not found (404): check --node / TOPO_REPORTER_NODE / "
-            "NODE_NAME (the downward API's spec.nodeName)"
-        )
-    elif status == 422:
-        text = (
-            f"{action} node {node}: the API server refused the metadata (422){said}: check the "
-            "label values (63 characters, [A-Za-z0-9._-]), the --prefix and the node's total "
-            "annotation size (256 KiB)"
-        )
-    else:
-        text = f"{action} node {node}: the API server answered {status}{said}"
-    return ApiPermanentError(text, status=status)
+    return errors_map.node_error(int(e.status or 0), str(e.reason), e.body, e.headers, action, node)
 
 
 def _map_transport(
     e: Exception, action: str, node: str, host: str, *, subject: str | None = None
 ) -> PublishError:
-    reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
-    what = f"{action} {subject or f'node {node}'}"
-    if isinstance(reason, urllib3.exceptions.SSLError | ssl.SSLError):
-        return ApiPermanentError(
-            f"{what}: TLS with the API server at {host} failed ({reason}): check "
-            "the cluster CA in the kubeconfig or service account"
-        )
-    # NewConnectionError subclasses ConnectTimeoutError in urllib3 2: test it first.
-    if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
-        return ApiTransientError(f"{what}: cannot connect to the API server at {host}")
-    if isinstance(reason, urllib3.exceptions.TimeoutError | TimeoutError):
-        return ApiTransientError(f"{what}: the API server at {host} timed out")
-    return ApiTransientError(
-        f"{what}: cannot reach the API server at {host} ({type(reason).__name__})"
-    )
+    return errors_map.transport_error(e, f"{action} {subject or f'node {node}'}", host)
 
 
 def _metadata(raw: Any) -> NodeMetadata:
-    data = json.loads(raw)
-    meta = data.get("metadata") or {}
-    return NodeMetadata(
-        name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-        resource_version=meta.get("resourceVersion"),
-        uid=meta.get("uid"),
-    )
+    return node_metadata(json.loads(raw))
 
 
 class KubeNodeClient:
@@ -305,70 +209,13 @@ class KubeClusterReader(KubeNodeClient):
 
 # -- Node Feature Discovery's NodeFeature objects (the nodefeature sink) ---------------------
 
-_NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
-
-
-def _status_details(body: str | None) -> Mapping[str, Any]:
-    try:
-        status = json.loads(body or "")
-    except ValueError:
-        return {}
-    details = status.get("details") if isinstance(status, dict) else None
-    return details if isinstance(details, dict) else {}
-
 
 def _map_nodefeature_exception(
     e: ApiException, action: str, namespace: str, name: str
 ) -> PublishError:
-    status = int(e.status or 0)
-    what = f"{action} NodeFeature {namespace}/{name}"
-    if status == 0:
-        first = str(e.reason).splitlines()[0]
-        return ApiPermanentError(
-            f"{what}: TLS with the API server failed ({first}): check the cluster CA in the "
-            "kubeconfig or service account"
-        )
-    detail = _status_message(e.body)
-    said = f": {detail}" if detail else ""
-    details = _status_details(e.body)
-    if status == 404 and details.get("name") == name:
-        # Only a replace gets here (a read of a missing object is not an error): it was
-        # deleted since it was read, and reading again leads to creating it.
-        return ApiTransientError(f"{what}: deleted since it was read (404)", status=404)
-    if status in _TRANSIENT_STATUS:
-        if status == 409:
-            text = f"{what}: conflict (409), it changed or appeared since it was read"
-        else:
-            text = f"{what}: the API server answered {status}{said}"
-        return ApiTransientError(text, status=status, retry_after=_retry_after(e.headers))
-    if status == 401:
-        text = (
-            f"{what}: the API server rejected the credentials (401): check the service account "
-            "token (automountServiceAccountToken) or the kubeconfig user"
-        )
-    elif status == 403:
-        verb = {"read": "get", "create": "create", "replace": "update"}.get(action, action)
-        text = (
-            f"{what}: forbidden (403): grant the agent a Role in namespace {namespace} with "
-            f"`{verb}` on `{_NODEFEATURES}` (the chart does with agent.sink=nodefeature and "
-            f"rbac.create=true){said}"
-        )
-    elif status == 404 and details.get("kind") == "namespaces":
-        text = (
-            f"{what}: namespace {namespace} does not exist (404): set --namespace, "
-            "TOPO_REPORTER_NAMESPACE or POD_NAMESPACE to the agent's namespace"
-        )
-    elif status == 404:
-        text = (
-            f"{what}: the API server does not serve {_NODEFEATURES}/{nodefeature.VERSION} (404): "
-            "install Node Feature Discovery with its CRDs (v0.14+, or v0.12+ with "
-            "-enable-nodefeature-api), or use --sink node"
-        )
-    elif status == 422:
-        text = f"{what}: the API server refused the object (422){said}"
-    else:
-        text = f"{what}: the API server answered {status}{said}"
-    return ApiPermanentError(text, status=status)
+    return errors_map.nodefeature_error(
+        int(e.status or 0), str(e.reason), e.body, e.headers, action, namespace, name
+    )
 
 
 class KubeNodeFeatureClient:
@@ -449,9 +296,4 @@ class KubeNodeFeatureClient:
             if e.status != 403:
                 raise
             # The node sink's text names its ClusterRole; this sink holds a namespaced Role.
-            raise ApiPermanentError(
-                f"post event on node {node.name}: forbidden (403): grant the agent a Role in "
-                f"namespace {namespace} with `create` on `events` (the chart does with "
-                "rbac.create=true)",
-                status=403,
-            ) from e
+            raise errors_map.forbidden_event(namespace, node.name) from e

@@ -1,0 +1,205 @@
+"""One mapping from what the Kubernetes API answered to our PublishError tree, for both clients.
+
+The official client (`reporter.publish.kube`) and the lean one (`reporter.publish.rest`) unwrap
+their own exceptions into a status code, the response body and headers, or a transport exception,
+and hand them here: the messages an operator reads, which errors are retried and the Retry-After
+they carry are therefore the same whichever client the agent runs with. This module must never
+import `kubernetes` (the lean client exists so that the agent need not load it), and never put a
+token, a kubeconfig's content or a raw response body into a message.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import urllib3
+
+from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
+from reporter.publish import nodefeature
+
+TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+_NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked us to wait (a number or an HTTP date), or None."""
+    value = (headers or {}).get("Retry-After")
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _status(body: str | bytes | None) -> dict[str, Any]:
+    try:
+        status = json.loads(body or "")
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def status_message(body: str | bytes | None) -> str:
+    """The apiserver's Status message, or its causes; the raw body is not echoed (size, noise)."""
+    status = _status(body)
+    causes = (status.get("details") or {}).get("causes") or []
+    parts = [f"{c.get('field', '')}: {c.get('message', '')}" for c in causes if isinstance(c, dict)]
+    return "; ".join(parts) or str(status.get("message", ""))
+
+
+def status_details(body: str | bytes | None) -> Mapping[str, Any]:
+    """The Status's `details` (name, kind of the object it is about), or empty."""
+    details = _status(body).get("details")
+    return details if isinstance(details, dict) else {}
+
+
+def node_error(
+    status: int,
+    reason: str,
+    body: str | bytes | None,
+    headers: Mapping[str, str] | None,
+    action: str,
+    node: str,
+) -> PublishError:
+    """The error for an answer `status` to `action` ("read", "patch", "post event on") on `node`.
+
+    `status` 0 is how the official client reports a TLS failure (with the reason in `reason`).
+    """
+    if status == 0:
+        first = str(reason).splitlines()[0]
+        return ApiPermanentError(
+            f"{action} node {node}: TLS with the API server failed ({first}): check the "
+            "cluster CA in the kubeconfig or service account"
+        )
+    detail = status_message(body)
+    said = f": {detail}" if detail else ""
+    if status in TRANSIENT_STATUS:
+        if status == 409:
+            text = f"{action} node {node}: conflict (409), the node changed since it was read"
+        else:
+            text = f"{action} node {node}: the API server answered {status}{said}"
+        return ApiTransientError(text, status=status, retry_after=retry_after(headers))
+    if status == 401:
+        text = (
+            f"{action} node {node}: the API server rejected the credentials (401): check the "
+            "service account token (automountServiceAccountToken) or the kubeconfig user"
+        )
+    elif status == 403:
+        verb = {"read": "get", "patch": "patch", "post event on": "create"}.get(action, action)
+        resource = "events" if action == "post event on" else "nodes"
+        text = (
+            f"{action} node {node}: forbidden (403): grant the agent's ClusterRole `{verb}` on "
+            f"`{resource}`{said}"
+        )
+    elif status == 404:
+        text = (
+            f"{action} node {node}: not found (404): check --node / TOPO_REPORTER_NODE / "
+            "NODE_NAME (the downward API's spec.nodeName)"
+        )
+    elif status == 422:
+        text = (
+            f"{action} node {node}: the API server refused the metadata (422){said}: check the "
+            "label values (63 characters, [A-Za-z0-9._-]), the --prefix and the node's total "
+            "annotation size (256 KiB)"
+        )
+    else:
+        text = f"{action} node {node}: the API server answered {status}{said}"
+    return ApiPermanentError(text, status=status)
+
+
+def nodefeature_error(
+    status: int,
+    reason: str,
+    body: str | bytes | None,
+    headers: Mapping[str, str] | None,
+    action: str,
+    namespace: str,
+    name: str,
+) -> PublishError:
+    """The error for an answer `status` to `action` ("read", "create", "replace") on NodeFeature."""
+    what = f"{action} NodeFeature {namespace}/{name}"
+    if status == 0:
+        first = str(reason).splitlines()[0]
+        return ApiPermanentError(
+            f"{what}: TLS with the API server failed ({first}): check the cluster CA in the "
+            "kubeconfig or service account"
+        )
+    detail = status_message(body)
+    said = f": {detail}" if detail else ""
+    details = status_details(body)
+    if status == 404 and details.get("name") == name:
+        # Only a replace gets here (a read of a missing object is not an error): it was
+        # deleted since it was read, and reading again leads to creating it.
+        return ApiTransientError(f"{what}: deleted since it was read (404)", status=404)
+    if status in TRANSIENT_STATUS:
+        if status == 409:
+            text = f"{what}: conflict (409), it changed or appeared since it was read"
+        else:
+            text = f"{what}: the API server answered {status}{said}"
+        return ApiTransientError(text, status=status, retry_after=retry_after(headers))
+    if status == 401:
+        text = (
+            f"{what}: the API server rejected the credentials (401): check the service account "
+            "token (automountServiceAccountToken) or the kubeconfig user"
+        )
+    elif status == 403:
+        verb = {"read": "get", "create": "create", "replace": "update"}.get(action, action)
+        text = (
+            f"{what}: forbidden (403): grant the agent a Role in namespace {namespace} with "
+            f"`{verb}` on `{_NODEFEATURES}` (the chart does with agent.sink=nodefeature and "
+            f"rbac.create=true){said}"
+        )
+    elif status == 404 and details.get("kind") == "namespaces":
+        text = (
+            f"{what}: namespace {namespace} does not exist (404): set --namespace, "
+            "TOPO_REPORTER_NAMESPACE or POD_NAMESPACE to the agent's namespace"
+        )
+    elif status == 404:
+        text = (
+            f"{what}: the API server does not serve {_NODEFEATURES}/{nodefeature.VERSION} (404): "
+            "install Node Feature Discovery with its CRDs (v0.14+, or v0.12+ with "
+            "-enable-nodefeature-api), or use --sink node"
+        )
+    elif status == 422:
+        text = f"{what}: the API server refused the object (422){said}"
+    else:
+        text = f"{what}: the API server answered {status}{said}"
+    return ApiPermanentError(text, status=status)
+
+
+def transport_error(e: BaseException, what: str, host: str) -> PublishError:
+    """The error for a request to `host` that got no HTTP answer; `what` is "read node n" etc."""
+    reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
+    if isinstance(reason, urllib3.exceptions.SSLError | ssl.SSLError):
+        return ApiPermanentError(
+            f"{what}: TLS with the API server at {host} failed ({reason}): check "
+            "the cluster CA in the kubeconfig or service account"
+        )
+    # NewConnectionError subclasses ConnectTimeoutError in urllib3 2: test it first.
+    if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
+        return ApiTransientError(f"{what}: cannot connect to the API server at {host}")
+    if isinstance(reason, urllib3.exceptions.TimeoutError | TimeoutError):
+        return ApiTransientError(f"{what}: the API server at {host} timed out")
+    return ApiTransientError(
+        f"{what}: cannot reach the API server at {host} ({type(reason).__name__})"
+    )
+
+
+def forbidden_event(namespace: str, node: str) -> ApiPermanentError:
+    """A 403 on posting an Event from the nodefeature sink: it holds a namespaced Role."""
+    return ApiPermanentError(
+        f"post event on node {node}: forbidden (403): grant the agent a Role in "
+        f"namespace {namespace} with `create` on `events` (the chart does with "
+        "rbac.create=true)",
+        status=403,
+    )
