@@ -290,7 +290,7 @@ def test_a_conflict_rereads_the_node_and_patches_against_the_new_version(
 
 
 def test_a_failed_event_is_counted_as_an_api_error_and_the_publish_stands(
-    apiserver: ApiServerDouble, kubeconfig: Path
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
     apiserver.plan(Fault(503, "POST", path="/api/v1/namespaces/default/events"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
