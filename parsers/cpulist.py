@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from parsers.errors import ParseError
+from parsers.errors import ParseError, excerpt
 
 # A CPU or node number beyond this is not a real machine; bounding it keeps `0-999999999` from
 # allocating a huge set out of untrusted text.
@@ -41,11 +41,11 @@ def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
     for part in text.split(","):
         match = _RANGE.fullmatch(part.strip())
         if match is None:
-            raise ParseError(f"{part!r} is not a CPU number or range", field=field)
+            raise ParseError(f"{excerpt(part)} is not a CPU number or range", field=field)
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
-            raise ParseError(f"range {part!r} runs backwards", field=field)
+            raise ParseError(f"range {excerpt(part)} runs backwards", field=field)
         if last >= MAX_CPU:
             raise ParseError(f"{last} is beyond the largest CPU number {MAX_CPU - 1}", field=field)
         span = last - first + 1
@@ -55,7 +55,7 @@ def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
         used, group = int(match.group(3)), int(match.group(4))
         if group == 0 or used > group:
             raise ParseError(
-                f"stride {part!r} is not used/group with 0 < used <= group", field=field
+                f"stride {excerpt(part)} is not used/group with 0 < used <= group", field=field
             )
         mask |= _stride_mask(span, used, group) << first
     bits = bin(mask)[:1:-1]  # least significant bit first
@@ -100,7 +100,9 @@ def parse_cpumask(text: str, *, field: str = "cpumask") -> frozenset[int]:
         raise ParseError(f"mask of {len(text)} characters is longer than any machine", field=field)
     words = text.strip().split(",")
     if not words or any(not re.fullmatch(r"[0-9a-fA-F]{1,8}", w) for w in words):
-        raise ParseError(f"{text.strip()!r} is not a comma-separated hex CPU mask", field=field)
+        raise ParseError(
+            f"{excerpt(text.strip())} is not a comma-separated hex CPU mask", field=field
+        )
     if len(words) * 32 > MAX_CPU:
         raise ParseError(f"mask of {len(words)} words is longer than any machine", field=field)
     cpus: set[int] = set()

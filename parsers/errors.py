@@ -1,5 +1,7 @@
 """The one error every parser raises: what was wrong, and where."""
 
+import reprlib
+
 
 class ParseError(ValueError):
     """Input that does not parse.
@@ -18,3 +20,31 @@ class ParseError(ValueError):
         if line is not None:
             where.append(f"line {line}")
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+# Error messages quote what the user wrote so they can find it, but never all of it: a value can
+# be megabytes, or (read from YAML) a structure far larger than its text.
+EXCERPT_CHARS = 60
+
+
+class _Excerpt(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxother = self.maxlong = EXCERPT_CHARS
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxdict = 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        # repr() of an int past sys.get_int_max_str_digits() raises ValueError; say its size.
+        if x.bit_length() > 4 * EXCERPT_CHARS:
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_EXCERPT = _Excerpt()
+
+
+def excerpt(value: object) -> str:
+    """`repr(value)` cut to a few dozen characters: what an error message may quote of input."""
+    return _EXCERPT.repr(value)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import yaml
-
-from parsers.errors import ParseError
+from parsers.documents import load_yaml
+from parsers.errors import ParseError, excerpt
 
 KIND = "KubeletConfiguration"
 # A kubelet config is a few kilobytes; anything far larger is not one.
@@ -51,27 +50,20 @@ def parse_kubelet_config(text: str) -> KubeletPolicies:
     """
     if len(text) > MAX_INPUT_BYTES:
         raise ParseError(f"{len(text)} bytes is not a kubelet configuration file")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ParseError(
-            f"not YAML: {getattr(e, 'problem', None) or e}",
-            line=None if mark is None else mark.line + 1,
-        ) from None
+    doc = load_yaml(text, max_chars=MAX_INPUT_BYTES)
     if doc is None:
         return KubeletPolicies()
     if not isinstance(doc, dict):
         raise ParseError(f"expected a {KIND} mapping, got {type(doc).__name__}")
     kind = doc.get("kind")
     if kind is not None and kind != KIND:
-        raise ParseError(f"kind is {kind!r}, expected {KIND}", field="kind")
+        raise ParseError(f"kind is {excerpt(kind)}, expected {KIND}", field="kind")
     values: dict[str, str] = {}
     for key, attribute in _FIELDS.items():
         value = doc.get(key)
         if value is None:
             continue
         if not isinstance(value, str) or not _VALUE.fullmatch(value):
-            raise ParseError(f"{value!r} is not a policy name", field=key)
+            raise ParseError(f"{excerpt(value)} is not a policy name", field=key)
         values[attribute] = value
     return KubeletPolicies(**values)

@@ -10,7 +10,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from parsers.errors import ParseError
+from parsers.errors import ParseError, excerpt
 
 
 class LinkKind(enum.Enum):
@@ -93,12 +93,12 @@ def parse_link(token: str) -> Link:
     match = _TOKEN.fullmatch(token)
     if match is None:
         raise ParseError(
-            f"{token!r} is not a link (expected X, NV<n>, PIX, PXB, PHB, NODE, SYS or SOC)"
+            f"{excerpt(token)} is not a link (expected X, NV<n>, PIX, PXB, PHB, NODE, SYS or SOC)"
         )
     if match.group(1) is not None:
         count = int(match.group(1))
         if count > MAX_NVLINKS:
-            raise ParseError(f"{token!r}: more than {MAX_NVLINKS} bonded NVLinks")
+            raise ParseError(f"{excerpt(token)}: more than {MAX_NVLINKS} bonded NVLinks")
         return Link(LinkKind.NV, count)
     if token == "SOC":
         return Link(LinkKind.SYS)

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from parsers.cpulist import parse_cpulist
-from parsers.errors import ParseError
+from parsers.errors import ParseError, excerpt
 from parsers.links import SELF, Link, LinkKind, parse_link, split_fused_links
 
 # A topology paste is a few kilobytes; refusing huge input early bounds time and memory.
@@ -127,7 +127,8 @@ def _parse_block(lines: list[str], h: int) -> TopoMatrix:
         _raise_header_mismatch(header, labels, rows, h)
     if start > 0 and not _only_noise(header[:start]):
         raise ParseError(
-            f"header starts with {header[:start]!r} before GPU0: not a topology header", line=h + 1
+            f"header starts with {excerpt(header[:start])} before GPU0: not a topology header",
+            line=h + 1,
         )
     affinity = re.findall("|".join(_AFFINITY_COLUMNS), header[start + len(columns) :])
     if len(set(affinity)) != len(affinity):
@@ -279,7 +280,8 @@ def _row_cells(row: _Row, size: int) -> _SplitRow:
     if len(split.cells) < size:
         raise ParseError(
             f"row {row.label} has {len(split.cells)} path cells, expected {size}: the matrix is "
-            "truncated or damaged" + (f" (next text: {split.tail[0]!r})" if split.tail else ""),
+            "truncated or damaged"
+            + (f" (next text: {excerpt(split.tail[0])})" if split.tail else ""),
             line=row.line,
         )
     if len(split.cells) > size:
@@ -319,12 +321,13 @@ def _raise_header_mismatch(header: str, labels: list[str], rows: list[_Row], h: 
     if rest.startswith(columns):
         extra = re.split("|".join(_AFFINITY_COLUMNS), rest[len(columns) :])[0]
         raise ParseError(
-            f"matrix is truncated: the header names columns {extra!r} after {labels[-1]} that have "
-            "no rows",
+            f"matrix is truncated: the header names columns {excerpt(extra)} after {labels[-1]} "
+            "that have no rows",
             line=rows[-1].line + 1,
         )
     raise ParseError(
-        f"header columns do not match the row labels {' '.join(labels)} (header reads {header!r})",
+        f"header columns do not match the row labels {' '.join(labels)} "
+        f"(header reads {excerpt(header)})",
         line=h + 1,
     )
 
@@ -341,7 +344,9 @@ def _affinity(
         values[remaining.pop(0)] = cells.pop(0)
     for cell in (c for c in cells if c):
         if not remaining:
-            raise ParseError(f"unexpected cell {cell!r} after the affinity columns", line=row.line)
+            raise ParseError(
+                f"unexpected cell {excerpt(cell)} after the affinity columns", line=row.line
+            )
         values[remaining.pop(0)] = cell
     return (
         _set(values.get("CPUAffinity"), row, "CPU Affinity"),
@@ -364,7 +369,9 @@ def _int(value: str | None, row: _Row) -> int | None:
         return None
     if not value.isdigit() or int(value) > 65535:
         raise ParseError(
-            f"{value!r} is not a NUMA node id", line=row.line, field=f"{row.label} GPU NUMA ID"
+            f"{excerpt(value)} is not a NUMA node id",
+            line=row.line,
+            field=f"{row.label} GPU NUMA ID",
         )
     return int(value)
 

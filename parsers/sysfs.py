@@ -5,7 +5,7 @@ The caller reads the file; these functions only judge the text. Unknown is None,
 
 from __future__ import annotations
 
-from parsers.errors import ParseError
+from parsers.errors import ParseError, excerpt
 
 
 def parse_int(text: str, *, field: str) -> int:
@@ -14,7 +14,7 @@ def parse_int(text: str, *, field: str) -> int:
     try:
         return int(value, 10)
     except ValueError:
-        raise ParseError(f"{value!r} is not an integer", field=field) from None
+        raise ParseError(f"{excerpt(value)} is not an integer", field=field) from None
 
 
 def parse_hex(text: str, *, field: str) -> int:
@@ -28,7 +28,7 @@ def parse_hex(text: str, *, field: str) -> int:
             raise ValueError
         return int(value, 16)
     except ValueError:
-        raise ParseError(f"{value!r} is not a 0x-prefixed hex number", field=field) from None
+        raise ParseError(f"{excerpt(value)} is not a 0x-prefixed hex number", field=field) from None
 
 
 def parse_numa_node(text: str, *, field: str = "numa_node") -> int | None:
@@ -52,5 +52,5 @@ def parse_distance_row(text: str, *, field: str = "distance") -> tuple[int, ...]
         raise ParseError("empty distance row", field=field)
     row = tuple(parse_int(p, field=field) for p in parts)
     if any(d < 0 or d > 255 for d in row):
-        raise ParseError(f"{text.strip()!r}: SLIT distances lie in 0..255", field=field)
+        raise ParseError(f"{excerpt(text.strip())}: SLIT distances lie in 0..255", field=field)
     return row

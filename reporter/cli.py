@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
 
-from parsers.errors import ParseError
+from parsers.documents import DocumentBoundError, load_json, load_yaml
+from parsers.errors import ParseError, excerpt
 from parsers.nvsmi import parse_topo
 from reporter import doctor, logs, settings
 from reporter.agent import Agent, SchemaProjection, run_until_signalled
@@ -36,6 +36,7 @@ from reporter.errors import (
     PublishError,
     TopoReporterError,
 )
+from reporter.inputs import read_bounded
 from reporter.placement import best_gpu_set
 from reporter.publish.client import NodeClient
 from reporter.publish.nodefeature import (
@@ -54,7 +55,7 @@ from reporter.publish.rest import (
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
-from reporter.schema.codec import from_document
+from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
 from reporter.schema.node import node_name, topology_annotation
@@ -73,20 +74,7 @@ MAX_INPUT_BYTES = 4 * 1024 * 1024
 
 def read_input(source: str) -> str:
     """The text of FILE, or of stdin for `-`. Raises InputError with the reason."""
-    try:
-        if source == "-":
-            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-        else:
-            with Path(source).open("rb") as f:
-                data = f.read(MAX_INPUT_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"cannot read {source}: {e.strerror or e}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{source} is not UTF-8 text") from None
+    return read_bounded(source, limit=MAX_INPUT_BYTES, what="input")
 
 
 def topology_from_text(text: str, source: str) -> Topology:
@@ -97,24 +85,17 @@ def topology_from_text(text: str, source: str) -> Topology:
         raise InputError(f"{source}: {e}") from None
 
 
-def topology_from_document_text(text: str, source: str, prefix: str) -> Topology:
-    """Decode an annotation value, or the annotation of a Node (JSON or YAML, as kubectl prints).
-
-    Raises InputError (SchemaError for a document that does not validate) naming the field.
-    """
-    if len(text) > MAX_INPUT_BYTES:
-        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
-    doc: Any
+def _load_document(text: str) -> Any:
+    """JSON, else YAML. Raises DocumentBoundError (refused in any format), ParseError (neither)."""
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise InputError(
-                f"{source} is neither JSON nor YAML: expected a topology annotation or a Node "
-                "object (`kubectl get node NAME -o json`)"
-            ) from None
+        return load_json(text, max_chars=MAX_INPUT_BYTES)
+    except DocumentBoundError:
+        raise
+    except ParseError:
+        return load_yaml(text, max_chars=MAX_INPUT_BYTES)
+
+
+def _topology_from_document(doc: Any, source: str, prefix: str) -> Topology:
     if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
         items = doc.get("items")
         if not isinstance(items, list) or len(items) != 1:
@@ -127,10 +108,29 @@ def topology_from_document_text(text: str, source: str, prefix: str) -> Topology
         name = node_name(doc)
         annotation = topology_annotation(doc, prefix)
         try:
-            doc = json.loads(annotation)
-        except (ValueError, RecursionError) as e:
-            raise InputError(f"node {name}: the topology annotation is not JSON: {e}") from None
+            doc = load_json(annotation, max_depth=MAX_DOCUMENT_DEPTH)
+        except ParseError as e:
+            raise InputError(f"node {name}: the topology annotation does not read: {e}") from None
     return from_document(doc)
+
+
+def topology_from_document_text(text: str, source: str, prefix: str) -> Topology:
+    """Decode an annotation value, or the annotation of a Node (JSON or YAML, as kubectl prints).
+
+    Raises InputError (SchemaError for a document that does not validate) naming the field.
+    """
+    if len(text) > MAX_INPUT_BYTES:
+        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
+    try:
+        doc = _load_document(text)
+    except DocumentBoundError as e:
+        raise InputError(f"{source}: {e}") from None
+    except ParseError:
+        raise InputError(
+            f"{source} is neither JSON nor YAML: expected a topology annotation or a Node "
+            "object (`kubectl get node NAME -o json`)"
+        ) from None
+    return _topology_from_document(doc, source, prefix)
 
 
 def topology_from_any_text(text: str, source: str, prefix: str) -> Topology:
@@ -138,16 +138,22 @@ def topology_from_any_text(text: str, source: str, prefix: str) -> Topology:
     `nvidia-smi topo -m`. A JSON or YAML mapping with `v` or `kind` is a document; the rest is text.
     """
     doc: Any = None
+    refused: DocumentBoundError | None = None
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            doc = None
+        doc = _load_document(text)
+    except DocumentBoundError as e:
+        refused = e
+    except ParseError:
+        doc = None
     if isinstance(doc, dict) and ("v" in doc or "kind" in doc):
-        return topology_from_document_text(text, source, prefix)
-    return topology_from_text(text, source)
+        return _topology_from_document(doc, source, prefix)
+    try:
+        return topology_from_text(text, source)
+    except InputError:
+        if refused is not None:
+            # A document refused for its size, depth or aliases, not a paste: say why.
+            raise InputError(f"{source}: {refused}") from None
+        raise
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +183,7 @@ def _gpu_count(value: str) -> int:
     try:
         count = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of GPUs") from None
+        raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
     return count
@@ -188,7 +194,7 @@ def _gpu_indices(value: str) -> list[int]:
         indices = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a comma-separated list of GPU indices (0,1,5)"
+            f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
         ) from None
     if not indices:
         raise argparse.ArgumentTypeError("the list of available GPUs is empty")

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from parsers.errors import excerpt
 from parsers.links import Link, LinkKind
 from reporter.errors import PlacementError
 from reporter.schema.model import Topology
@@ -181,7 +182,7 @@ def _check_indices(topology: Topology, indices: Sequence[int], what: str) -> Non
     ]
     if unknown:
         has = f" (it has GPUs 0..{n - 1})" if n else ", which has no GPU"
-        raise PlacementError(f"{what}: GPU {unknown[0]!r} is not on this node{has}")
+        raise PlacementError(f"{what}: GPU {excerpt(unknown[0])} is not on this node{has}")
 
 
 def _closest_nic(topology: Topology, chosen: Sequence[int]) -> tuple[str | None, Link | None]:

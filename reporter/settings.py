@@ -12,12 +12,12 @@ import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from parsers.documents import DocumentBoundError, load_yaml
+from parsers.errors import ParseError, excerpt
 from reporter.errors import ConfigError
+from reporter.inputs import read_bounded
 from reporter.schema.keys import DEFAULT_PREFIX
 
 BACKENDS = ("auto", "nvml", "sysfs")
@@ -25,6 +25,8 @@ SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
+# A settings file is a dozen lines.
+MAX_SETTINGS_BYTES = 64 * 1024
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -78,8 +80,8 @@ class Settings:
             )
         if len(self.prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.prefix):
             raise ConfigError(
-                f"prefix {self.prefix!r} is not a DNS subdomain (lower-case letters, digits, '-' "
-                "and '.', at most 253 characters), e.g. gpu.topology.io"
+                f"prefix {excerpt(self.prefix)} is not a DNS subdomain (lower-case letters, "
+                "digits, '-' and '.', at most 253 characters), e.g. gpu.topology.io"
             )
         if self.interval_s <= 0 or self.resync_s <= 0:
             raise ConfigError("interval and resync must be positive durations, e.g. 60s, 5m")
@@ -90,7 +92,7 @@ class Settings:
             ("log-level", self.log_level, LOG_LEVELS),
         ):
             if value not in allowed:
-                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+                raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
         listen_address(self.listen)
         return self
 
@@ -104,7 +106,7 @@ def parse_duration(text: str, *, name: str) -> float:
         pass
     parts = _DURATION_PART.findall(value)
     if not parts or "".join(n + u for n, u in parts) != value:
-        raise ConfigError(f"{name} {text!r} is not a duration: use seconds or 90s, 5m, 1h")
+        raise ConfigError(f"{name} {excerpt(text)} is not a duration: use seconds or 90s, 5m, 1h")
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
@@ -114,7 +116,9 @@ def listen_address(text: str) -> tuple[str, int] | None:
         return None
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen {text!r} is not host:port (e.g. 0.0.0.0:8080, or '' to disable)")
+        raise ConfigError(
+            f"listen {excerpt(text)} is not host:port (e.g. 0.0.0.0:8080, or '' to disable)"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -151,17 +155,18 @@ def _convert(name: str, raw: object, origin: str) -> object:
             return float(raw)
         return parse_duration(str(raw), name=f"{_flag(name)} ({origin})")
     if not isinstance(raw, str):
-        raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {raw!r}")
+        raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {excerpt(raw)}")
     return raw
 
 
 def _read_file(path: str) -> dict[str, object]:
+    text = read_bounded(path, limit=MAX_SETTINGS_BYTES, what="settings file", error=ConfigError)
     try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read settings file {path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"settings file {path} is not YAML: {str(e).splitlines()[0]}") from e
+        loaded = load_yaml(text)
+    except DocumentBoundError as e:
+        raise ConfigError(f"settings file {path}: {e}") from None
+    except ParseError as e:
+        raise ConfigError(f"settings file {path} is not YAML: {e}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -172,7 +177,8 @@ def _read_file(path: str) -> dict[str, object]:
         name = by_flag.get(str(key).replace("_", "-"))
         if name is None:
             raise ConfigError(
-                f"settings file {path}: unknown setting {key!r} (known: {', '.join(by_flag)})"
+                f"settings file {path}: unknown setting {excerpt(key)} "
+                f"(known: {', '.join(by_flag)})"
             )
         values[name] = _convert(name, raw, f"in {path}")
     return values

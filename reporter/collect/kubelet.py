@@ -11,6 +11,7 @@ from pathlib import Path
 from parsers.errors import ParseError
 from parsers.kubelet import MAX_INPUT_BYTES, KubeletPolicies, parse_kubelet_config
 from reporter.errors import InputError
+from reporter.inputs import read_bounded
 
 
 def read_kubelet_policies(path: Path) -> KubeletPolicies | None:
@@ -19,13 +20,12 @@ def read_kubelet_policies(path: Path) -> KubeletPolicies | None:
     Raises InputError naming the file when it exists but cannot be read or parsed.
     """
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_INPUT_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise InputError(f"cannot read the kubelet config {path}: {e.strerror or e}") from None
+        text = read_bounded(path, limit=MAX_INPUT_BYTES, what="kubelet config")
+    except InputError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise
     try:
-        return parse_kubelet_config(data.decode("utf-8", errors="replace"))
+        return parse_kubelet_config(text)
     except ParseError as e:
         raise InputError(f"kubelet config {path}: {e}") from None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from parsers.errors import excerpt
 from reporter.collect import ScanResult, SourceState, SourceStatus
 from reporter.collect.nvml import NvmlCollector, NvmlModule, load_pynvml
 from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
@@ -41,7 +42,9 @@ class CollectorScanner:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+            raise ConfigError(
+                f"unknown backend {excerpt(backend)}: use one of {', '.join(BACKENDS)}"
+            )
         self.backend = backend
         self._fs = hostfs
         self._load_nvml = nvml_loader

@@ -10,7 +10,6 @@ token, a kubeconfig's content or a raw response body into a message.
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -19,10 +18,15 @@ from typing import Any
 
 import urllib3
 
+from parsers.documents import DocumentBoundError, load_json
+from parsers.errors import ParseError
 from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
 from reporter.publish import nodefeature
 
 TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+# A Node or NodeFeature nests about a dozen levels, managedFields included. Anyone who can write
+# one of these objects chooses its depth; the bound keeps a hostile one from a RecursionError.
+MAX_ANSWER_DEPTH = 100
 _NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
 
 
@@ -41,10 +45,21 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+def answer_json(data: str | bytes, what: str) -> Any:
+    """The JSON of an API answer. Raises ApiTransientError for one that is not JSON (a proxy's
+    error page), ApiPermanentError for JSON nested deeper than MAX_ANSWER_DEPTH."""
+    try:
+        return load_json(data, max_depth=MAX_ANSWER_DEPTH, max_chars=None)
+    except DocumentBoundError as e:
+        raise ApiPermanentError(f"{what}: the API server's answer is refused: {e}") from None
+    except ParseError as e:
+        raise ApiTransientError(f"{what}: the API server's answer is not JSON") from e
+
+
 def _status(body: str | bytes | None) -> dict[str, Any]:
     try:
-        status = json.loads(body or "")
-    except ValueError:
+        status = load_json(body or "", max_depth=MAX_ANSWER_DEPTH, max_chars=None)
+    except ParseError:
         return {}
     return status if isinstance(status, dict) else {}
 

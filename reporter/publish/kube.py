@@ -9,7 +9,6 @@ put into a message a token or kubeconfig content.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -62,8 +61,8 @@ def _map_transport(
     return errors_map.transport_error(e, f"{action} {subject or f'node {node}'}", host)
 
 
-def _metadata(raw: Any) -> NodeMetadata:
-    return node_metadata(json.loads(raw))
+def _metadata(raw: Any, what: str) -> NodeMetadata:
+    return node_metadata(errors_map.answer_json(raw, what))
 
 
 class KubeNodeClient:
@@ -89,7 +88,7 @@ class KubeNodeClient:
 
     def get_node(self, name: str) -> NodeMetadata:
         response = self._call("read", name, self._api.read_node, name, _preload_content=False)
-        return _metadata(response.data)
+        return _metadata(response.data, f"read node {name}")
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> NodeMetadata:
         response = self._call(
@@ -101,7 +100,7 @@ class KubeNodeClient:
             _content_type=MERGE_PATCH,
             _preload_content=False,
         )
-        return _metadata(response.data)
+        return _metadata(response.data, f"patch node {name}")
 
     def create_event(
         self,
@@ -170,7 +169,7 @@ class KubeClusterReader(KubeNodeClient):
             raise _map_api_exception(e, "read", what) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise _map_transport(e, "read", what, self._host) from e
-        return json.loads(response.data)
+        return errors_map.answer_json(response.data, what)
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self._read("list nodes", "nodes", self._api.list_node)["items"])
@@ -251,7 +250,7 @@ class KubeNodeFeatureClient:
         except (urllib3.exceptions.HTTPError, OSError) as e:
             subject = f"NodeFeature {namespace}/{name}"
             raise _map_transport(e, action, name, self._host, subject=subject) from e
-        data = json.loads(response.data)
+        data = errors_map.answer_json(response.data, f"{action} NodeFeature {namespace}/{name}")
         if not isinstance(data, dict):
             raise ApiPermanentError(f"{action} NodeFeature {namespace}/{name}: not an object")
         return data

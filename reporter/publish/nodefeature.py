@@ -25,6 +25,7 @@ from typing import Any, Protocol, TextIO
 
 import structlog
 
+from parsers.errors import excerpt
 from reporter.errors import ApiTransientError, ConfigError, PublishError
 from reporter.publish import retry
 from reporter.publish.client import EventType
@@ -63,13 +64,13 @@ def object_name(node: str) -> str:
     """
     if not _DNS1123_SUBDOMAIN.fullmatch(node):
         raise ConfigError(
-            f"node name {node!r} is not a lower-case DNS subdomain: pass the Node's name as "
+            f"node name {excerpt(node)} is not a lower-case DNS subdomain: pass the Node's name as "
             "`kubectl get nodes` shows it (--node, TOPO_REPORTER_NODE or NODE_NAME)"
         )
     if len(node) > _LABEL_VALUE_MAX:
         raise ConfigError(
-            f"node name {node!r} has {len(node)} characters: nfd-master finds NodeFeature objects "
-            f"by the label {NODE_NAME_LABEL}, whose value is at most {_LABEL_VALUE_MAX} "
+            f"node name {excerpt(node)} has {len(node)} characters: nfd-master finds NodeFeature "
+            f"objects by the label {NODE_NAME_LABEL}, whose value is at most {_LABEL_VALUE_MAX} "
             "characters; use --sink node on this node"
         )
     return node + NAME_SUFFIX

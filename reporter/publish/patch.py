@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from parsers.errors import excerpt
 from reporter.errors import ApiPermanentError
 from reporter.schema import keys
 
@@ -88,7 +89,7 @@ def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str
     """The JSON merge patch bringing `current` to `want`; None when nothing differs."""
     for k in (*want.labels, *want.annotations):
         if not under_prefix(k, prefix):
-            raise ValueError(f"desired key {k!r} is outside the prefix {prefix!r}")
+            raise ValueError(f"desired key {excerpt(k)} is outside the prefix {excerpt(prefix)}")
     deletable = owned(current.annotations, prefix)
     labels = _section(current.labels, want.labels, deletable)
     annotations = _section(current.annotations, want.annotations, deletable)

@@ -35,9 +35,17 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import urllib3
-import yaml
 
-from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from parsers.documents import DocumentBoundError, load_yaml
+from parsers.errors import ParseError, excerpt
+from reporter.errors import (
+    ApiPermanentError,
+    ApiTransientError,
+    ConfigError,
+    InputError,
+    PublishError,
+)
+from reporter.inputs import read_bounded
 from reporter.publish import errors_map, nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
@@ -46,6 +54,10 @@ MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "topo-reporter"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S = 60.0
+# A kubeconfig with a few dozen clusters and their certificates is well under 1 MiB; a bound
+# service account token or an OIDC token is a few KiB.
+MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
+MAX_TOKEN_BYTES = 64 * 1024
 """A token file is re-read at least this often, even when it looks unchanged."""
 
 _CLUSTER_KEYS = frozenset(
@@ -84,7 +96,7 @@ class RestConfig:
     insecure: bool = False
 
     def __repr__(self) -> str:
-        return f"RestConfig(server={self.server!r}, source={self.source!r})"
+        return f"RestConfig(server={excerpt(self.server)}, source={excerpt(self.source)})"
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -140,16 +152,21 @@ def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
         if isinstance(entry, dict) and entry.get("name") == name:
             found = entry.get(kind)
             return found if isinstance(found, dict) else {}
-    raise _unloadable(where, f"its current-context names {kind} {name!r}, which it does not define")
+    raise _unloadable(
+        where, f"its current-context names {kind} {excerpt(name)}, which it does not define"
+    )
 
 
 def _from_kubeconfig(path: Path) -> RestConfig:
     where = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise _unloadable(where, type(e).__name__) from e
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        doc = load_yaml(read_bounded(path, limit=MAX_KUBECONFIG_BYTES, what="kubeconfig"))
+    except InputError as e:
+        cause = e.__cause__
+        raise _unloadable(where, type(cause).__name__ if cause else str(e)) from e
+    except DocumentBoundError as e:
+        raise _unloadable(where, str(e)) from None
+    except ParseError as e:
         raise _unloadable(where, "not YAML") from e
     if not isinstance(doc, dict):
         raise _unloadable(where, "not a kubeconfig")
@@ -172,7 +189,7 @@ def _from_kubeconfig(path: Path) -> RestConfig:
             raise LeanClientUnsupportedError(f"{where} uses {', '.join(unknown)}")
     server = str(cluster.get("server") or "").rstrip("/")
     if not server:
-        raise _unloadable(where, f"cluster {context.get('cluster')!r} has no server")
+        raise _unloadable(where, f"cluster {excerpt(context.get('cluster'))} has no server")
     base = path.parent
 
     def file(section: Mapping[str, Any], key: str) -> str | None:
@@ -243,11 +260,13 @@ class _BearerToken:
                 st = os.stat(self._path)
                 stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
                 if stamp != self._seen or self._clock() - self._read_at >= TOKEN_REFRESH_S:
-                    self._value = Path(self._path).read_text(encoding="utf-8").strip()
+                    token = read_bounded(self._path, limit=MAX_TOKEN_BYTES, what="token file")
+                    self._value = token.strip()
                     self._seen, self._read_at = stamp, self._clock()
-            except OSError as e:
+            except (OSError, InputError) as e:
+                why = type(e).__name__ if isinstance(e, OSError) else str(e)
                 raise ConfigError(
-                    f"cannot read the bearer token file of {source} ({type(e).__name__}): check "
+                    f"cannot read the bearer token file of {source} ({why}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
             return self._value
@@ -363,10 +382,7 @@ class RestTransport:
             raise errors_map.transport_error(e, what, self.host) from e
         if response.status >= 400:
             raise on_status(response)
-        try:
-            return json.loads(response.data)
-        except ValueError as e:
-            raise ApiTransientError(f"{what}: the API server's answer is not JSON") from e
+        return errors_map.answer_json(response.data, what)
 
 
 def node_metadata(data: Mapping[str, Any]) -> NodeMetadata:

@@ -19,7 +19,8 @@ from typing import Any
 import jsonschema
 
 from parsers.cpulist import format_cpulist, parse_cpulist
-from parsers.errors import ParseError
+from parsers.documents import check_document, load_json
+from parsers.errors import ParseError, excerpt
 from parsers.links import Link, parse_link
 from reporter.errors import SchemaError
 from reporter.schema.keys import SCHEMA_VERSION
@@ -27,6 +28,10 @@ from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
 
 # The apiserver refuses more than 256 KiB of annotations per object; nothing larger is ours.
 MAX_DOCUMENT_BYTES = 256 * 1024
+# A v1 document nests 3 levels (numa_nodes[k].distances); deeper is not v1, and refusing it
+# before validation keeps jsonschema (which recurses, and repr()s the instance) far from the
+# recursion limit.
+MAX_DOCUMENT_DEPTH = 8
 SCHEMA_FILE = "topology-v1.schema.json"
 
 
@@ -131,9 +136,9 @@ def decode(text: str | bytes) -> Topology:
     if size > MAX_DOCUMENT_BYTES:
         raise SchemaError("", f"document is {size} bytes; a v1 topology is at most 256 KiB")
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise SchemaError("", f"not JSON: {e}") from None
+        doc = load_json(text, max_depth=MAX_DOCUMENT_DEPTH)
+    except ParseError as e:
+        raise SchemaError("", str(e)) from None
     return from_document(doc)
 
 
@@ -141,8 +146,15 @@ def from_document(doc: Any) -> Topology:
     """Validate an already-parsed v1 document and build the model. Raises SchemaError."""
     if not isinstance(doc, dict):
         raise SchemaError("", f"expected a JSON object, got {type(doc).__name__}")
+    try:
+        # Before validation: jsonschema's messages repr() the instance, recursively.
+        check_document(doc, max_depth=MAX_DOCUMENT_DEPTH)
+    except ParseError as e:
+        raise SchemaError("", str(e)) from None
     if "v" in doc and doc["v"] != SCHEMA_VERSION:
-        raise SchemaError("v", f"schema version {doc['v']!r} is not supported (this reads v1)")
+        raise SchemaError(
+            "v", f"schema version {excerpt(doc['v'])} is not supported (this reads v1)"
+        )
     error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
     if error is not None:
         path = _path(error.absolute_path)
@@ -194,10 +206,8 @@ def _path(parts: Any) -> str:
 def _schema_message(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return f"unknown field ({error.message})"
-    value = repr(error.instance)
-    if len(value) > 80:
-        value = value[:77] + "..."
-    return f"{value}: {error.message if len(error.message) < 160 else f'{error.validator} failed'}"
+    message = error.message if len(error.message) < 160 else f"{error.validator} failed"
+    return f"{excerpt(error.instance)}: {message}"
 
 
 def _cells(row: str, field: str) -> tuple[Link, ...]:

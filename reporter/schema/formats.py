@@ -6,6 +6,7 @@ import json
 
 import yaml
 
+from parsers.errors import excerpt
 from reporter.schema.codec import encode, to_document
 from reporter.schema.labels import annotations as annotation_values
 from reporter.schema.labels import labels, render_matrix
@@ -31,4 +32,4 @@ def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
         return to_dot(topology)
     if fmt == "mermaid":
         return to_mermaid(topology)
-    raise ValueError(f"unknown format {fmt!r}")
+    raise ValueError(f"unknown format {excerpt(fmt)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from parsers.errors import excerpt
 from reporter.errors import InputError
 from reporter.schema import keys
 from reporter.schema.codec import decode
@@ -31,7 +32,7 @@ def node_name(node: Any) -> str:
 def topology_annotation(node: Any, prefix: str = keys.DEFAULT_PREFIX) -> str:
     """The raw `<prefix>/topology` annotation value of a Node. Raises InputError when absent."""
     if isinstance(node, Mapping) and node.get("kind", "Node") != "Node":
-        raise InputError(f"expected a Node object, got kind {node.get('kind')!r}")
+        raise InputError(f"expected a Node object, got kind {excerpt(node.get('kind'))}")
     metadata = _field(node, "metadata")
     if metadata is None:
         raise InputError("not a Node object: it has no metadata")

@@ -18,13 +18,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from parsers.cpulist import parse_cpulist
-from parsers.errors import ParseError
+from parsers.documents import load_yaml
+from parsers.errors import ParseError, excerpt
 from reporter.errors import ConfigError
+from reporter.inputs import read_bounded
 
 PROFILE_SUFFIX = ".yaml"
+# The largest shipped profile is 3 KiB; a hand-written one is a few more.
+MAX_PROFILE_BYTES = 1024 * 1024
 
 # PCI ids used for the devices a profile names; vendors matter (the sysfs collector filters on
 # them), device ids only make the tree look like a real one.
@@ -143,7 +145,7 @@ def list_profiles() -> list[ProfileInfo]:
     infos = []
     for entry in _profiles_dir().iterdir():
         if entry.name.endswith(PROFILE_SUFFIX):
-            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            data = load_yaml(entry.read_text(encoding="utf-8"))
             infos.append(ProfileInfo(entry.name[: -len(PROFILE_SUFFIX)], str(data["description"])))
     return sorted(infos, key=lambda p: p.name)
 
@@ -154,23 +156,24 @@ def load_machine(profile: str) -> Machine:
     Raises ConfigError naming the profile for an unknown name or a profile that does not read.
     """
     if profile.endswith((".yaml", ".yml")) or "/" in profile:
-        path = Path(profile)
-        name = path.stem
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read machine profile {profile}: {e.strerror}") from e
+        name = Path(profile).stem
+        text = read_bounded(
+            profile, limit=MAX_PROFILE_BYTES, what="machine profile", error=ConfigError
+        )
     else:
         entry = _profiles_dir().joinpath(profile + PROFILE_SUFFIX)
         if not entry.is_file():
             names = ", ".join(p.name for p in list_profiles())
-            raise ConfigError(f"unknown simulated machine {profile!r}; choose one of: {names}")
+            raise ConfigError(
+                f"unknown simulated machine {excerpt(profile)}; choose one of: {names}"
+            )
         name, text = profile, entry.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
-        return _build(name, data)
-    except (yaml.YAMLError, ParseError, KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"machine profile {profile}: {e}") from e
+        return _build(name, load_yaml(text, max_chars=MAX_PROFILE_BYTES))
+    except (ParseError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        # Whatever the profile's shape, one line: a wrong type deep in it is a KeyError or an
+        # AttributeError here, not a bug.
+        raise ConfigError(f"machine profile {profile}: {e}") from None
 
 
 def _build(name: str, data: Any) -> Machine:
@@ -258,7 +261,7 @@ def _nvlinks(
         if "switches" in bond:
             for switch in bond["switches"]:
                 if switch not in nvswitches:
-                    raise ValueError(f"NVLink bond names unknown NVSwitch {switch!r}")
+                    raise ValueError(f"NVLink bond names unknown NVSwitch {excerpt(switch)}")
                 for g in gpus:
                     links[g].extend([NvlinkEnd(switch=str(switch))] * count)
         else:

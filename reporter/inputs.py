@@ -1,0 +1,52 @@
+"""Reading the files a user or the node hands us, never more than a bound.
+
+Every file the program reads as a whole goes through `read_bounded`: the CLI's FILE or stdin, the
+settings file, the kubelet config, kubeconfigs and their token files, machine profiles. A path
+such as `/dev/zero`, a log file passed by mistake or a hostile mount must end in one clear error
+after reading at most `limit + 1` bytes, not in a hang or an exhausted memory. (sysfs goes through
+`HostFS`, whose files are a page at most.)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from reporter.errors import InputError, TopoReporterError
+
+STDIN = "-"
+
+
+def size_text(limit: int) -> str:
+    """`4 MiB`, `64 KiB`: a limit as people write it."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if limit >= scale and limit % scale == 0:
+            return f"{limit // scale} {unit}"
+    return f"{limit} bytes"
+
+
+def read_bounded(
+    source: str | Path, *, limit: int, what: str, error: type[TopoReporterError] = InputError
+) -> str:
+    """The UTF-8 text of the file `source` (`-`: stdin), refused when larger than `limit` bytes.
+
+    Raises `error` (InputError unless told) naming `what` and `source` when the file cannot be
+    read, is larger than `limit` or is not UTF-8; the OSError, if any, is its `__cause__`.
+    """
+    try:
+        if str(source) == STDIN:
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with Path(source).open("rb") as f:
+                data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"cannot read {what} {source}: {e.strerror or type(e).__name__}") from e
+    if len(data) > limit:
+        raise error(
+            f"{what} {source} is larger than {size_text(limit)}: that is not a {what}, check the "
+            "path"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {source} is not UTF-8 text (byte {e.start})") from None
