@@ -30,6 +30,10 @@ _AFFINITY_TAIL = re.compile(r"(?:CPUAffinity|NUMAAffinity|GPUNUMAID)*")
 _LINK_PREFIX = re.compile(r"(?:X|NV[1-9][0-9]?|PIX|PXB|PHB|NODE|SYS|SOC)+")
 _NIC_LEGEND = re.compile(r"\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _DRIVER = re.compile(r"Driver Version:\s*([0-9][0-9A-Za-z._-]*)")
+# What the v1 schema allows (reporter/schema/topology-v1.schema.json): a NIC is an RDMA device,
+# whose kernel name (mlx5_0, ibp12s0, rocep1s0f0, bnxt_re0) is at most 64 of these characters.
+NIC_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+MAX_DRIVER_CHARS = 64
 _TAB = 8
 
 
@@ -398,6 +402,14 @@ def _nic_names(
     names = tuple(legend.get(label, label) for label in nic_labels)
     if len(set(names)) != len(names):
         raise ParseError("NIC Legend gives two NICs the same name", line=h + 1)
+    for label, name in zip(nic_labels, names, strict=True):
+        if not NIC_NAME.fullmatch(name):
+            where = f"the NIC Legend names {label}" if label in legend else "a NIC row is named"
+            raise ParseError(
+                f"{where} {excerpt(name)}: a NIC name is 1 to 64 letters, digits and _ . : - (an "
+                "RDMA device such as mlx5_0)",
+                line=h + 1,
+            )
     return names
 
 
@@ -417,8 +429,13 @@ def _is_pcie_only(
 
 
 def _driver(lines: list[str]) -> str | None:
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         match = _DRIVER.search(line)
+        if match and len(match.group(1)) > MAX_DRIVER_CHARS:
+            raise ParseError(
+                f"a driver version of {len(match.group(1))} characters: at most {MAX_DRIVER_CHARS}",
+                line=number,
+            )
         if match:
             return match.group(1)
     return None

@@ -34,6 +34,7 @@ from reporter.errors import (
     ConfigError,
     InputError,
     PublishError,
+    SchemaError,
     TopoReporterError,
 )
 from reporter.inputs import read_bounded
@@ -55,7 +56,7 @@ from reporter.publish.rest import (
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
 from reporter.schema import keys
-from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document
+from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
 from reporter.schema.node import node_name, topology_annotation
@@ -80,9 +81,15 @@ def read_input(source: str) -> str:
 def topology_from_text(text: str, source: str) -> Topology:
     """Parse `nvidia-smi topo -m` text. Raises InputError naming the file and line."""
     try:
-        return topology_from_matrix(parse_topo(text))
+        topology = topology_from_matrix(parse_topo(text))
     except ParseError as e:
         raise InputError(f"{source}: {e}") from None
+    try:
+        # What `parse` prints, `render` must read back: the schema is the one judge of both.
+        from_document(to_document(topology))
+    except SchemaError as e:
+        raise InputError(f"{source}: the matrix does not fit schema v1: {e}") from None
+    return topology
 
 
 def _load_document(text: str) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -24,7 +25,7 @@ from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, P
 from reporter.publish import errors_map, nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
-from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata
+from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata, read_kubeconfig
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -37,6 +38,7 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
         else:
+            _check_kubeconfigs(kubeconfig)
             config.load_kube_config(  # type: ignore[no-untyped-call]  # as above
                 config_file=kubeconfig, client_configuration=configuration
             )
@@ -49,6 +51,18 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
     # Retries are reraised to our tenacity policy; urllib3's own would multiply them.
     configuration.retries = False
     return configuration
+
+
+def _check_kubeconfigs(kubeconfig: str | None) -> None:
+    """Read each kubeconfig the official loader will read through our bounded loader first: its
+    own reads with no size limit and expands YAML aliases. A missing file is left to it."""
+    paths = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    for path in filter(None, paths.split(os.pathsep)):
+        try:
+            read_kubeconfig(Path(path))
+        except ConfigError as e:
+            if not isinstance(e.__cause__, FileNotFoundError):
+                raise
 
 
 def _map_api_exception(e: ApiException, action: str, node: str) -> PublishError:

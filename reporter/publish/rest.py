@@ -157,17 +157,26 @@ def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
     )
 
 
-def _from_kubeconfig(path: Path) -> RestConfig:
+def read_kubeconfig(path: Path) -> Any:
+    """The YAML document of a kubeconfig, read within MAX_KUBECONFIG_BYTES by the bounded loader.
+
+    Raises ConfigError naming the path (never the content); its `__cause__` is the OSError, if any.
+    """
     where = str(path)
     try:
-        doc = load_yaml(read_bounded(path, limit=MAX_KUBECONFIG_BYTES, what="kubeconfig"))
+        return load_yaml(read_bounded(path, limit=MAX_KUBECONFIG_BYTES, what="kubeconfig"))
     except InputError as e:
         cause = e.__cause__
-        raise _unloadable(where, type(cause).__name__ if cause else str(e)) from e
+        raise _unloadable(where, type(cause).__name__ if cause else str(e)) from cause
     except DocumentBoundError as e:
         raise _unloadable(where, str(e)) from None
     except ParseError as e:
         raise _unloadable(where, "not YAML") from e
+
+
+def _from_kubeconfig(path: Path) -> RestConfig:
+    where = str(path)
+    doc = read_kubeconfig(path)
     if not isinstance(doc, dict):
         raise _unloadable(where, "not a kubeconfig")
     current = doc.get("current-context")
