@@ -28,7 +28,7 @@ import yaml
 from yaml.events import AliasEvent, CollectionStartEvent
 from yaml.nodes import Node, ScalarNode
 
-from parsers.errors import ParseError, excerpt
+from parsers.errors import EXCERPT_CHARS, ParseError
 
 # The deepest real document is a Node as kubectl prints it, whose managedFields mirror the object:
 # about 12 levels. 32 leaves room and stays far below Python's recursion limit (1000).
@@ -66,7 +66,7 @@ def json_depth(text: str) -> int:
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
     # The running sum of +1 per opening and -1 per closing bracket reaches, before the first
     # mismatch, exactly the depth a parser descends to; accumulate() keeps the walk in C.
-    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets), initial=0))
 
 
 def _json_int(digits: str) -> int:
@@ -113,7 +113,8 @@ class _BoundedLoader(yaml.SafeLoader):
         line = event.start_mark.line + 1 if event.start_mark else None
         if isinstance(event, AliasEvent):
             raise DocumentBoundError(
-                f"YAML alias *{excerpt(event.anchor)} is not expanded here: write the value out",
+                f"YAML alias *{event.anchor[:EXCERPT_CHARS]} is not expanded here: write the "
+                "value out",
                 line=line,
             )
         # Depth counts collections, as json_depth counts brackets: `[1]` is one level deep.

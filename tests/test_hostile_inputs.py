@@ -1,0 +1,296 @@
+"""What a careless or hostile hand can put in front of the program, end to end (issue 11).
+
+A Node annotation nested ~985 deep, YAML alias bombs, deep nesting and 5,000-digit integers in
+every YAML file the program reads, and files with no end (`/dev/zero`): each ends in a SchemaError
+or one clear line and a non-zero exit, and the running agent survives what the node or the
+cluster hands it, repairing what it owns.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from reporter.cli import main
+from reporter.collect.kubelet import read_kubelet_policies
+from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.publish.kube import load_configuration
+from reporter.publish.rest import RestNodeClient, load_rest_config
+from reporter.schema.codec import decode, from_document
+from reporter.schema.node import decode_node
+from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology
+from tests.kube_double import ApiServerDouble
+from tests.test_parsers_documents import ALIAS_BOMB, nested_json
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = json.loads((FIXTURES / "nvidia-smi" / "03-dgx-a100-nv12-mlx5.golden.json").read_text())
+TOPOLOGY_KEY = f"{PREFIX}/topology"
+DEVICE_WITHOUT_END = "/dev/zero"
+
+
+def poisoned(depth: int) -> str:
+    """The review's 2 KB annotation: a valid document whose `gpus` is a list `depth` deep."""
+    text = json.dumps({**GOLDEN, "gpus": "POISON"}, separators=(",", ":"))
+    return text.replace('"POISON"', nested_json(depth))
+
+
+def _stack_depth() -> int:
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1  # type: ignore[assignment]
+    return depth
+
+
+@pytest.fixture(params=["normal", "lowered"])
+def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The recursion limit as it is, and lowered to leave only 150 frames above this test."""
+    before = sys.getrecursionlimit()
+    if request.param == "lowered":
+        sys.setrecursionlimit(_stack_depth() + 150)
+    try:
+        yield sys.getrecursionlimit()
+    finally:
+        sys.setrecursionlimit(before)
+
+
+# -- item 1: the 2 KB annotation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [9, 100, 984, 985, 987, 990, 10_000])
+def test_a_deep_annotation_is_a_schema_error_from_both_decoders(
+    depth: int, recursion_limit: int
+) -> None:
+    text = poisoned(depth)
+    with pytest.raises(SchemaError, match="nested more than 8 levels deep"):
+        decode(text)
+    node = {"kind": "Node", "metadata": {"name": "n1", "annotations": {TOPOLOGY_KEY: text}}}
+    with pytest.raises(SchemaError, match="nested more than 8 levels deep"):
+        decode_node(node)
+
+
+@pytest.mark.parametrize("offset", [-20, -5, 0, 5, 20])
+def test_a_deep_annotation_near_the_recursion_limit_is_a_schema_error(
+    offset: int, recursion_limit: int
+) -> None:
+    with pytest.raises(SchemaError):
+        decode(poisoned(recursion_limit + offset))
+
+
+def test_a_deep_document_built_in_code_is_a_schema_error_before_validation() -> None:
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(SchemaError, match="nested more than 8 levels deep"):
+        from_document({**GOLDEN, "gpus": deep})
+
+
+def test_the_agent_overwrites_a_poisoned_annotation_instead_of_dying(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    apiserver.edit_node(NODE, {"metadata": {"annotations": {TOPOLOGY_KEY: poisoned(985)}}})
+    w = wire(kubeconfig, FakeScanner([ok(topology())]))
+    assert w.agent.step()
+    assert decode(apiserver.annotations(NODE)[TOPOLOGY_KEY]) == topology()
+
+
+def _doctor(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    status = main(["doctor", "--kubeconfig", str(kubeconfig), *argv])
+    out, err = capsys.readouterr()
+    assert err == ""
+    return status, out
+
+
+def test_doctor_reports_a_poisoned_node_as_damaged_and_goes_on(
+    apiserver: ApiServerDouble, admin_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    apiserver.add_node("healthy")
+    apiserver.edit_node("healthy", {"metadata": {"annotations": {TOPOLOGY_KEY: decode_golden()}}})
+    apiserver.edit_node(NODE, {"metadata": {"annotations": {TOPOLOGY_KEY: poisoned(985)}}})
+    status, out = _doctor(admin_kubeconfig, capsys, "--node", NODE, "--format", "json")
+    findings = json.loads(out)["nodes"][0]["findings"]
+    assert status == 1
+    assert findings[0]["code"] == "topology-unreadable"
+    assert "nested more than 8 levels deep" in findings[0]["evidence"][0]
+    status, out = _doctor(admin_kubeconfig, capsys, "--all", "--format", "json")
+    by_node = {n["node"]: n["findings"] for n in json.loads(out)["nodes"]}
+    assert set(by_node) == {NODE, "healthy"}
+    assert by_node[NODE][0]["code"] == "topology-unreadable"
+    assert "topology-unreadable" not in [f["code"] for f in by_node["healthy"]]
+
+
+def decode_golden() -> str:
+    return json.dumps(GOLDEN, separators=(",", ":"))
+
+
+# -- items 3 and 15: every file the CLI reads ------------------------------------------------------
+
+
+def _one_line_exit_1(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    status = main(argv)
+    out, err = capsys.readouterr()
+    assert (status, out) == (1, "")
+    assert err.count("\n") == 1
+    assert err.startswith("topo-reporter: error: ")
+    assert len(err) < 400
+    return err
+
+
+DOCUMENT_INPUTS: list[tuple[str, str, str]] = [
+    ("driver: an alias bomb", ALIAS_BOMB.replace("a: &a", "driver: &a", 1), "alias"),
+    ("YAML nested 985 deep", "driver: " + nested_json(985), "nested more than"),
+    ("JSON nested 985 deep", '{"v":1,"driver":' + nested_json(985) + "}", "nested more than"),
+    ("a 5,000-digit integer", f"v: {'1' * 5000}\n", "5000 digits"),
+    ("a 5,000-digit JSON integer", '{"v":' + "1" * 5000 + "}", "5000 digits"),
+]
+
+
+@pytest.mark.parametrize("command", ["render", "best-set"])
+@pytest.mark.parametrize(
+    ("text", "said"), [c[1:] for c in DOCUMENT_INPUTS], ids=[c[0] for c in DOCUMENT_INPUTS]
+)
+def test_a_hostile_topology_document_is_one_line(
+    command: str, text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "doc.yaml"
+    path.write_text(text)
+    extra = ["--gpus", "1"] if command == "best-set" else []
+    assert said in _one_line_exit_1([command, str(path), *extra], capsys)
+
+
+@pytest.mark.parametrize("command", ["parse", "render", "best-set"])
+def test_input_without_an_end_is_refused_at_the_size_bound(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = ["--gpus", "1"] if command == "best-set" else []
+    err = _one_line_exit_1([command, DEVICE_WITHOUT_END, *extra], capsys)
+    assert "larger than 4 MiB" in err
+
+
+SETTINGS_FILES: list[tuple[str, str | None, str]] = [
+    ("interval: an alias bomb", ALIAS_BOMB.replace("a: &a", "interval: &a", 1), "alias"),
+    ("nested 985 deep", "interval: " + nested_json(985), "nested more than"),
+    ("a 5,000-digit interval", f"interval: {'1' * 5000}\n", "5000 digits"),
+    ("a 5,000-digit hex interval", f"interval: 0x{'f' * 5000}\n", "digits: at most 64"),
+    ("/dev/zero", None, "larger than 64 KiB"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"), [c[1:] for c in SETTINGS_FILES], ids=[c[0] for c in SETTINGS_FILES]
+)
+def test_a_hostile_settings_file_is_one_line(
+    text: str | None, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "settings.yaml"
+    if text is not None:
+        path.write_text(text)
+    config = str(path) if text is not None else DEVICE_WITHOUT_END
+    err = _one_line_exit_1(["run", "--config", config, "--dry-run", "--once"], capsys)
+    assert said in err
+    assert "settings file" in err
+
+
+PROFILES: list[tuple[str, str | None, str]] = [
+    ("an alias bomb", ALIAS_BOMB, "alias"),
+    ("nested 985 deep", "numa_nodes: " + nested_json(985), "nested more than"),
+    ("a 5,000-digit NUMA id", f"numa_nodes: [{{id: {'1' * 5000}, cpus: '0'}}]\npcie: []\n", "5000"),
+    ("gpu defaults that are a list", "numa_nodes: []\ngpu: [1]\npcie: []\n", "machine profile"),
+    ("/dev/zero", None, "larger than 1 MiB"),
+]
+
+
+@pytest.mark.parametrize(("text", "said"), [c[1:] for c in PROFILES], ids=[c[0] for c in PROFILES])
+def test_a_hostile_machine_profile_is_one_line(
+    text: str | None, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "box.yaml"
+    if text is not None:
+        path.write_text(text)
+    profile = str(path) if text is not None else DEVICE_WITHOUT_END
+    assert said in _one_line_exit_1(["collect", "--simulate", profile], capsys)
+
+
+KUBELET_CONFIGS: list[tuple[str, str | None, str]] = [
+    ("an alias bomb", ALIAS_BOMB.replace("a: &a", "topologyManagerPolicy: &a", 1), "alias"),
+    ("nested 985 deep", "topologyManagerPolicy: " + nested_json(985), "nested more than"),
+    ("a 5,000-digit integer", f"cpuManagerPolicy: {'1' * 5000}\n", "5000 digits"),
+    ("/dev/zero", None, "larger than 1 MiB"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"), [c[1:] for c in KUBELET_CONFIGS], ids=[c[0] for c in KUBELET_CONFIGS]
+)
+def test_a_hostile_kubelet_config_is_logged_once_and_the_agent_keeps_publishing(
+    text: str | None,
+    said: str,
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    tmp_path: Path,
+    wire: WireAgent,
+) -> None:
+    path = tmp_path / "config.yaml"
+    if text is not None:
+        path.write_text(text)
+    kubelet = Path(DEVICE_WITHOUT_END) if text is None else path
+    with pytest.raises(InputError, match=said):
+        read_kubelet_policies(kubelet)
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        kubelet=functools.partial(read_kubelet_policies, kubelet),
+    )
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert w.agent.step()
+            w.clock.advance(60)
+    assert [e["event"] for e in logs].count("kubelet_config_unreadable") == 1
+    assert w.state.readiness().ok
+    assert decode(apiserver.annotations(NODE)[TOPOLOGY_KEY]) == topology()
+
+
+KUBECONFIGS: list[tuple[str, str | None, str]] = [
+    ("an alias bomb", ALIAS_BOMB.replace("a: &a", "clusters: &a", 1), "alias"),
+    ("nested 985 deep", "clusters: " + nested_json(985), "nested more than"),
+    ("a 5,000-digit integer", f"current-context: {'1' * 5000}\n", "5000 digits"),
+    ("/dev/zero", None, "larger than 4 MiB"),
+]
+LOADERS: dict[str, Callable[[str], object]] = {
+    "lean": load_rest_config,
+    "official": load_configuration,
+}
+
+
+@pytest.mark.parametrize("client", sorted(LOADERS))
+@pytest.mark.parametrize(
+    ("text", "said"), [c[1:] for c in KUBECONFIGS], ids=[c[0] for c in KUBECONFIGS]
+)
+def test_a_hostile_kubeconfig_is_a_config_error_naming_the_file(
+    client: str, text: str | None, said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if text is not None:
+        path.write_text(text)
+    where = str(path) if text is not None else DEVICE_WITHOUT_END
+    with pytest.raises(ConfigError, match=said) as e:
+        LOADERS[client](where)
+    assert where in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    text = kubeconfig.read_text().replace("token: agent-token", f"tokenFile: {DEVICE_WITHOUT_END}")
+    assert text != kubeconfig.read_text()
+    kubeconfig.write_text(text)
+    client = RestNodeClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
+    with pytest.raises(ConfigError, match="larger than 64 KiB"):
+        client.get_node(NODE)
