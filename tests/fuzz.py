@@ -11,11 +11,12 @@ budget; no fuzz test asserts a time, only that every input ends in a result or t
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 T = TypeVar("T")
@@ -94,3 +95,42 @@ def outcome(call: Callable[[], T], error: type[Exception]) -> T | Exception:
         return call()
     except error as e:
         return e
+
+
+def _scribble(value: object) -> None:
+    """Change every list and dict inside `value` in place, as a test or a mutator might."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            item.append("scribbled")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+            item["scribbled"] = True
+
+
+def replay(strategy: st.SearchStrategy[T], examples: int = 60) -> list[T]:
+    """What `strategy` draws in a derandomized run, each value copied before it is scribbled on.
+
+    Hypothesis replays and shrinks by drawing again from the same choices; a strategy whose values
+    share state with something outside the draw (a module-level list handed out and then changed)
+    draws differently the second time: FlakyStrategyDefinition. Two replays compared find it.
+    """
+    seen: list[T] = []
+
+    @settings(
+        database=None,
+        derandomize=True,
+        max_examples=examples,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def draw(value: T) -> None:
+        seen.append(copy.deepcopy(value))
+        _scribble(value)
+
+    draw()
+    return seen

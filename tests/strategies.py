@@ -87,7 +87,9 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10) -> Topology:
             mem_mib=draw(st.none() | st.integers(0, 200_000)),
             mig=draw(st.none() | st.booleans()),
             gpu_numa=draw(st.none() | st.integers(0, 64)),
-            clique=draw(st.none() | uuids.map(lambda u: f"{u[4:]}.{draw(st.integers(0, 9))}")),
+            clique=draw(
+                st.none() | st.tuples(uuids, st.integers(0, 9)).map(lambda c: f"{c[0][4:]}.{c[1]}")
+            ),
             lost=draw(st.booleans()),
         )
         for i in range(n)

@@ -45,7 +45,9 @@ INTERESTING = st.sampled_from(
         "0000:18:00.0", "nvml", "sysfs", "nvidia-smi", 1, 0, -1, 255, 256, 2**31, 2**63, 1.5,
         True, False, None, [], {}, [0, 1], [[0, 1]], "GPU-x",
     ]
-)  # fmt: skip
+    # A copy per draw: the mutators change what they are handed, and a shared `[]` changed once
+    # makes every later draw of it differ from its replay (FlakyStrategyDefinition).
+).map(copy.deepcopy)  # fmt: skip
 JSON_VALUES = st.recursive(
     INTERESTING
     | st.integers(4000, 5000).map(lambda n: "0" * n)

@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from reporter.agent import SchemaProjection
 from reporter.cli import main
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import ConfigError, InputError, SchemaError
 from reporter.publish.kube import load_configuration
+from reporter.publish.patch import Desired
 from reporter.publish.rest import RestNodeClient, load_rest_config
 from reporter.schema.codec import decode, from_document
 from reporter.schema.node import decode_node
@@ -89,6 +91,15 @@ def test_a_deep_document_built_in_code_is_a_schema_error_before_validation() -> 
         deep = [deep]
     with pytest.raises(SchemaError, match="nested more than 8 levels deep"):
         from_document({**GOLDEN, "gpus": deep})
+
+
+def test_the_agent_reads_a_poisoned_annotation_of_any_depth_as_not_its_own() -> None:
+    # The RecursionError window of the review is a few levels wide and moves with the stack:
+    # sweep every depth to the recursion limit and past it.
+    projection = SchemaProjection(PREFIX)
+    for depth in range(1, sys.getrecursionlimit() + 50):
+        published = Desired(labels={}, annotations={TOPOLOGY_KEY: poisoned(depth)})
+        assert projection.topology(published) is None
 
 
 def test_the_agent_overwrites_a_poisoned_annotation_instead_of_dying(
