@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,18 @@ from parsers.cpulist import canonical_cpulist, parse_cpulist, parse_cpumask
 from parsers.errors import ParseError
 from parsers.kubelet import KubeletPolicies, parse_kubelet_config
 from parsers.links import parse_link, split_fused_links
-from parsers.nvsmi import TopoMatrix, parse_topo
+from parsers.nvsmi import NIC_NAME, TopoMatrix, parse_topo
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_numa_node
-from reporter.cli import topology_from_text
+from reporter.cli import topology_from_document_text, topology_from_text
 from reporter.errors import InputError
+from reporter.schema.formats import format_topology
+from reporter.schema.labels import render_matrix
 from reporter.schema.model import Topology
 from tests.fuzz import ANSI_CODES, CELLS, HUGE, fuzz, outcome
+from tests.strategies import text_topologies
+
+PREFIX = "gpu.topology.io"
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PASTES = [p.read_text(encoding="utf-8") for p in sorted((FIXTURES / "nvidia-smi").glob("*.txt"))]
@@ -271,3 +277,43 @@ def test_a_100_mb_input_is_refused_with_parse_error(
 ) -> None:
     with pytest.raises(ParseError):
         parse(huge_text)
+
+
+# A NIC name as the schema allows it, or anything a legend line can hold: non-ASCII, long, quoted.
+LEGEND_NAMES = st.from_regex(NIC_NAME, fullmatch=True) | st.text(
+    alphabet=st.characters(exclude_categories=("Z", "C")), min_size=1, max_size=100
+)
+DRIVERS = st.none() | st.from_regex(r"[0-9][0-9A-Za-z._-]{0,80}", fullmatch=True)
+
+
+@st.composite
+def legend_topologies(draw: st.DrawFn) -> Topology:
+    """A topology that text carries completely, its NICs renamed to random legend names."""
+    topology = draw(text_topologies(max_gpus=4))
+    names = draw(
+        st.lists(
+            LEGEND_NAMES, min_size=len(topology.nics), max_size=len(topology.nics), unique=True
+        )
+    )
+    nics = tuple(replace(nic, name=name) for nic, name in zip(topology.nics, names, strict=True))
+    return replace(topology, nics=nics)
+
+
+@fuzz(300)
+@given(legend_topologies(), DRIVERS)
+def test_what_parse_prints_render_reads_back(topology: Topology, driver: str | None) -> None:
+    text = render_matrix(topology)
+    if driver is not None:
+        text = f"Driver Version: {driver}\n{text}"
+    valid = all(NIC_NAME.fullmatch(n.name) for n in topology.nics) and len(driver or "") <= 64
+    parsed = outcome(lambda: topology_from_text(text, "paste"), InputError)
+    event("parsed" if isinstance(parsed, Topology) else "refused")
+    if isinstance(parsed, InputError):
+        # Refused in one line, and only for what the schema itself refuses.
+        assert not valid, parsed
+        assert "\n" not in str(parsed)
+        return
+    assert valid
+    for fmt in ("json", "yaml"):
+        printed = format_topology(parsed, fmt, PREFIX)
+        assert topology_from_document_text(printed, "parse output", PREFIX) == parsed

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from tests import strategies, test_fuzz_codec, test_fuzz_parsers
+from tests import strategies, test_fuzz_codec, test_fuzz_documents, test_fuzz_parsers
 from tests.fuzz import CELLS, replay
 
 STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
@@ -26,10 +26,13 @@ STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "test_fuzz_parsers.damaged_pastes": test_fuzz_parsers.damaged_pastes(),
     "test_fuzz_parsers.damaged_kubelet_configs": test_fuzz_parsers.damaged_kubelet_configs(),
     "test_fuzz_parsers.KUBELET_VALUES": test_fuzz_parsers.KUBELET_VALUES,
+    "test_fuzz_parsers.legend_topologies": test_fuzz_parsers.legend_topologies(),
+    "test_fuzz_parsers.DRIVERS": test_fuzz_parsers.DRIVERS,
+    "test_fuzz_documents.DOCUMENTS": test_fuzz_documents.DOCUMENTS,
 }
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_a_strategy_draws_the_same_values_when_replayed(name: str) -> None:
-    first = replay(STRATEGIES[name])
-    assert replay(STRATEGIES[name]) == first
+    first = replay(STRATEGIES[name], examples=30)
+    assert replay(STRATEGIES[name], examples=30) == first

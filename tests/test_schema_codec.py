@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -168,3 +169,68 @@ def test_decoder_rejects_with_a_schema_error_naming_the_field(text: str, field: 
 def test_decoder_accepts_keys_in_any_order() -> None:
     doc = to_document(EXAMPLE)
     assert decode(json.dumps(dict(reversed(list(doc.items()))))) == EXAMPLE
+
+
+def _patterns(node: Any) -> list[str]:
+    stack, found = [node], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("pattern"), str):
+                found.append(item["pattern"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def test_every_schema_pattern_ends_where_the_string_ends_in_any_regex_dialect() -> None:
+    # Python's `$` also matches before a final newline, ECMA-262's does not: `$(?!\n)` is the end
+    # in both, so the shipped schema means the same to every validator.
+    patterns = _patterns(json_schema())
+    assert patterns
+    assert all(p.startswith("^") and p.endswith("$(?!\\n)") for p in patterns), patterns
+
+
+GOLDEN_A100 = (
+    Path(__file__).parent / "fixtures" / "nvidia-smi" / "03-dgx-a100-nv12-mlx5.golden.json"
+)
+
+
+def _rehash(doc: dict[str, Any]) -> None:
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    canonical = json.dumps(body, separators=(",", ":"), ensure_ascii=True)
+    doc["hash"] = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
+
+
+TRAILING_NEWLINE_FIELDS: list[tuple[tuple[str | int, ...], str]] = [
+    (("driver",), "550.54.15"),
+    (("gpus", 0, "model"), "NVIDIA A100-SXM4-40GB"),
+    (("gpus", 0, "uuid"), "GPU-1234"),
+    (("gpus", 0, "pci"), "0000:07:00.0"),
+    (("gpus", 0, "cpus"), "48-63"),
+    (("nics", 0, "name"), "mlx5_0"),
+    (("nics", 0, "links"), "PXB PXB SYS SYS SYS SYS SYS SYS"),
+    (("links", 0), "X NV12 NV12 NV12 NV12 NV12 NV12 NV12"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    TRAILING_NEWLINE_FIELDS,
+    ids=[".".join(map(str, p)) for p, _ in TRAILING_NEWLINE_FIELDS],
+)
+def test_a_trailing_newline_is_refused_in_every_patterned_field(
+    path: tuple[str | int, ...], value: str
+) -> None:
+    doc = json.loads(GOLDEN_A100.read_text(encoding="utf-8"))
+    target = doc
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    _rehash(doc)
+    decode(json.dumps(doc))  # the value itself is valid
+    target[path[-1]] = value + "\n"
+    _rehash(doc)
+    with pytest.raises(SchemaError, match=r"does not match"):
+        decode(json.dumps(doc))
