@@ -112,9 +112,9 @@ class _BoundedLoader(yaml.SafeLoader):
         event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML's parser is unannotated
         line = event.start_mark.line + 1 if event.start_mark else None
         if isinstance(event, AliasEvent):
+            anchor = (event.anchor or "")[:EXCERPT_CHARS]
             raise DocumentBoundError(
-                f"YAML alias *{event.anchor[:EXCERPT_CHARS]} is not expanded here: write the "
-                "value out",
+                f"YAML alias *{anchor} is not expanded here: write the value out",
                 line=line,
             )
         # Depth counts collections, as json_depth counts brackets: `[1]` is one level deep.
@@ -146,8 +146,10 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct
 def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_chars: int = MAX_CHARS) -> Any:
     """The value of a YAML (or JSON) text. Raises ParseError (with the line where known)."""
     _check_size(text, max_chars)
-    loader = _BoundedLoader(text, max_depth)
+    loader: _BoundedLoader | None = None
     try:
+        # The reader refuses control characters as the loader is built: inside the try.
+        loader = _BoundedLoader(text, max_depth)
         return loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -156,7 +158,8 @@ def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_chars: int = MAX_CHA
             f"not YAML: {problem}", line=None if mark is None else mark.line + 1
         ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def check_document(value: Any, *, max_depth: int = MAX_DEPTH) -> None:

@@ -194,8 +194,15 @@ def test_text_beyond_the_size_bound_is_refused_before_parsing(
         (load_json, b"\xff", "not UTF-8"),
         (load_yaml, "a: [\n", "line 2: not YAML"),
         (load_yaml, "a: b: c\n", "line 1: not YAML"),
+        (load_yaml, "\x1f", "not YAML: unacceptable character"),
     ],
-    ids=["json cut short", "json not utf-8", "yaml cut short", "yaml mapping in a scalar"],
+    ids=[
+        "json cut short",
+        "json not utf-8",
+        "yaml cut short",
+        "yaml mapping in a scalar",
+        "a control character",
+    ],
 )
 def test_syntax_errors_are_parse_errors_with_the_line(
     load: Callable[[Any], Any], text: str | bytes, message: str
