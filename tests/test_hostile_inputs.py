@@ -21,7 +21,14 @@ from structlog.testing import capture_logs
 from reporter.agent import SchemaProjection
 from reporter.cli import main
 from reporter.collect.kubelet import read_kubelet_policies
-from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.errors import (
+    ApiPermanentError,
+    ApiTransientError,
+    ConfigError,
+    InputError,
+    SchemaError,
+)
+from reporter.publish import errors_map
 from reporter.publish.kube import load_configuration
 from reporter.publish.patch import Desired
 from reporter.publish.rest import RestNodeClient, load_rest_config
@@ -305,3 +312,28 @@ def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
     client = RestNodeClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
     with pytest.raises(ConfigError, match="larger than 64 KiB"):
         client.get_node(NODE)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "said"),
+    [
+        (b"[" * 5000 + b"]" * 5000, ApiPermanentError, "nested more than 100 levels deep"),
+        (b'{"metadata": {"annotations": {"a": "' + b"[" * 5000 + b'"}}}', None, ""),
+        (b"<html>502 Bad Gateway</html>", ApiTransientError, "is not JSON"),
+        (b'{"replicas": ' + b"9" * 5000 + b"}", ApiPermanentError, "5000 digits"),
+    ],
+    ids=[
+        "an object nested 5,000 deep",
+        "brackets inside a string are only text",
+        "a proxy's error page",
+        "a 5,000-digit integer",
+    ],
+)
+def test_an_api_answer_is_read_within_bounds(
+    answer: bytes, error: type[Exception] | None, said: str
+) -> None:
+    if error is None:
+        assert errors_map.answer_json(answer, "read node n1")["metadata"]
+        return
+    with pytest.raises(error, match=said):
+        errors_map.answer_json(answer, "read node n1")
