@@ -1,6 +1,8 @@
 """Fixtures shared across test modules."""
 
 import functools
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,3 +36,22 @@ def node_client(request: pytest.FixtureRequest) -> NodeClientFactory:
 def wire(node_client: NodeClientFactory) -> WireAgent:
     """`wire_agent` through each client in turn."""
     return functools.partial(wire_agent, client=node_client)
+
+
+def _stack_depth() -> int:
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1  # type: ignore[assignment]
+    return depth
+
+
+@pytest.fixture(params=["normal", "lowered"])
+def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The recursion limit as it is, and lowered to leave only 150 frames above this test."""
+    before = sys.getrecursionlimit()
+    if request.param == "lowered":
+        sys.setrecursionlimit(_stack_depth() + 150)
+    try:
+        yield sys.getrecursionlimit()
+    finally:
+        sys.setrecursionlimit(before)

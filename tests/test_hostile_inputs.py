@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,25 +48,6 @@ def poisoned(depth: int) -> str:
     """The review's 2 KB annotation: a valid document whose `gpus` is a list `depth` deep."""
     text = json.dumps({**GOLDEN, "gpus": "POISON"}, separators=(",", ":"))
     return text.replace('"POISON"', nested_json(depth))
-
-
-def _stack_depth() -> int:
-    frame, depth = sys._getframe(), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1  # type: ignore[assignment]
-    return depth
-
-
-@pytest.fixture(params=["normal", "lowered"])
-def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
-    """The recursion limit as it is, and lowered to leave only 150 frames above this test."""
-    before = sys.getrecursionlimit()
-    if request.param == "lowered":
-        sys.setrecursionlimit(_stack_depth() + 150)
-    try:
-        yield sys.getrecursionlimit()
-    finally:
-        sys.setrecursionlimit(before)
 
 
 # -- item 1: the 2 KB annotation -----------------------------------------------------------------

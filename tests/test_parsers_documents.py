@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,25 +38,6 @@ def nested_json(depth: int) -> str:
 def nested_yaml(depth: int) -> str:
     """Block style, the way a hand-written file nests: one more mapping per line."""
     return "".join(f"{'  ' * i}k:\n" for i in range(depth - 1)) + f"{'  ' * (depth - 1)}k: 1\n"
-
-
-def _stack_depth() -> int:
-    frame, depth = sys._getframe(), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1  # type: ignore[assignment]
-    return depth
-
-
-@pytest.fixture(params=["normal", "lowered"])
-def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
-    """The recursion limit as it is, and lowered to leave only 150 frames above this test."""
-    before = sys.getrecursionlimit()
-    if request.param == "lowered":
-        sys.setrecursionlimit(_stack_depth() + 150)
-    try:
-        yield sys.getrecursionlimit()
-    finally:
-        sys.setrecursionlimit(before)
 
 
 @pytest.mark.parametrize("load", [load_json, load_yaml], ids=["json", "yaml (flow style, as JSON)"])
