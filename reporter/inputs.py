@@ -42,10 +42,7 @@ def read_bounded(
     except OSError as e:
         raise error(f"cannot read {what} {source}: {e.strerror or type(e).__name__}") from e
     if len(data) > limit:
-        raise error(
-            f"{what} {source} is larger than {size_text(limit)}: that is not a {what}, check the "
-            "path"
-        )
+        raise error(f"{what} {source} is larger than {size_text(limit)}: is it the right file?")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
