@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from reporter.errors import ConfigError
+from reporter.schema import keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
 BACKENDS = ("auto", "nvml", "sysfs")
@@ -80,6 +81,14 @@ class Settings:
             raise ConfigError(
                 f"prefix {self.prefix!r} is not a DNS subdomain (lower-case letters, digits, '-' "
                 "and '.', at most 253 characters), e.g. gpu.topology.io"
+            )
+        reserved = keys.reserved_domain(self.prefix)
+        if reserved is not None:
+            raise ConfigError(
+                f"prefix {self.prefix!r} is in {reserved}, which Kubernetes reserves for its own "
+                "labels and annotations (kubernetes.io/hostname, node-role.kubernetes.io/...): "
+                "the agent would overwrite and delete them; use a domain you own, e.g. "
+                "gpu.topology.io"
             )
         if self.interval_s <= 0 or self.resync_s <= 0:
             raise ConfigError("interval and resync must be positive durations, e.g. 60s, 5m")

@@ -118,6 +118,34 @@ def test_foreign_labels_and_annotations_are_never_touched(
         assert f"{PREFIX}/added-by-hand" not in named
 
 
+def test_an_edited_owned_list_naming_kubernetes_labels_deletes_none_of_them(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    kubelet = {
+        "kubernetes.io/hostname": NODE,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node-role.kubernetes.io/gpu": "",
+    }
+    w = wire(kubeconfig, FakeScanner([ok(topology())]))
+    w.agent.step()
+    apiserver.edit_node(
+        NODE,
+        {
+            "metadata": {
+                "labels": kubelet,
+                "annotations": {OWNED: ",".join([*kubelet, f"{PREFIX}/count"])},
+            }
+        },
+    )
+    w.scanner.then(ok(topology(4)))
+    w.clock.advance(300)
+    assert w.agent.step()
+    labels = apiserver.labels(NODE)
+    assert {k: labels[k] for k in kubelet} == kubelet
+    assert labels[f"{PREFIX}/count"] == "4"
+
+
 def test_keys_it_owned_and_no_longer_produces_are_removed(
     apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:

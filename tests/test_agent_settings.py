@@ -83,6 +83,30 @@ BAD = [
     ("a zero interval", ["--node", "n", "--interval", "0"], {}, "must be positive"),
     ("an upper-case prefix", ["--node", "n", "--prefix", "GPU.io"], {}, "is not a DNS subdomain"),
     (
+        "the reserved kubernetes.io prefix",
+        ["--node", "n", "--prefix", "kubernetes.io"],
+        {},
+        "prefix 'kubernetes.io' is in kubernetes.io, which Kubernetes reserves",
+    ),
+    (
+        "a subdomain of kubernetes.io",
+        ["--node", "n", "--prefix", "node-role.kubernetes.io"],
+        {},
+        "is in kubernetes.io, which Kubernetes reserves",
+    ),
+    (
+        "the reserved k8s.io prefix from the environment",
+        ["--node", "n"],
+        {"TOPO_REPORTER_PREFIX": "k8s.io"},
+        "is in k8s.io, which Kubernetes reserves",
+    ),
+    (
+        "a subdomain of k8s.io",
+        ["--node", "n", "--prefix", "gpu.x-k8s.k8s.io"],
+        {},
+        "is in k8s.io, which Kubernetes reserves",
+    ),
+    (
         "an unknown backend",
         ["--node", "n"],
         {"TOPO_REPORTER_BACKEND": "cuda"},
