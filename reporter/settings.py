@@ -9,6 +9,7 @@ This module reads the file and the environment it is handed; it never touches th
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -26,7 +27,13 @@ SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|m|s)")
+DURATION_MIN_S = 1.0
+"""Shortest --interval or --resync: below a second the loop would spend a core on NVML and sysfs."""
+DURATION_MAX_S = 86400.0
+"""Longest --interval or --resync: a day. Beyond it a change or drift goes unseen for longer than
+any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -90,8 +97,8 @@ class Settings:
                 "the agent would overwrite and delete them; use a domain you own, e.g. "
                 "gpu.topology.io"
             )
-        if self.interval_s <= 0 or self.resync_s <= 0:
-            raise ConfigError("interval and resync must be positive durations, e.g. 60s, 5m")
+        check_duration(self.interval_s, name="interval")
+        check_duration(self.resync_s, name="resync")
         for name, value, allowed in (
             ("backend", self.backend, BACKENDS),
             ("sink", self.sink, SINKS),
@@ -105,16 +112,27 @@ class Settings:
 
 
 def parse_duration(text: str, *, name: str) -> float:
-    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError."""
+    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError.
+
+    Only decimal digits: Python's float() would also take `nan`, `inf`, `1e309` and `1_0`.
+    """
     value = text.strip()
-    try:
+    if _SECONDS.fullmatch(value):
         return float(value)
-    except ValueError:
-        pass
     parts = _DURATION_PART.findall(value)
     if not parts or "".join(n + u for n, u in parts) != value:
-        raise ConfigError(f"{name} {text!r} is not a duration: use seconds or 90s, 5m, 1h")
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise ConfigError(f"{name} {shown!r} is not a duration: use seconds or 90s, 5m, 1h")
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def check_duration(seconds: float, *, name: str) -> float:
+    """`seconds`, or ConfigError when it is not a finite duration from 1 s to a day."""
+    if not math.isfinite(seconds) or not DURATION_MIN_S <= seconds <= DURATION_MAX_S:
+        raise ConfigError(
+            f"{name} must be a duration from 1s to 24h (e.g. 60s, 5m), not {seconds:g} seconds"
+        )
+    return seconds
 
 
 def listen_address(text: str) -> tuple[str, int] | None:
@@ -156,9 +174,13 @@ def _flag(name: str) -> str:
 def _convert(name: str, raw: object, origin: str) -> object:
     kind = _SOURCES[name][1]
     if kind == "duration":
+        where = f"{_flag(name)} ({origin})"
         if isinstance(raw, int | float) and not isinstance(raw, bool):
-            return float(raw)
-        return parse_duration(str(raw), name=f"{_flag(name)} ({origin})")
+            # A YAML integer can be too large for a float (10**400): that is out of range too.
+            seconds = float(raw) if not isinstance(raw, int) or abs(raw) < 10**18 else math.inf
+        else:
+            seconds = parse_duration(str(raw), name=where)
+        return check_duration(seconds, name=where)
     if not isinstance(raw, str):
         raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {raw!r}")
     return raw
