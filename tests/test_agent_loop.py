@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from reporter.collect import build_scanner
 from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.simulate.fake_nvml import Faults
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
 from reporter.publish.retry import Interrupted
@@ -220,6 +222,27 @@ def test_a_gpu_nvml_reports_lost_is_published_as_lost_with_a_warning(
     assert (kind, reason) == ("Warning", "GPULost")
     assert message.startswith("GPU6 fell off the bus")
     assert w.state.readiness().ok
+
+
+@pytest.mark.parametrize("lost", [0, 3, 7])
+@pytest.mark.parametrize("profile", ["dgx-h100", "pcie-8x"])
+def test_a_gpu_nvml_reports_lost_is_told_once_as_lost_with_no_other_noise(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent, profile: str, lost: int
+) -> None:
+    """What the NVML collector really gives for a lost GPU (its index, nothing else), end to end."""
+    healthy = build_scanner("auto", Path("/sys"), profile).scan()
+    broken = build_scanner(
+        "auto", Path("/sys"), profile, faults=Faults(lost=frozenset({lost}))
+    ).scan()
+    w = wire(kubeconfig, FakeScanner([healthy]))
+    assert w.agent.step()
+    apiserver.events.clear()
+    w.scanner.then(broken)
+    w.clock.advance(60)
+    assert w.agent.step()
+    told = events(apiserver)
+    assert ("Warning", "GPUTopologyChanged", f"GPU{lost} lost") in told
+    assert [reason for _, reason, _ in told] == ["GPUTopologyChanged", "GPULost"]
 
 
 def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
