@@ -141,6 +141,8 @@ class Agent:
     def step(self) -> bool:
         """Scan once and publish if needed; True when the target carries what should be there.
 
+        False as well when a source failed, even where the last good topology stands on the
+        target: `run --once` exits 1 then, and a check that runs it must see the failure.
         Raises Interrupted when shutdown is requested during an API retry.
         """
         self._state.beat()
@@ -159,7 +161,7 @@ class Agent:
                 if not result.degraded:
                     self._state.published()
                 return not result.degraded
-            return self._publish(chosen)
+            return self._publish(chosen) and not result.degraded
         except ApiPermanentError as e:
             if str(e) != self._read_refusal:
                 # Once per distinct refusal: it is retried every interval, and repeats help nobody.

@@ -255,7 +255,7 @@ def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
     w.scanner.then(nvml_failed(topology(8, nics=())), nvml_failed(None))
     for _ in range(2):
         w.clock.advance(60)
-        assert w.agent.step()
+        assert not w.agent.step()
     assert ours(apiserver) == before
     assert apiserver.writes() == []
     assert not w.state.readiness().ok
@@ -282,9 +282,44 @@ def test_degraded_after_a_restart_keeps_what_the_node_already_carries(
     wire(kubeconfig, FakeScanner([ok(topology())])).agent.step()
     before = ours(apiserver)
     restarted = wire(kubeconfig, FakeScanner([nvml_failed(None)]))
-    restarted.agent.step()
+    assert not restarted.agent.step(), "a failed source is a failed step: run --once exits 1"
     assert ours(apiserver) == before
     assert not restarted.state.readiness().ok
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [frozenset(), frozenset({0, 1, 2, 3}), frozenset({0, 1, 2, 3, 4, 5, 6})],
+    ids=["NVML sees 0 of 8 GPUs", "NVML sees 4 of 8", "NVML sees 7 of 8"],
+)
+def test_nvml_seeing_fewer_gpus_than_sysfs_is_degraded_and_keeps_the_last_topology(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent, visible: frozenset[int]
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=none (or a partial list) in the pod: NVML loads and counts short."""
+    healthy = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    short = build_scanner("auto", Path("/sys"), "dgx-h100", faults=Faults(visible=visible)).scan()
+    w = wire(kubeconfig, FakeScanner([healthy]))
+    assert w.agent.step()
+    before = ours(apiserver)
+    assert before.labels[f"{PREFIX}/nvlink-island-size"] == "8"
+    apiserver.events.clear()
+    apiserver.clear_requests()
+    w.scanner.then(short)
+    for _ in range(2):
+        w.clock.advance(60)
+        assert not w.agent.step()
+    assert ours(apiserver) == before
+    assert apiserver.writes() == []
+    assert not w.state.readiness().ok
+    assert f"NVML sees {len(visible)} of the 8 NVIDIA GPUs" in w.state.readiness().reason
+    ((kind, reason, message),) = events(apiserver)
+    assert (kind, reason) == ("Warning", "GPUTopologyDegraded")
+    assert message.startswith(f"nvml: NVML sees {len(visible)} of the 8 NVIDIA GPUs in sysfs")
+    assert message.endswith("; keeping the last published topology")
+    w.scanner.then(healthy)
+    w.clock.advance(60)
+    assert w.agent.step()
+    assert w.state.readiness().ok
 
 
 def test_degraded_with_nothing_published_before_publishes_what_sysfs_saw(
