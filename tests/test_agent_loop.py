@@ -15,18 +15,22 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from reporter.agent import STALL_AFTER_S
 from reporter.collect import build_scanner
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.collect.simulate.fake_nvml import Faults
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
-from reporter.publish.retry import Interrupted
+from reporter.publish.retry import Backoff, Interrupted
 from reporter.schema.codec import decode
 from reporter.schema.labels import annotations, labels
 from reporter.schema.model import Link, LinkKind, Topology
+from reporter.serve.state import Verdict
 from tests.agent_support import (
     NODE,
     PREFIX,
+    ClockedStop,
+    FakeClock,
     FakeScanner,
     WireAgent,
     nvml_failed,
@@ -470,6 +474,51 @@ def test_a_retry_wait_honours_retry_after(
         assert w.agent.step()
     (retry,) = [e for e in logs if e["event"] == "api_retry"]
     assert retry["wait_s"] >= 1.0
+
+
+def test_honouring_a_long_retry_after_is_not_a_stall(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    """429 with Retry-After: 200, four times: 800 s of waits the server asked for (issue 11)."""
+    clock = FakeClock()
+    stop = ClockedStop(clock)
+    apiserver.plan(*[Fault(429, "PATCH", retry_after="200")] * 4)
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        clock=clock,
+        stop=stop,
+        backoff=Backoff(),
+        stall_after_s=STALL_AFTER_S,
+    )
+    stop.probe = w.state.liveness
+    assert w.agent.step()
+    assert len(stop.waited) == 4
+    assert all(seconds >= 200 for seconds in stop.waited)
+    assert stop.seen == [Verdict(True, "ok")] * 4
+    assert w.state.liveness().ok
+    # A loop that stops beating is still caught, a stall limit after its last announced wait.
+    clock.advance(STALL_AFTER_S + 1)
+    assert not w.state.liveness().ok
+
+
+def test_a_long_interval_is_a_wait_not_a_stall(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    clock = FakeClock()
+    stop = ClockedStop(clock, waits=2)
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        clock=clock,
+        stop=stop,
+        interval_s=86400.0,
+        stall_after_s=STALL_AFTER_S,
+    )
+    stop.probe = w.state.liveness
+    w.agent.run()
+    assert stop.waited == [86400.0, 86400.0]
+    assert stop.seen == [Verdict(True, "ok")] * 2
 
 
 def test_shutdown_during_a_retry_wait_stops_without_another_attempt(

@@ -259,6 +259,7 @@ class NodeFeatureSink:
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
         on_error: Any = lambda e: None,
+        on_wait: Any = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
         self._client = client
@@ -270,6 +271,7 @@ class NodeFeatureSink:
         self._backoff = backoff
         self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
         self._on_error = on_error
+        self._on_wait = on_wait
         self._known: _Read | None = None
 
     def _retrying(self, what: str, operation: Any) -> Any:
@@ -280,6 +282,7 @@ class NodeFeatureSink:
             backoff=self._backoff,
             log=self._log,
             on_error=self._on_error,
+            on_wait=self._on_wait,
         )
 
     def _current(self) -> dict[str, Any] | None:

@@ -56,6 +56,7 @@ class NodePatchSink:
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
         on_error: Any = lambda e: None,
+        on_wait: Any = lambda seconds: None,
     ) -> None:
         self._client = client
         self._node = node
@@ -65,6 +66,7 @@ class NodePatchSink:
         self._backoff = backoff
         self._log = log
         self._on_error = on_error
+        self._on_wait = on_wait
         self._known: NodeMetadata | None = None
 
     def _retrying(self, what: str, operation: Any) -> Any:
@@ -75,6 +77,7 @@ class NodePatchSink:
             backoff=self._backoff,
             log=self._log,
             on_error=self._on_error,
+            on_wait=self._on_wait,
         )
 
     def _current(self) -> NodeMetadata:
