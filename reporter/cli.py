@@ -319,7 +319,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             _node_client(config.kubeconfig, log),
             node=config.node,
             prefix=config.prefix,
-            namespace=config.namespace,
             stop=stop,
             backoff=Backoff(),
             log=log,

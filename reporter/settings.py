@@ -61,7 +61,8 @@ class Settings:
     sink: str = "node"
     """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
     namespace: str = "default"
-    """Namespace of the Events (and of the NodeFeature object for that sink)."""
+    """Namespace of the NodeFeature object (the nodefeature sink). Events about the Node go to
+    `default` whatever this says: the API server takes them nowhere else."""
     listen: str = "0.0.0.0:8080"
     """host:port of the health and metrics server; empty disables it."""
     log_format: str = "auto"
@@ -253,7 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sysfs-root", dest="sysfs_root", help="host sysfs mount (default /sys)")
     add("--simulate", metavar="PROFILE", help="simulated machine instead of the hardware")
     add("--sink", help="node or nodefeature (default node)")
-    add("--namespace", help="namespace of Events and the NodeFeature (default: POD_NAMESPACE)")
+    add("--namespace", help="namespace of the NodeFeature object (default: POD_NAMESPACE)")
     add("--listen", help="health and metrics address (default 0.0.0.0:8080, '' disables)")
     add("--log-format", dest="log_format", help="auto, json or console (default auto)")
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")

@@ -201,7 +201,6 @@ def wire_agent(
         client(kubeconfig, request_timeout_s),
         node=NODE,
         prefix=PREFIX,
-        namespace="default",
         stop=stop,
         backoff=backoff,
         log=log,

@@ -566,21 +566,23 @@ def test_nodefeature_error_mapping(
     assert str(mapped).startswith(f"create NodeFeature {NAMESPACE}/{NAME}: ")
 
 
-def test_events_go_to_the_agents_namespace_and_name_the_node(
+def test_events_go_to_default_where_the_apiserver_takes_node_events_and_name_the_node(
     apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
+    """Not the agent's namespace: an Event about a Node is valid only in `default` (issue 11)."""
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
     wired.agent.step()
     scanner.then(ok(topology(8, lost=[3])))
     wired.agent.step()
+    assert apiserver.list_events(NAMESPACE, "") == []
     events = [
-        e for e in apiserver.list_events(NAMESPACE, "") if e["reason"] == "GPUTopologyChanged"
+        e for e in apiserver.list_events("default", "") if e["reason"] == "GPUTopologyChanged"
     ]
     assert [e["type"] for e in events] == ["Normal", "Warning"]
     # Every Event the agent sends goes the same way, its findings included.
     assert ("GPULost", "Warning") in {
-        (e["reason"], e["type"]) for e in apiserver.list_events(NAMESPACE, "")
+        (e["reason"], e["type"]) for e in apiserver.list_events("default", "")
     }
     assert events[1]["involvedObject"] == {
         "apiVersion": "v1",
@@ -600,8 +602,8 @@ def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
         assert wired.agent.step()
     (failed,) = [e for e in logs if e["event"] == "event_failed"]
     assert (
-        f"grant the agent a Role in namespace {NAMESPACE} with `create` on `events`"
-        in failed["error"]
+        "grant the agent a Role in namespace default, where Events about Nodes go, with "
+        "`create` on `events`" in failed["error"]
     )
     assert ours(apiserver)["spec"]["labels"][f"{PREFIX}/count"] == "8"
     assert wired.metrics.api_errors.labels(kind="forbidden")._value.get() == 1

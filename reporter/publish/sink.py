@@ -18,7 +18,7 @@ import structlog
 from reporter.errors import ApiTransientError, PublishError
 from reporter.publish import patch as node_patch
 from reporter.publish import retry
-from reporter.publish.client import EventType, NodeClient
+from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, NodeClient
 from reporter.publish.patch import Desired, NodeMetadata
 
 
@@ -51,7 +51,6 @@ class NodePatchSink:
         *,
         node: str,
         prefix: str,
-        namespace: str,
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
@@ -61,7 +60,6 @@ class NodePatchSink:
         self._client = client
         self._node = node
         self._prefix = prefix
-        self._namespace = namespace
         self._stop = stop
         self._backoff = backoff
         self._log = log
@@ -124,7 +122,7 @@ class NodePatchSink:
         # Its failure is still a failed API call, counted like every other.
         try:
             node = self._known or self._client.get_node(self._node)
-            self._client.create_event(self._namespace, node, event_type, reason, message)
+            self._client.create_event(NODE_EVENT_NAMESPACE, node, event_type, reason, message)
         except PublishError as e:
             self._on_error(e)
             raise
