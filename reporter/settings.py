@@ -98,8 +98,10 @@ class Settings:
                 "the agent would overwrite and delete them; use a domain you own, e.g. "
                 "gpu.topology.io"
             )
-        check_duration(self.interval_s, name="interval")
-        check_duration(self.resync_s, name="resync")
+        # Every duration setting, present and future, gets the same bounds.
+        for name, (_, kind) in _SOURCES.items():
+            if kind == "duration":
+                check_duration(getattr(self, name), name=_flag(name))
         for name, value, allowed in (
             ("backend", self.backend, BACKENDS),
             ("sink", self.sink, SINKS),
