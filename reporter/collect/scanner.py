@@ -96,6 +96,10 @@ class CollectorScanner:
         )
 
 
+_UNSEEN_SHOWN = 4
+"""PCI addresses named in the error line; the rest are counted, not listed."""
+
+
 def _short_of_sysfs(
     topology: Topology | None, status: SourceStatus, view: SysfsView | None
 ) -> tuple[Topology | None, SourceStatus]:
@@ -120,10 +124,6 @@ def _short_of_sysfs(
         "`nvidia-smi` on the node"
     )
     return None, SourceStatus("nvml", SourceState.FAILED, status.duration_s, error)
-
-
-_UNSEEN_SHOWN = 4
-"""PCI addresses named in the error line; the rest are counted, not listed."""
 
 
 def _log_disagreements(nvml: Topology, view: SysfsView) -> None:
