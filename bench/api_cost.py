@@ -89,7 +89,6 @@ def start_agent(
         client(kubeconfig),
         node=node,
         prefix=PREFIX,
-        namespace="default",
         stop=stop,
         backoff=Backoff(),
         log=log,

@@ -37,6 +37,13 @@ from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
 
+STALL_AFTER_S = 300.0
+"""Liveness: the longest the loop may work without a beat or an announced wait before /healthz
+says it is stuck. Every wait is announced (the interval, each retry's backoff or Retry-After), so
+this bounds only work: one scan, and the one or two API requests between two announcements (each
+at most its (5 s, 15 s) timeout). Not a multiple of the interval, nor of the retry budget: a wait
+the loop or the server asked for is not a stall, however long."""
+
 REASON_CHANGED = "GPUTopologyChanged"
 REASON_DEGRADED = DEGRADED_REASON
 REASON_FINDING = "GPUTopologyFinding"
@@ -141,6 +148,8 @@ class Agent:
     def step(self) -> bool:
         """Scan once and publish if needed; True when the target carries what should be there.
 
+        False as well when a source failed, even where the last good topology stands on the
+        target: `run --once` exits 1 then, and a check that runs it must see the failure.
         Raises Interrupted when shutdown is requested during an API retry.
         """
         self._state.beat()
@@ -159,7 +168,7 @@ class Agent:
                 if not result.degraded:
                     self._state.published()
                 return not result.degraded
-            return self._publish(chosen)
+            return self._publish(chosen) and not result.degraded
         except ApiPermanentError as e:
             if str(e) != self._read_refusal:
                 # Once per distinct refusal: it is retried every interval, and repeats help nobody.
@@ -283,6 +292,8 @@ class Agent:
         self._event(kind, REASON_CHANGED, event_message(lines))
 
     def _event(self, event_type: EventType, reason: str, message: str) -> None:
+        # One request each, and a step may post several: each is progress, not a stall.
+        self._state.beat()
         try:
             self._sink.event(event_type, reason, message)
         except PublishError as e:
@@ -304,7 +315,7 @@ class Agent:
                     self.step()
                 except Interrupted:
                     break
-                self._state.beat()
+                self._state.waiting(self._interval_s)
                 self._stop.wait(self._interval_s)
         finally:
             self._state.stopped()

@@ -26,7 +26,7 @@ from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
 from parsers.nvsmi import parse_topo
 from reporter import doctor, logs, settings
-from reporter.agent import Agent, SchemaProjection, run_until_signalled
+from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.errors import (
@@ -307,7 +307,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     metrics = Metrics()
     state = AgentState(
-        stall_after_s=max(3 * config.interval_s, 300.0),
+        stall_after_s=STALL_AFTER_S,
         stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
     )
     sink: Sink
@@ -332,11 +332,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             _node_client(config.kubeconfig, log),
             node=config.node,
             prefix=config.prefix,
-            namespace=config.namespace,
             stop=stop,
             backoff=Backoff(),
             log=log,
             on_error=on_error,
+            on_wait=state.waiting,
         )
     else:
         assert config.node is not None  # validate() requires it unless dry-run
@@ -350,6 +350,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             backoff=Backoff(),
             log=log,
             on_error=on_error,
+            on_wait=state.waiting,
         )
     agent = Agent(
         scanner=scanner,

@@ -144,7 +144,8 @@ def _nvlink_degraded(topology: Topology) -> list[Finding]:
 
 def _numa_unknown(topology: Topology) -> list[Finding]:
     cpu_nodes = [node.id for node in topology.numa_nodes if node.cpus]
-    unknown = [f"GPU{g.index}" for g in topology.gpus if not g.numa]
+    # A lost GPU answers nothing, its NUMA node included: that is the gpu-lost finding, not this.
+    unknown = [f"GPU{g.index}" for g in topology.gpus if not g.numa and not g.lost]
     if len(cpu_nodes) < 2 or not unknown:
         return []
     return [

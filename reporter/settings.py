@@ -9,6 +9,7 @@ This module reads the file and the environment it is handed; it never touches th
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -18,6 +19,7 @@ from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
+from reporter.schema import keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
 BACKENDS = ("auto", "nvml", "sysfs")
@@ -27,7 +29,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # A settings file is a dozen lines.
 MAX_SETTINGS_BYTES = 64 * 1024
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|m|s)")
+DURATION_MIN_S = 1.0
+"""Shortest --interval or --resync: below a second the loop would spend a core on NVML and sysfs."""
+DURATION_MAX_S = 86400.0
+"""Longest --interval or --resync: a day. Beyond it a change or drift goes unseen for longer than
+any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -55,7 +63,8 @@ class Settings:
     sink: str = "node"
     """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
     namespace: str = "default"
-    """Namespace of the Events (and of the NodeFeature object for that sink)."""
+    """Namespace of the NodeFeature object (the nodefeature sink). Events about the Node go to
+    `default` whatever this says: the API server takes them nowhere else."""
     listen: str = "0.0.0.0:8080"
     """host:port of the health and metrics server; empty disables it."""
     log_format: str = "auto"
@@ -83,8 +92,18 @@ class Settings:
                 f"prefix {excerpt(self.prefix)} is not a DNS subdomain (lower-case letters, "
                 "digits, '-' and '.', at most 253 characters), e.g. gpu.topology.io"
             )
-        if self.interval_s <= 0 or self.resync_s <= 0:
-            raise ConfigError("interval and resync must be positive durations, e.g. 60s, 5m")
+        reserved = keys.reserved_domain(self.prefix)
+        if reserved is not None:
+            raise ConfigError(
+                f"prefix {self.prefix!r} is in {reserved}, which Kubernetes reserves for its own "
+                "labels and annotations (kubernetes.io/hostname, node-role.kubernetes.io/...): "
+                "the agent would overwrite and delete them; use a domain you own, e.g. "
+                "gpu.topology.io"
+            )
+        # Every duration setting, present and future, gets the same bounds.
+        for name, (_, kind) in _SOURCES.items():
+            if kind == "duration":
+                check_duration(getattr(self, name), name=_flag(name))
         for name, value, allowed in (
             ("backend", self.backend, BACKENDS),
             ("sink", self.sink, SINKS),
@@ -98,16 +117,26 @@ class Settings:
 
 
 def parse_duration(text: str, *, name: str) -> float:
-    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError."""
+    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError.
+
+    Only decimal digits: Python's float() would also take `nan`, `inf`, `1e309` and `1_0`.
+    """
     value = text.strip()
-    try:
+    if _SECONDS.fullmatch(value):
         return float(value)
-    except ValueError:
-        pass
     parts = _DURATION_PART.findall(value)
     if not parts or "".join(n + u for n, u in parts) != value:
         raise ConfigError(f"{name} {excerpt(text)} is not a duration: use seconds or 90s, 5m, 1h")
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def check_duration(seconds: float, *, name: str) -> float:
+    """`seconds`, or ConfigError when it is not a finite duration from 1 s to a day."""
+    if not math.isfinite(seconds) or not DURATION_MIN_S <= seconds <= DURATION_MAX_S:
+        raise ConfigError(
+            f"{name} must be a duration from 1s to 24h (e.g. 60s, 5m), not {seconds:g} seconds"
+        )
+    return seconds
 
 
 def listen_address(text: str) -> tuple[str, int] | None:
@@ -151,9 +180,13 @@ def _flag(name: str) -> str:
 def _convert(name: str, raw: object, origin: str) -> object:
     kind = _SOURCES[name][1]
     if kind == "duration":
+        where = f"{_flag(name)} ({origin})"
         if isinstance(raw, int | float) and not isinstance(raw, bool):
-            return float(raw)
-        return parse_duration(str(raw), name=f"{_flag(name)} ({origin})")
+            # A YAML integer can be too large for a float (10**400): that is out of range too.
+            seconds = float(raw) if not isinstance(raw, int) or abs(raw) < 10**18 else math.inf
+        else:
+            seconds = parse_duration(str(raw), name=where)
+        return check_duration(seconds, name=where)
     if not isinstance(raw, str):
         raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {excerpt(raw)}")
     return raw
@@ -228,7 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sysfs-root", dest="sysfs_root", help="host sysfs mount (default /sys)")
     add("--simulate", metavar="PROFILE", help="simulated machine instead of the hardware")
     add("--sink", help="node or nodefeature (default node)")
-    add("--namespace", help="namespace of Events and the NodeFeature (default: POD_NAMESPACE)")
+    add("--namespace", help="namespace of the NodeFeature object (default: POD_NAMESPACE)")
     add("--listen", help="health and metrics address (default 0.0.0.0:8080, '' disables)")
     add("--log-format", dest="log_format", help="auto, json or console (default auto)")
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")

@@ -123,6 +123,30 @@ class FakeClock:
         self.now += seconds
 
 
+class ClockedStop(threading.Event):
+    """A stop signal whose waits pass at once on a fake clock, so that hours of Retry-After and
+    interval cost no real time. Each wait notes `probe()` (the liveness verdict) as it ends; the
+    signal sets itself after `waits` waits, ending a running loop."""
+
+    def __init__(self, clock: FakeClock, *, waits: int = 1_000) -> None:
+        super().__init__()
+        self.clock = clock
+        self.waits = waits
+        self.waited: list[float] = []
+        self.seen: list[object] = []
+        self.probe: Callable[[], object] = lambda: None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.is_set():
+            return True
+        self.clock.advance(timeout or 0.0)
+        self.waited.append(timeout or 0.0)
+        self.seen.append(self.probe())
+        if len(self.waited) >= self.waits:
+            self.set()
+        return self.is_set()
+
+
 @dataclass
 class Wired:
     """An agent and everything around it."""
@@ -164,22 +188,24 @@ def wire_agent(
     request_timeout_s: tuple[float, float] = (2.0, 2.0),
     stop: threading.Event | None = None,
     kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
+    backoff: Backoff = FAST,
+    stall_after_s: float = 180,
 ) -> Wired:
     """An agent on NODE, publishing through `client` to whatever kubeconfig names."""
     clock = clock or FakeClock()
-    stop = stop or threading.Event()
+    stop = stop if stop is not None else threading.Event()
     metrics = Metrics()
-    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
+    state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
     log = structlog.get_logger("topo_reporter").bind(node=NODE)
     sink = NodePatchSink(
         client(kubeconfig, request_timeout_s),
         node=NODE,
         prefix=PREFIX,
-        namespace="default",
         stop=stop,
-        backoff=FAST,
+        backoff=backoff,
         log=log,
         on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+        on_wait=state.waiting,
     )
     agent = Agent(
         scanner=scanner,

@@ -59,6 +59,30 @@ def test_once_publishes_through_a_kubeconfig_and_exits_zero(
     assert "agent-token" not in result.stderr
 
 
+def test_events_about_the_node_go_to_default_whatever_the_pods_namespace(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    """The chart sets POD_NAMESPACE to the release's; the apiserver takes Node Events in default."""
+    result = subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(
+            KUBECONFIG=str(kubeconfig),
+            NODE_NAME=NODE,
+            POD_NAMESPACE="gpu-system",
+            TOPO_REPORTER_LOG_FORMAT="json",
+        ),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "event_failed" not in result.stderr
+    assert apiserver.list_events("gpu-system", "") == []
+    (event,) = apiserver.list_events("default", "")
+    assert (event["reason"], event["involvedObject"]["name"]) == ("GPUTopologyChanged", NODE)
+
+
 def test_once_exits_non_zero_with_one_line_when_the_api_refuses(
     apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path]
 ) -> None:

@@ -15,16 +15,22 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from reporter.agent import STALL_AFTER_S
+from reporter.collect import build_scanner
 from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.simulate.fake_nvml import Faults
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
-from reporter.publish.retry import Interrupted
+from reporter.publish.retry import Backoff, Interrupted
 from reporter.schema.codec import decode
 from reporter.schema.labels import annotations, labels
 from reporter.schema.model import Link, LinkKind, Topology
+from reporter.serve.state import Verdict
 from tests.agent_support import (
     NODE,
     PREFIX,
+    ClockedStop,
+    FakeClock,
     FakeScanner,
     WireAgent,
     nvml_failed,
@@ -118,6 +124,34 @@ def test_foreign_labels_and_annotations_are_never_touched(
         assert f"{PREFIX}/added-by-hand" not in named
 
 
+def test_an_edited_owned_list_naming_kubernetes_labels_deletes_none_of_them(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    kubelet = {
+        "kubernetes.io/hostname": NODE,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node-role.kubernetes.io/gpu": "",
+    }
+    w = wire(kubeconfig, FakeScanner([ok(topology())]))
+    w.agent.step()
+    apiserver.edit_node(
+        NODE,
+        {
+            "metadata": {
+                "labels": kubelet,
+                "annotations": {OWNED: ",".join([*kubelet, f"{PREFIX}/count"])},
+            }
+        },
+    )
+    w.scanner.then(ok(topology(4)))
+    w.clock.advance(300)
+    assert w.agent.step()
+    labels = apiserver.labels(NODE)
+    assert {k: labels[k] for k in kubelet} == kubelet
+    assert labels[f"{PREFIX}/count"] == "4"
+
+
 def test_keys_it_owned_and_no_longer_produces_are_removed(
     apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
@@ -194,6 +228,27 @@ def test_a_gpu_nvml_reports_lost_is_published_as_lost_with_a_warning(
     assert w.state.readiness().ok
 
 
+@pytest.mark.parametrize("lost", [0, 3, 7])
+@pytest.mark.parametrize("profile", ["dgx-h100", "pcie-8x"])
+def test_a_gpu_nvml_reports_lost_is_told_once_as_lost_with_no_other_noise(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent, profile: str, lost: int
+) -> None:
+    """What the NVML collector really gives for a lost GPU (its index, nothing else), end to end."""
+    healthy = build_scanner("auto", Path("/sys"), profile).scan()
+    broken = build_scanner(
+        "auto", Path("/sys"), profile, faults=Faults(lost=frozenset({lost}))
+    ).scan()
+    w = wire(kubeconfig, FakeScanner([healthy]))
+    assert w.agent.step()
+    apiserver.events.clear()
+    w.scanner.then(broken)
+    w.clock.advance(60)
+    assert w.agent.step()
+    told = events(apiserver)
+    assert ("Warning", "GPUTopologyChanged", f"GPU{lost} lost") in told
+    assert [reason for _, reason, _ in told] == ["GPUTopologyChanged", "GPULost"]
+
+
 def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
     apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
 ) -> None:
@@ -204,7 +259,7 @@ def test_nvml_failing_after_it_worked_keeps_the_last_data_and_marks_degraded(
     w.scanner.then(nvml_failed(topology(8, nics=())), nvml_failed(None))
     for _ in range(2):
         w.clock.advance(60)
-        assert w.agent.step()
+        assert not w.agent.step()
     assert ours(apiserver) == before
     assert apiserver.writes() == []
     assert not w.state.readiness().ok
@@ -231,9 +286,44 @@ def test_degraded_after_a_restart_keeps_what_the_node_already_carries(
     wire(kubeconfig, FakeScanner([ok(topology())])).agent.step()
     before = ours(apiserver)
     restarted = wire(kubeconfig, FakeScanner([nvml_failed(None)]))
-    restarted.agent.step()
+    assert not restarted.agent.step(), "a failed source is a failed step: run --once exits 1"
     assert ours(apiserver) == before
     assert not restarted.state.readiness().ok
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [frozenset(), frozenset({0, 1, 2, 3}), frozenset({0, 1, 2, 3, 4, 5, 6})],
+    ids=["NVML sees 0 of 8 GPUs", "NVML sees 4 of 8", "NVML sees 7 of 8"],
+)
+def test_nvml_seeing_fewer_gpus_than_sysfs_is_degraded_and_keeps_the_last_topology(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent, visible: frozenset[int]
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=none (or a partial list) in the pod: NVML loads and counts short."""
+    healthy = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    short = build_scanner("auto", Path("/sys"), "dgx-h100", faults=Faults(visible=visible)).scan()
+    w = wire(kubeconfig, FakeScanner([healthy]))
+    assert w.agent.step()
+    before = ours(apiserver)
+    assert before.labels[f"{PREFIX}/nvlink-island-size"] == "8"
+    apiserver.events.clear()
+    apiserver.clear_requests()
+    w.scanner.then(short)
+    for _ in range(2):
+        w.clock.advance(60)
+        assert not w.agent.step()
+    assert ours(apiserver) == before
+    assert apiserver.writes() == []
+    assert not w.state.readiness().ok
+    assert f"NVML sees {len(visible)} of the 8 NVIDIA GPUs" in w.state.readiness().reason
+    ((kind, reason, message),) = events(apiserver)
+    assert (kind, reason) == ("Warning", "GPUTopologyDegraded")
+    assert message.startswith(f"nvml: NVML sees {len(visible)} of the 8 NVIDIA GPUs in sysfs")
+    assert message.endswith("; keeping the last published topology")
+    w.scanner.then(healthy)
+    w.clock.advance(60)
+    assert w.agent.step()
+    assert w.state.readiness().ok
 
 
 def test_degraded_with_nothing_published_before_publishes_what_sysfs_saw(
@@ -384,6 +474,51 @@ def test_a_retry_wait_honours_retry_after(
         assert w.agent.step()
     (retry,) = [e for e in logs if e["event"] == "api_retry"]
     assert retry["wait_s"] >= 1.0
+
+
+def test_honouring_a_long_retry_after_is_not_a_stall(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    """429 with Retry-After: 200, four times: 800 s of waits the server asked for (issue 11)."""
+    clock = FakeClock()
+    stop = ClockedStop(clock)
+    apiserver.plan(*[Fault(429, "PATCH", retry_after="200")] * 4)
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        clock=clock,
+        stop=stop,
+        backoff=Backoff(),
+        stall_after_s=STALL_AFTER_S,
+    )
+    stop.probe = w.state.liveness
+    assert w.agent.step()
+    assert len(stop.waited) == 4
+    assert all(seconds >= 200 for seconds in stop.waited)
+    assert stop.seen == [Verdict(True, "ok")] * 4
+    assert w.state.liveness().ok
+    # A loop that stops beating is still caught, a stall limit after its last announced wait.
+    clock.advance(STALL_AFTER_S + 1)
+    assert not w.state.liveness().ok
+
+
+def test_a_long_interval_is_a_wait_not_a_stall(
+    apiserver: ApiServerDouble, kubeconfig: Path, wire: WireAgent
+) -> None:
+    clock = FakeClock()
+    stop = ClockedStop(clock, waits=2)
+    w = wire(
+        kubeconfig,
+        FakeScanner([ok(topology())]),
+        clock=clock,
+        stop=stop,
+        interval_s=86400.0,
+        stall_after_s=STALL_AFTER_S,
+    )
+    stop.probe = w.state.liveness
+    w.agent.run()
+    assert stop.waited == [86400.0, 86400.0]
+    assert stop.seen == [Verdict(True, "ok")] * 2
 
 
 def test_shutdown_during_a_retry_wait_stops_without_another_attempt(

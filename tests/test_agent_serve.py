@@ -100,3 +100,16 @@ def test_unknown_paths_say_what_exists(
     served: tuple[HealthServer, AgentState, Metrics, FakeClock],
 ) -> None:
     assert get(served[0], "/") == (404, "not found: try /healthz, /readyz or /metrics\n")
+
+
+def test_an_announced_wait_is_live_until_it_ends_and_a_stall_limit_after(
+    served: tuple[HealthServer, AgentState, Metrics, FakeClock],
+) -> None:
+    server, state, _, clock = served
+    state.waiting(1000)
+    clock.advance(1000 + 180)
+    assert get(server, "/healthz") == (200, "ok\n")
+    clock.advance(1)
+    assert get(server, "/healthz") == (503, "loop stalled for 181s\n")
+    state.beat()
+    assert get(server, "/healthz")[0] == 200

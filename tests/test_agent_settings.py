@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import pytest
 
+from reporter.cli import main
 from reporter.errors import ConfigError
 from reporter.settings import Settings, add_arguments, parse_duration, resolve
 
@@ -80,8 +82,32 @@ BAD = [
         {},
         "interval (--interval) '5d' is not a duration",
     ),
-    ("a zero interval", ["--node", "n", "--interval", "0"], {}, "must be positive"),
+    ("a zero interval", ["--node", "n", "--interval", "0"], {}, "from 1s to 24h"),
     ("an upper-case prefix", ["--node", "n", "--prefix", "GPU.io"], {}, "is not a DNS subdomain"),
+    (
+        "the reserved kubernetes.io prefix",
+        ["--node", "n", "--prefix", "kubernetes.io"],
+        {},
+        "prefix 'kubernetes.io' is in kubernetes.io, which Kubernetes reserves",
+    ),
+    (
+        "a subdomain of kubernetes.io",
+        ["--node", "n", "--prefix", "node-role.kubernetes.io"],
+        {},
+        "is in kubernetes.io, which Kubernetes reserves",
+    ),
+    (
+        "the reserved k8s.io prefix from the environment",
+        ["--node", "n"],
+        {"TOPO_REPORTER_PREFIX": "k8s.io"},
+        "is in k8s.io, which Kubernetes reserves",
+    ),
+    (
+        "a subdomain of k8s.io",
+        ["--node", "n", "--prefix", "gpu.x-k8s.k8s.io"],
+        {},
+        "is in k8s.io, which Kubernetes reserves",
+    ),
     (
         "an unknown backend",
         ["--node", "n"],
@@ -129,3 +155,88 @@ def test_a_bad_settings_file_is_named(tmp_path: Path, content: str, message: str
     path.write_text(content)
     with pytest.raises(ConfigError, match=message):
         resolve(flags("--config", str(path), "--node", "n"), {})
+
+
+ABSURD_DURATIONS = [
+    ("nan", "is not a duration"),
+    ("NaN", "is not a duration"),
+    ("inf", "is not a duration"),
+    ("-inf", "is not a duration"),
+    ("Infinity", "is not a duration"),
+    ("1e309", "is not a duration"),
+    ("1e-400", "is not a duration"),
+    ("1_0", "is not a duration"),
+    ("-5", "is not a duration"),
+    ("0", "not 0 seconds"),
+    ("0.5", "not 0.5 seconds"),
+    ("0s", "not 0 seconds"),
+    ("25h", "not 90000 seconds"),
+    ("1441m", "not 86460 seconds"),
+    ("9" * 400, "not inf seconds"),
+    ("9" * 400 + "h", "not inf seconds"),
+]
+
+
+@pytest.mark.parametrize("flag", ["--interval", "--resync"])
+@pytest.mark.parametrize(
+    ("text", "message"), ABSURD_DURATIONS, ids=[t[:12] for t, _ in ABSURD_DURATIONS]
+)
+def test_non_finite_and_absurd_durations_are_refused_at_start_from_the_command_line(
+    flag: str, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", f"{flag}={text}"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1, err
+    assert f"{flag[2:]} ({flag})" in err
+    assert message in err
+    assert len(err) < 200
+
+
+CONFIG_DURATIONS = [
+    ("interval: .nan", "not nan seconds"),
+    ("interval: .inf", "not inf seconds"),
+    ("resync: -.inf", "not -inf seconds"),
+    ("interval: 1e309", "is not a duration"),
+    ("interval: 1.0e+309", "not inf seconds"),
+    ("resync: " + "9" * 400, "not inf seconds"),
+    ("resync: -1", "not -1 seconds"),
+    ("interval: 0", "not 0 seconds"),
+    ("interval: 86401", "not 86401 seconds"),
+    ("resync: 30h", "not 108000 seconds"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"), CONFIG_DURATIONS, ids=[t[:20] for t, _ in CONFIG_DURATIONS]
+)
+def test_non_finite_and_absurd_durations_are_refused_at_start_from_the_settings_file(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(line + "\n")
+    status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1, err
+    assert f"in {path}" in err
+    assert message in err
+
+
+@pytest.mark.parametrize("variable", ["TOPO_REPORTER_INTERVAL", "TOPO_REPORTER_RESYNC"])
+def test_a_non_finite_duration_in_the_environment_names_the_variable(variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"from {variable}"):
+        resolve(flags("--node", "n"), {variable: "nan"})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1s", 1.0), ("24h", 86400.0), ("1", 1.0)])
+def test_the_duration_bounds_themselves_are_accepted(text: str, seconds: float) -> None:
+    s = resolve(flags("--node", "n", "--interval", text, "--resync", text), {})
+    assert (s.interval_s, s.resync_s) == (seconds, seconds)
+
+
+@pytest.mark.parametrize("field", ["interval_s", "resync_s"])
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, 0.0, -1.0, 1e9])
+def test_settings_built_in_code_are_checked_the_same(field: str, seconds: float) -> None:
+    with pytest.raises(ConfigError, match="from 1s to 24h"):
+        Settings(node="n", **{field: seconds}).validate()  # type: ignore[arg-type]

@@ -254,7 +254,7 @@ DENIED: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any]]], 
     ),
     "a kubernetes.io label is added": (
         lambda p: changed(set_label("node-role.kubernetes.io/control-plane", "")),
-        "only labels under",
+        "Kubernetes-reserved namespaces",
     ),
     "a label under a look-alike prefix": (
         lambda p: changed(set_label(f"{p}.evil.example/count", "8")),
@@ -270,13 +270,13 @@ DENIED: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any]]], 
     ),
     "a foreign annotation is changed": (
         lambda p: changed(set_annotation("node.alpha.kubernetes.io/ttl", "30")),
-        "only annotations under",
+        "Kubernetes-reserved namespaces",
     ),
     "a foreign annotation is removed": (
         lambda p: changed(
             drop_annotation("volumes.kubernetes.io/controller-managed-attach-detach")
         ),
-        "only annotations under",
+        "Kubernetes-reserved namespaces",
     ),
     "a taint is added": (
         lambda p: changed(
@@ -390,3 +390,79 @@ def test_expressions_use_only_standard_cel_and_admission_variables(
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
         assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
+RESERVED_KEYS = (
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node-role.kubernetes.io/control-plane",
+    "node.kubernetes.io/instance-type",
+    "k8s.io/x",
+    "topology.k8s.io/zone",
+)
+
+
+def _reserved_prefix_policy(prefix: str) -> PolicyEvaluator:
+    """The policy as `helm install --skip-schema-validation --set agent.prefix=...` renders it.
+
+    The values schema refuses a reserved prefix, so the chart cannot render one here; the policy
+    puts agent.prefix into one variable, which this sets as the template would have.
+    """
+    policy = copy.deepcopy(render(api_versions=(VAP_API,)).one("ValidatingAdmissionPolicy"))
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "prefix"]
+    variable["expression"] = f'"{prefix}/"'
+    return PolicyEvaluator(policy)
+
+
+@pytest.mark.parametrize("prefix", ["kubernetes.io", "node.kubernetes.io", "k8s.io"])
+@pytest.mark.parametrize(
+    "change",
+    ["add", "change", "remove"],
+    ids=["a reserved key added", "a reserved key changed", "a reserved key removed"],
+)
+@pytest.mark.parametrize("section", ["labels", "annotations"])
+def test_reserved_keys_are_denied_even_when_the_prefix_is_reserved(
+    prefix: str, change: str, section: str
+) -> None:
+    evaluator = _reserved_prefix_policy(prefix)
+    old = node()
+    old["metadata"][section] |= {k: "old" for k in RESERVED_KEYS if k.startswith(prefix)}
+    for key in (k for k in RESERVED_KEYS if k.startswith(prefix) or change == "add"):
+        new = copy.deepcopy(old)
+        values = new["metadata"][section]
+        if change == "add":
+            old["metadata"][section].pop(key, None)
+            values[key] = "new"
+        elif change == "change":
+            values[key] = "new"
+        else:
+            values.pop(key)
+        decision = evaluator.admit(request(old, new))
+        assert not decision.allowed, (key, change)
+        assert "Kubernetes-reserved namespaces" in decision.message
+
+
+def test_the_agent_deleting_what_an_edited_owned_list_names_is_denied() -> None:
+    """The attack of issue 11: prefix kubernetes.io, `owned` edited to list the kubelet's labels."""
+    evaluator = _reserved_prefix_policy("kubernetes.io")
+    old = node()
+    old["metadata"]["labels"] |= {"kubernetes.io/arch": "amd64"}
+    old["metadata"]["annotations"]["kubernetes.io/owned"] = (
+        "kubernetes.io/hostname,kubernetes.io/os,kubernetes.io/arch"
+    )
+    new = copy.deepcopy(old)
+    for key in ("kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch"):
+        new["metadata"]["labels"].pop(key)
+    assert not evaluator.admit(request(old, new)).allowed
+
+
+def test_a_prefix_that_only_ends_like_a_reserved_domain_is_not_reserved(
+    rendering: Rendering,
+) -> None:
+    """`notkubernetes.io` and `kubernetes.io.example.com` are someone's own domains."""
+    evaluator = _reserved_prefix_policy("notkubernetes.io")
+    old, new = changed(publish("notkubernetes.io"))
+    assert evaluator.admit(request(old, new)).allowed
+    evaluator = _reserved_prefix_policy("kubernetes.io.example.com")
+    old, new = changed(publish("kubernetes.io.example.com"))
+    assert evaluator.admit(request(old, new)).allowed

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from reporter.publish.client import NODE_EVENT_NAMESPACE
 from reporter.publish.nodefeature import RBAC_VERBS
 from tests.helm_chart import (
     ALL_ON,
@@ -110,6 +111,8 @@ def test_defaults_render_the_agent_its_identity_rbac_and_policy(default: Rendere
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
@@ -188,25 +191,48 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_node_sink_clusterrole_holds_exactly_node_get_patch_and_event_create(
-    default: Rendered,
+def _named(rendered: Rendered, kind: str, suffix: str) -> dict[str, Any]:
+    (found,) = [o for o in rendered.of_kind(kind) if o["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def test_node_sink_clusterrole_holds_exactly_node_get_and_patch(default: Rendered) -> None:
+    assert _rules(default.one("ClusterRole")) == {("", "nodes", "get"), ("", "nodes", "patch")}
+
+
+@pytest.mark.parametrize("fixture", ["default", "nodefeature"], ids=["node sink", "nodefeature"])
+def test_events_are_granted_only_in_default_where_node_events_go(
+    fixture: str, request: pytest.FixtureRequest
 ) -> None:
-    assert _rules(default.one("ClusterRole")) == {
-        ("", "nodes", "get"),
-        ("", "nodes", "patch"),
-        ("", "events", "create"),
+    """Not a ClusterRole: the agent can post Events in `default` and nowhere else (issue 11)."""
+    rendered: Rendered = request.getfixturevalue(fixture)
+    role = _named(rendered, "Role", "-node-events")
+    assert role["metadata"]["namespace"] == NODE_EVENT_NAMESPACE == "default"
+    assert _rules(role) == {("", "events", "create")}
+    binding = _named(rendered, "RoleBinding", "-node-events")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
     }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    ]
+    granting_events = [
+        r["metadata"].get("namespace")
+        for kind in ("ClusterRole", "Role")
+        for r in rendered.of_kind(kind)
+        if any(resource == "events" for _, resource, _ in _rules(r))
+    ]
+    assert granting_events == ["default"]
 
 
-def test_nodefeature_sink_role_is_namespaced_on_nodefeatures_and_events(
-    nodefeature: Rendered,
-) -> None:
-    role = nodefeature.one("Role")
+def test_nodefeature_sink_role_is_namespaced_on_nodefeatures(nodefeature: Rendered) -> None:
+    role = _named(nodefeature, "Role", FULLNAME)
     assert role["metadata"]["namespace"] == NAMESPACE
     # Exactly the verbs the sink uses (tests/test_publish_nodefeature.py checks it uses these).
-    assert _rules(role) == {("nfd.k8s-sigs.io", "nodefeatures", v) for v in RBAC_VERBS} | {
-        ("", "events", "create")
-    }
+    assert _rules(role) == {("nfd.k8s-sigs.io", "nodefeatures", v) for v in RBAC_VERBS}
 
 
 @pytest.mark.parametrize(
@@ -229,9 +255,9 @@ def test_binding_grants_the_role_to_the_agents_service_account(
     fixture: str, binding_kind: str, sa_name: str, request: pytest.FixtureRequest
 ) -> None:
     rendered: Rendered = request.getfixturevalue(fixture)
-    binding = rendered.one(binding_kind)
+    binding = _named(rendered, binding_kind, FULLNAME)
     role_kind = binding_kind.removesuffix("Binding")
-    assert binding["roleRef"]["name"] == rendered.one(role_kind)["metadata"]["name"]
+    assert binding["roleRef"]["name"] == _named(rendered, role_kind, FULLNAME)["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}
     ]

@@ -98,6 +98,10 @@ def test_defaults_satisfy_the_schema() -> None:
         ({"agent": {"backend": "nvidia-smi"}}, "at '/agent/backend': value must be one of"),
         ({"agent": {"prefix": 'gpu"io'}}, "at '/agent/prefix'"),
         ({"agent": {"prefix": "Example.COM"}}, "at '/agent/prefix'"),
+        ({"agent": {"prefix": "kubernetes.io"}}, "at '/agent/prefix'"),
+        ({"agent": {"prefix": "node.kubernetes.io"}}, "at '/agent/prefix'"),
+        ({"agent": {"prefix": "k8s.io"}}, "at '/agent/prefix'"),
+        ({"agent": {"prefix": "topology.k8s.io"}}, "at '/agent/prefix'"),
         ({"agent": {"interval": "1d"}}, "at '/agent/interval'"),
         ({"agent": {"interval": 60}}, "at '/agent/interval': got number, want string"),
         (
@@ -129,6 +133,10 @@ def test_defaults_satisfy_the_schema() -> None:
         "an unknown backend",
         "a prefix that would break out of a CEL string",
         "a prefix that is not a lower-case DNS subdomain",
+        "the reserved kubernetes.io prefix",
+        "a subdomain of kubernetes.io",
+        "the reserved k8s.io prefix",
+        "a subdomain of k8s.io",
         "an interval in days",
         "an interval given as a number",
         "a policy switch that is neither auto nor a bool",
@@ -145,3 +153,9 @@ def test_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], messag
         render(values)
     assert "values don't meet the specifications of the schema" in str(caught.value)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("prefix", ["notkubernetes.io", "kubernetes.io.example.com", "k8s.example"])
+def test_schema_takes_prefixes_that_only_look_like_reserved_ones(prefix: str) -> None:
+    chart = helm.Chart.load(CHART_DIR)
+    chart.validate_schema({**chart.values, "agent": {**chart.values["agent"], "prefix": prefix}})

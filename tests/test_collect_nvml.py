@@ -85,6 +85,32 @@ def test_backend_nvml_publishes_nothing_when_nvml_fails() -> None:
     assert result.failed[0].error is not None
 
 
+@pytest.mark.parametrize(
+    ("backend", "source"), [("auto", Source.SYSFS), ("nvml", None)], ids=["auto", "nvml"]
+)
+@pytest.mark.parametrize("visible", [(), (0, 1, 2, 3), (1, 2, 3, 4, 5, 6, 7)])
+def test_nvml_seeing_fewer_gpus_than_sysfs_has_failed(
+    backend: str, source: Source | None, visible: tuple[int, ...]
+) -> None:
+    result = scanner("dgx-h100", backend, Faults(visible=frozenset(visible))).scan()
+    assert [s.state for s in result.sources] == [SourceState.FAILED, SourceState.OK]
+    assert result.degraded
+    error = result.failed[0].error
+    assert error is not None
+    assert error.startswith(f"NVML sees {len(visible)} of the 8 NVIDIA GPUs in sysfs")
+    assert "NVIDIA_VISIBLE_DEVICES=all" in error
+    assert "\n" not in error
+    assert (None if result.topology is None else result.topology.source) is source
+
+
+def test_nvml_seeing_every_gpu_sysfs_lists_is_ok_and_a_lost_gpu_counts_as_seen() -> None:
+    for faults in (Faults(), Faults(visible=frozenset(range(8))), Faults(lost=frozenset({2}))):
+        result = scanner("dgx-h100", "auto", faults).scan()
+        assert not result.degraded
+        assert result.topology is not None
+        assert result.topology.source is Source.NVML
+
+
 @pytest.mark.parametrize("lost", [0, 3, 7])
 def test_a_lost_gpu_is_reported_lost_and_the_others_as_usual(lost: int) -> None:
     healthy = collect("dgx-h100")

@@ -166,9 +166,9 @@ def test_the_agent_degraded_event_is_found(
 ) -> None:
     publish(apiserver, "degraded", dgx())
     apiserver.create_event(
-        "gpu-topology",
+        "default",
         {
-            "metadata": {"name": "degraded.1", "namespace": "gpu-topology"},
+            "metadata": {"name": "degraded.1", "namespace": "default"},
             "involvedObject": {"kind": "Node", "name": "degraded", "apiVersion": "v1"},
             "reason": "GPUTopologyDegraded",
             "message": "nvml: NVML did not load (Driver Not Loaded); keeping the last topology",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -156,6 +157,14 @@ def test_a_lost_gpu_is_an_error_the_agent_sees_by_itself() -> None:
     findings = local_findings(dgx(lost=(6,)), None)
     assert codes(findings) == ["gpu-lost"]
     assert findings[0].severity is Severity.ERROR
+
+
+def test_a_lost_gpu_as_nvml_reports_it_is_one_finding_not_also_an_unknown_numa_node() -> None:
+    """The NVML collector knows a lost GPU by its index alone: no NUMA node, no PCI address."""
+    healthy = dgx()
+    gpus = tuple(Gpu(index=6, lost=True) if g.index == 6 else g for g in healthy.gpus)
+    findings = local_findings(replace(healthy, gpus=gpus), None)
+    assert codes(findings) == ["gpu-lost"]
 
 
 @pytest.mark.parametrize(

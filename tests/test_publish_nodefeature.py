@@ -22,23 +22,25 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
-from reporter.agent import Agent, SchemaProjection
+from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
 from reporter.publish.kube import _map_nodefeature_exception
 from reporter.publish.patch import Desired
+from reporter.publish.retry import Backoff
 from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
 from reporter.serve.metrics import Metrics, api_error_kind
-from reporter.serve.state import AgentState
+from reporter.serve.state import AgentState, Verdict
 from tests.agent_support import (
     FAST,
     NODE,
     NODEFEATURE_CLIENTS,
     PREFIX,
+    ClockedStop,
     FakeClock,
     FakeScanner,
     NodeFeatureClientFactory,
@@ -240,10 +242,13 @@ def wire_nf_agent(
     scanner: FakeScanner,
     *,
     clock: FakeClock | None = None,
+    stop: threading.Event | None = None,
+    backoff: Backoff = FAST,
+    stall_after_s: float = 180,
 ) -> NfWired:
     clock = clock or FakeClock()
-    stop = threading.Event()
-    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
+    stop = stop if stop is not None else threading.Event()
+    state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
     log = structlog.get_logger("topo_reporter").bind(node=NODE)
     metrics = Metrics()
     sink = nf.NodeFeatureSink(
@@ -252,9 +257,10 @@ def wire_nf_agent(
         prefix=PREFIX,
         namespace=NAMESPACE,
         stop=stop,
-        backoff=FAST,
+        backoff=backoff,
         log=log,
         on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+        on_wait=state.waiting,
     )
     agent = Agent(
         scanner=scanner,
@@ -566,21 +572,23 @@ def test_nodefeature_error_mapping(
     assert str(mapped).startswith(f"create NodeFeature {NAMESPACE}/{NAME}: ")
 
 
-def test_events_go_to_the_agents_namespace_and_name_the_node(
+def test_events_go_to_default_where_the_apiserver_takes_node_events_and_name_the_node(
     apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
 ) -> None:
+    """Not the agent's namespace: an Event about a Node is valid only in `default` (issue 11)."""
     scanner = FakeScanner([ok(topology())])
     wired = wire_nf(nf_kubeconfig, scanner)
     wired.agent.step()
     scanner.then(ok(topology(8, lost=[3])))
     wired.agent.step()
+    assert apiserver.list_events(NAMESPACE, "") == []
     events = [
-        e for e in apiserver.list_events(NAMESPACE, "") if e["reason"] == "GPUTopologyChanged"
+        e for e in apiserver.list_events("default", "") if e["reason"] == "GPUTopologyChanged"
     ]
     assert [e["type"] for e in events] == ["Normal", "Warning"]
     # Every Event the agent sends goes the same way, its findings included.
     assert ("GPULost", "Warning") in {
-        (e["reason"], e["type"]) for e in apiserver.list_events(NAMESPACE, "")
+        (e["reason"], e["type"]) for e in apiserver.list_events("default", "")
     }
     assert events[1]["involvedObject"] == {
         "apiVersion": "v1",
@@ -600,8 +608,8 @@ def test_an_event_without_the_right_to_post_it_is_logged_and_publishing_goes_on(
         assert wired.agent.step()
     (failed,) = [e for e in logs if e["event"] == "event_failed"]
     assert (
-        f"grant the agent a Role in namespace {NAMESPACE} with `create` on `events`"
-        in failed["error"]
+        "grant the agent a Role in namespace default, where Events about Nodes go, with "
+        "`create` on `events`" in failed["error"]
     )
     assert ours(apiserver)["spec"]["labels"][f"{PREFIX}/count"] == "8"
     assert wired.metrics.api_errors.labels(kind="forbidden")._value.get() == 1
@@ -624,3 +632,23 @@ def test_a_real_conflict_is_read_again_and_written_over_the_new_version(
         ("PUT", 200),
     ]
     assert ours(apiserver)["metadata"]["labels"]["team"] == "ml"
+
+
+def test_honouring_a_long_retry_after_is_not_a_stall(
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf
+) -> None:
+    clock = FakeClock()
+    stop = ClockedStop(clock)
+    apiserver.plan(*[Fault(429, "POST", path=f"/apis/{nf.GROUP}", retry_after="250")] * 3)
+    wired = wire_nf(
+        nf_kubeconfig,
+        FakeScanner([ok(topology())]),
+        clock=clock,
+        stop=stop,
+        backoff=Backoff(),
+        stall_after_s=STALL_AFTER_S,
+    )
+    stop.probe = wired.state.liveness
+    assert wired.agent.step()
+    assert [seconds >= 250 for seconds in stop.waited] == [True] * 3
+    assert stop.seen == [Verdict(True, "ok")] * 3

@@ -157,6 +157,30 @@ def test_owned_list_ignores_blanks_spaces_and_foreign_keys() -> None:
     assert p.owned({OWNED: text}, PREFIX) == {f"{PREFIX}/a", f"{PREFIX}/b"}
 
 
+KUBELET_LABELS = {
+    "kubernetes.io/hostname": "n1",
+    "kubernetes.io/os": "linux",
+    "kubernetes.io/arch": "amd64",
+    "node-role.kubernetes.io/gpu": "",
+    "topology.k8s.io/zone": "a",
+}
+
+
+@pytest.mark.parametrize(
+    "prefix", ["kubernetes.io", "node-role.kubernetes.io", "k8s.io", "topology.k8s.io"]
+)
+def test_a_reserved_prefix_owns_nothing_whatever_the_owned_list_says(prefix: str) -> None:
+    """Settings refuse such a prefix; the ownership check holds without them (issue 11)."""
+    owned_key = f"{prefix}/owned"
+    listed = ",".join(KUBELET_LABELS)
+    current = node(dict(KUBELET_LABELS), {owned_key: listed})
+    assert p.owned(current.annotations, prefix) == frozenset()
+    assert p.ours(current, prefix) == Desired({}, {})
+    assert p.minimal_patch(current, Desired({}, {}), prefix) is None
+    with pytest.raises(ValueError, match="refusing"):
+        p.desired({f"{prefix}/count": "8"}, {}, prefix)
+
+
 def test_annotation_budget_counts_every_annotation_in_bytes_and_names_the_shares() -> None:
     foreign = {"other.io/blob": "é" * 130_000}  # 260 000 bytes of someone else's
     current = node({}, foreign)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from reporter.schema.diff import changes, event_message
-from reporter.schema.model import Link, LinkKind, Topology
+from reporter.schema.model import Gpu, Link, LinkKind, Topology
 from tests.agent_support import topology
 
 BASE = topology()
@@ -57,3 +57,49 @@ def test_event_message_joins_lines_and_stays_within_its_budget() -> None:
     assert len(text.encode()) <= 200
     shown = text.split("; and ")[0].count("↔")
     assert text.endswith(f"; and {len(lines) - shown} more")
+
+
+def _as_nvml_reports_lost(t: Topology, index: int) -> Topology:
+    """`t` with GPU `index` as the NVML collector reports a lost GPU: its index and nothing else."""
+    gpus = tuple(Gpu(index=g.index, lost=True) if g.index == index else g for g in t.gpus)
+    links = tuple(
+        tuple(c if index not in (a, b) or a == b else Link(LinkKind.SYS) for b, c in enumerate(row))
+        for a, row in enumerate(t.links)
+    )
+    nics = tuple(
+        replace(
+            n, links=tuple(Link(LinkKind.SYS) if i == index else c for i, c in enumerate(n.links))
+        )
+        for n in t.nics
+    )
+    return replace(t, gpus=gpus, links=links, nics=nics)
+
+
+@pytest.mark.parametrize("index", [0, 3, 7])
+def test_a_gpu_known_by_its_index_alone_is_that_gpu_lost_not_one_gone_and_one_added(
+    index: int,
+) -> None:
+    lost = _as_nvml_reports_lost(BASE, index)
+    assert changes(BASE, lost) == (f"GPU{index} lost",)
+    assert changes(lost, BASE) == (f"GPU{index} back",)
+
+
+def test_a_gpu_in_the_same_slot_with_another_uuid_is_another_gpu() -> None:
+    swapped = replace(
+        BASE, gpus=tuple(replace(g, uuid="GPU-new") if g.index == 2 else g for g in BASE.gpus)
+    )
+    assert changes(BASE, swapped) == ("GPU2 gone", "GPU2 added")
+
+
+def test_nic_paths_are_compared_gpu_by_gpu_across_a_renumbering() -> None:
+    renumbered = _renumbered_without(BASE, 0)
+    moved = replace(
+        renumbered,
+        nics=tuple(
+            replace(n, links=(Link(LinkKind.NODE), *n.links[1:])) if n.name == "mlx5_0" else n
+            for n in renumbered.nics
+        ),
+    )
+    lines = changes(BASE, moved)
+    assert "mlx5_0: GPU0 PIX → NODE" in lines
+    assert not [line for line in lines if line.startswith("mlx5_1")]

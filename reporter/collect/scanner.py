@@ -65,7 +65,7 @@ class CollectorScanner:
         if self.backend == "sysfs":
             topology = view.topology() if view is not None else None
             return ScanResult(topology, (sysfs,))
-        nvml_topology, nvml = self._nvml(view)
+        nvml_topology, nvml = _short_of_sysfs(*self._nvml(view), view)
         return ScanResult(self._merge(nvml_topology, view), (nvml, sysfs))
 
     def _nvml(self, view: SysfsView | None) -> tuple[Topology | None, SourceStatus]:
@@ -97,6 +97,36 @@ class CollectorScanner:
         return dataclasses.replace(
             nvml, nics=view.nic_entries(gpu_places), numa_nodes=view.numa_nodes
         )
+
+
+_UNSEEN_SHOWN = 4
+"""PCI addresses named in the error line; the rest are counted, not listed."""
+
+
+def _short_of_sysfs(
+    topology: Topology | None, status: SourceStatus, view: SysfsView | None
+) -> tuple[Topology | None, SourceStatus]:
+    """NVML that answers but sees fewer GPUs than sysfs lists has failed, not observed the machine.
+
+    The pod was not given every GPU (`NVIDIA_VISIBLE_DEVICES=none`, a device list, a CDI spec), or
+    the driver dropped some: publishing what it sees would delete the island labels of a healthy
+    node, or report 4 GPUs of 8 as the whole machine.
+    """
+    if status.state is SourceState.FAILED or view is None:
+        return topology, status
+    seen = 0 if topology is None else len(topology.gpus)
+    if seen >= len(view.gpus):
+        return topology, status
+    known = set() if topology is None else {g.pci for g in topology.gpus}
+    unseen = [g.place.address for g in view.gpus if g.place.address not in known]
+    more = f" and {len(unseen) - _UNSEEN_SHOWN} more" if len(unseen) > _UNSEEN_SHOWN else ""
+    missing = f" (not {', '.join(unseen[:_UNSEEN_SHOWN])}{more})" if unseen else ""
+    error = (
+        f"NVML sees {seen} of the {len(view.gpus)} NVIDIA GPUs in sysfs{missing}: give the "
+        "pod every GPU (NVIDIA_VISIBLE_DEVICES=all, the chart's nvidia.visibleDevices) and check "
+        "`nvidia-smi` on the node"
+    )
+    return None, SourceStatus("nvml", SourceState.FAILED, status.duration_s, error)
 
 
 def _log_disagreements(nvml: Topology, view: SysfsView) -> None:

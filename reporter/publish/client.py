@@ -13,6 +13,13 @@ from typing import Any, Protocol
 
 from reporter.publish.patch import NodeMetadata
 
+NODE_EVENT_NAMESPACE = "default"
+"""Where every Event about the Node goes, whatever the agent's own namespace. The API server takes
+a core/v1 Event about a cluster-scoped object (an involvedObject without a namespace) only in
+`default` (or no namespace): it refuses one in the agent's namespace as invalid (422). The kubelet
+and the node controller post theirs there too, and `kubectl describe node` finds them. The chart
+grants `create` on events in this namespace only, with a Role."""
+
 
 class EventType(enum.Enum):
     NORMAL = "Normal"
@@ -38,5 +45,6 @@ class NodeClient(Protocol):
         reason: str,
         message: str,
     ) -> None:
-        """Post a core/v1 Event whose involvedObject is the Node. Raises like get_node."""
+        """Post a core/v1 Event whose involvedObject is the Node, in `namespace` (the sinks pass
+        NODE_EVENT_NAMESPACE). Raises like get_node."""
         ...

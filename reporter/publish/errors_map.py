@@ -22,6 +22,7 @@ from parsers.documents import DocumentBoundError, load_json
 from parsers.errors import ParseError
 from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
 from reporter.publish import nodefeature
+from reporter.publish.client import NODE_EVENT_NAMESPACE
 
 TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 # A Node or NodeFeature nests about a dozen levels, managedFields included. Anyone who can write
@@ -109,12 +110,13 @@ def node_error(
             f"{action} node {node}: the API server rejected the credentials (401): check the "
             "service account token (automountServiceAccountToken) or the kubeconfig user"
         )
+    elif status == 403 and action == "post event on":
+        return forbidden_event(node)
     elif status == 403:
-        verb = {"read": "get", "patch": "patch", "post event on": "create"}.get(action, action)
-        resource = "events" if action == "post event on" else "nodes"
+        verb = {"read": "get", "patch": "patch"}.get(action, action)
         text = (
             f"{action} node {node}: forbidden (403): grant the agent's ClusterRole `{verb}` on "
-            f"`{resource}`{said}"
+            f"`nodes`{said}"
         )
     elif status == 404:
         text = (
@@ -210,11 +212,11 @@ def transport_error(e: BaseException, what: str, host: str) -> PublishError:
     )
 
 
-def forbidden_event(namespace: str, node: str) -> ApiPermanentError:
-    """A 403 on posting an Event from the nodefeature sink: it holds a namespaced Role."""
+def forbidden_event(node: str) -> ApiPermanentError:
+    """A 403 on posting an Event about the Node: either sink needs a Role in `default`."""
     return ApiPermanentError(
-        f"post event on node {node}: forbidden (403): grant the agent a Role in "
-        f"namespace {namespace} with `create` on `events` (the chart does with "
-        "rbac.create=true)",
+        f"post event on node {node}: forbidden (403): grant the agent a Role in namespace "
+        f"{NODE_EVENT_NAMESPACE}, where Events about Nodes go, with `create` on `events` (the "
+        "chart does with rbac.create=true)",
         status=403,
     )

@@ -4,7 +4,8 @@ Many clusters refuse a DaemonSet that may patch every Node (RBAC cannot narrow `
 Node). There nfd-master does the labelling: the agent writes one `nfd.k8s-sigs.io/v1alpha1`
 NodeFeature in its own namespace, labelled `nfd.node.kubernetes.io/node-name: <node>`, with our
 labels in `spec.labels` and the topology as NFD features in `spec.features`, and needs only a
-namespaced Role: `get`, `create` and `update` on `nodefeatures` (`RBAC_VERBS`), `create` on events.
+namespaced Role: `get`, `create` and `update` on `nodefeatures` (`RBAC_VERBS`), and `create` on
+events in `default`, where Events about a Node go (NODE_EVENT_NAMESPACE).
 
 The object is ours alone, so it is replaced whole (`update`, with its resourceVersion) when it
 must change: a label the agent no longer produces goes with the old `spec.labels`, and nfd-master
@@ -28,7 +29,7 @@ import structlog
 from parsers.errors import excerpt
 from reporter.errors import ApiTransientError, ConfigError, PublishError
 from reporter.publish import retry
-from reporter.publish.client import EventType
+from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType
 from reporter.publish.patch import Desired, NodeMetadata, desired, under_prefix
 from reporter.schema import keys
 
@@ -260,6 +261,7 @@ class NodeFeatureSink:
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
         on_error: Any = lambda e: None,
+        on_wait: Any = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
         self._client = client
@@ -271,6 +273,7 @@ class NodeFeatureSink:
         self._backoff = backoff
         self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
         self._on_error = on_error
+        self._on_wait = on_wait
         self._known: _Read | None = None
 
     def _retrying(self, what: str, operation: Any) -> Any:
@@ -281,6 +284,7 @@ class NodeFeatureSink:
             backoff=self._backoff,
             log=self._log,
             on_error=self._on_error,
+            on_wait=self._on_wait,
         )
 
     def _current(self) -> dict[str, Any] | None:
@@ -344,7 +348,7 @@ class NodeFeatureSink:
         # which is what `kubectl describe node` also looks for. One attempt, as for the node sink.
         node = NodeMetadata(self._node, uid=self._node)
         try:
-            self._client.create_event(self._namespace, node, event_type, reason, message)
+            self._client.create_event(NODE_EVENT_NAMESPACE, node, event_type, reason, message)
         except PublishError as e:
             # A failed Event is still a failed API call, counted like every other.
             self._on_error(e)

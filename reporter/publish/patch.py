@@ -2,7 +2,8 @@
 
 Pure: current labels and annotations, desired ones and the prefix in; a JSON merge patch (or None
 when nothing differs) out. It sets only desired keys (all under the prefix), deletes only keys that
-the previous `<prefix>/owned` annotation lists and that are under the prefix, and never names any
+the previous `<prefix>/owned` annotation lists and that are under the prefix, never a key in the
+Kubernetes-reserved namespaces (`kubernetes.io`, `k8s.io`, their subdomains), and never names any
 other key, so a foreign label or annotation cannot be changed or removed by construction.
 The patch carries `metadata.resourceVersion`: the apiserver answers 409 if the Node changed since
 it was read, and the caller re-reads and recomputes.
@@ -42,7 +43,12 @@ class Desired:
 
 
 def under_prefix(key: str, prefix: str) -> bool:
-    return key.startswith(prefix + "/")
+    """True for a key the agent may write or delete: under the prefix, never Kubernetes-reserved.
+
+    Settings refuse a reserved prefix; this holds even where one slips through, so that no
+    `owned` list, however edited, can make the agent touch `kubernetes.io/hostname`.
+    """
+    return key.startswith(prefix + "/") and keys.reserved_domain(key.partition("/")[0]) is None
 
 
 def desired(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> Desired:

@@ -64,13 +64,17 @@ def call(
     backoff: Backoff,
     log: structlog.typing.FilteringBoundLogger,
     on_error: Callable[[PublishError], None] = lambda e: None,
+    on_wait: Callable[[float], None] = lambda seconds: None,
 ) -> T:
     """Run `operation`, retrying ApiTransientError; re-raises the last error when attempts end.
 
+    `on_wait` hears of each wait before it starts, so that a health check can tell a wait asked
+    for (a server's Retry-After, the backoff) from a loop that is stuck.
     Raises Interrupted when `stop` is set before an attempt or during a wait.
     """
 
     def sleep(seconds: float) -> None:
+        on_wait(seconds)
         if stop.wait(seconds):
             raise Interrupted(what)
 

@@ -18,7 +18,7 @@ import structlog
 from reporter.errors import ApiTransientError, PublishError
 from reporter.publish import patch as node_patch
 from reporter.publish import retry
-from reporter.publish.client import EventType, NodeClient
+from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, NodeClient
 from reporter.publish.patch import Desired, NodeMetadata
 
 
@@ -51,20 +51,20 @@ class NodePatchSink:
         *,
         node: str,
         prefix: str,
-        namespace: str,
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
         on_error: Any = lambda e: None,
+        on_wait: Any = lambda seconds: None,
     ) -> None:
         self._client = client
         self._node = node
         self._prefix = prefix
-        self._namespace = namespace
         self._stop = stop
         self._backoff = backoff
         self._log = log
         self._on_error = on_error
+        self._on_wait = on_wait
         self._known: NodeMetadata | None = None
 
     def _retrying(self, what: str, operation: Any) -> Any:
@@ -75,6 +75,7 @@ class NodePatchSink:
             backoff=self._backoff,
             log=self._log,
             on_error=self._on_error,
+            on_wait=self._on_wait,
         )
 
     def _current(self) -> NodeMetadata:
@@ -121,7 +122,7 @@ class NodePatchSink:
         # Its failure is still a failed API call, counted like every other.
         try:
             node = self._known or self._client.get_node(self._node)
-            self._client.create_event(self._namespace, node, event_type, reason, message)
+            self._client.create_event(NODE_EVENT_NAMESPACE, node, event_type, reason, message)
         except PublishError as e:
             self._on_error(e)
             raise

@@ -2,13 +2,14 @@
 
 Pure: two `Topology` values in, lines out (`GPU3↔GPU5: NV18 → NV12`, `GPU6 lost`,
 `GPU count 8 → 7`, `mlx5_3 gone`). GPUs are matched by PCI address, then UUID, then index, so a
-renumbering after a GPU falls off the bus is not reported as every link changing. It never reads
-the machine or the cluster.
+renumbering after a GPU falls off the bus is not reported as every link changing, and a GPU NVML
+reports lost (known by its index alone) is that GPU lost, not one gone and another added.
+It never reads the machine or the cluster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from parsers.cpulist import format_cpulist
 from reporter.schema.model import Gpu, Topology
@@ -17,12 +18,35 @@ EVENT_MESSAGE_MAX_BYTES = 1024
 """events.k8s.io/v1 caps `note` at 1 KiB; core/v1 messages are kept to the same size."""
 
 
-def _identity(gpu: Gpu) -> str:
-    if gpu.pci is not None:
-        return f"pci:{gpu.pci}"
-    if gpu.uuid is not None:
-        return f"uuid:{gpu.uuid}"
-    return f"index:{gpu.index}"
+def _same_gpu(a: Gpu, b: Gpu) -> bool:
+    """Nothing known of the two tells them apart: no PCI address or UUID known on both differs."""
+    return all(x is None or y is None or x == y for x, y in ((a.pci, b.pci), (a.uuid, b.uuid)))
+
+
+def match_gpus(old: Topology, new: Topology) -> tuple[list[Gpu], list[tuple[Gpu, Gpu]], list[Gpu]]:
+    """(gone, matched old→new pairs, added): the same GPU on both sides, however it is known.
+
+    By PCI address where both sides know it, then by UUID, then by index for the rest, where
+    nothing known contradicts: a GPU NVML reports lost carries neither address nor UUID, and is
+    still the GPU that was at its index, not one gone and another added.
+    """
+    gone = list(old.gpus)
+    added = list(new.gpus)
+    matched: list[tuple[Gpu, Gpu]] = []
+
+    def pair(key: Callable[[Gpu], object]) -> None:
+        by_key = {key(g): g for g in gone if key(g) is not None}
+        for gpu in list(added):
+            before = by_key.pop(key(gpu), None) if key(gpu) is not None else None
+            if before is not None and _same_gpu(before, gpu):
+                matched.append((before, gpu))
+                gone.remove(before)
+                added.remove(gpu)
+
+    pair(lambda g: g.pci)
+    pair(lambda g: g.uuid)
+    pair(lambda g: g.index)
+    return gone, matched, added
 
 
 def _numa(gpu: Gpu) -> str:
@@ -30,7 +54,11 @@ def _numa(gpu: Gpu) -> str:
 
 
 def changes(old: Topology, new: Topology) -> tuple[str, ...]:
-    """The differences that matter to placement, one short line each; empty when none."""
+    """The differences that matter to placement, one short line each; empty when none.
+
+    A GPU lost on either side is reported as lost or back and nothing more: its fields and links
+    are unknown while it is lost, not changed.
+    """
     lines: list[str] = []
     if len(old.gpus) != len(new.gpus):
         lines.append(f"GPU count {len(old.gpus)} → {len(new.gpus)}")
@@ -39,33 +67,27 @@ def changes(old: Topology, new: Topology) -> tuple[str, ...]:
     if old.driver != new.driver:
         lines.append(f"driver {old.driver or 'unknown'} → {new.driver or 'unknown'}")
 
-    old_by_id = {_identity(g): g for g in old.gpus}
-    new_by_id = {_identity(g): g for g in new.gpus}
-    for ident, gpu in old_by_id.items():
-        if ident not in new_by_id:
-            lines.append(f"GPU{gpu.index} gone")
-    # Old index -> new index for GPUs present in both, to compare their links.
-    matched: list[tuple[Gpu, Gpu]] = []
-    for ident, gpu in new_by_id.items():
-        before = old_by_id.get(ident)
-        if before is None:
-            lines.append(f"GPU{gpu.index} added")
-            continue
-        matched.append((before, gpu))
+    gone, matched, added = match_gpus(old, new)
+    lines.extend(f"GPU{gpu.index} gone" for gpu in gone)
+    for before, gpu in sorted(matched, key=lambda pair: pair[1].index):
         if gpu.lost and not before.lost:
             lines.append(f"GPU{gpu.index} lost")
         elif before.lost and not gpu.lost:
             lines.append(f"GPU{gpu.index} back")
         if before.index != gpu.index:
             lines.append(f"GPU{before.index} is now GPU{gpu.index}")
+        if before.lost or gpu.lost:
+            continue
         if before.numa != gpu.numa:
             lines.append(f"GPU{gpu.index} NUMA {_numa(before)} → {_numa(gpu)}")
         if before.mig != gpu.mig:
             lines.append(f"GPU{gpu.index} MIG {'on' if gpu.mig else 'off'}")
         if before.model != gpu.model:
             lines.append(f"GPU{gpu.index} model {before.model} → {gpu.model}")
-    lines.extend(_link_changes(old, new, matched))
-    lines.extend(_nic_changes(old, new))
+    lines.extend(f"GPU{gpu.index} added" for gpu in sorted(added, key=lambda g: g.index))
+    known = [(a, b) for a, b in matched if not a.lost and not b.lost]
+    lines.extend(_link_changes(old, new, known))
+    lines.extend(_nic_changes(old, new, known))
     return tuple(lines)
 
 
@@ -81,7 +103,8 @@ def _link_changes(old: Topology, new: Topology, matched: Sequence[tuple[Gpu, Gpu
     return lines
 
 
-def _nic_changes(old: Topology, new: Topology) -> list[str]:
+def _nic_changes(old: Topology, new: Topology, known: Sequence[tuple[Gpu, Gpu]]) -> list[str]:
+    """NICs gone, added, or with another path to a GPU known on both sides (matched, not lost)."""
     lines: list[str] = []
     old_nics = {n.name: n for n in old.nics}
     new_nics = {n.name: n for n in new.nics}
@@ -90,12 +113,15 @@ def _nic_changes(old: Topology, new: Topology) -> list[str]:
         before = old_nics.get(name)
         if before is None:
             lines.append(f"{name} added")
-        elif len(before.links) == len(nic.links) and before.links != nic.links:
-            changed = [
-                f"GPU{i} {b.token} → {n.token}"
-                for i, (b, n) in enumerate(zip(before.links, nic.links, strict=True))
-                if b != n
-            ]
+            continue
+        changed = [
+            f"GPU{b.index} {before.links[a.index].token} → {nic.links[b.index].token}"
+            for a, b in sorted(known, key=lambda pair: pair[1].index)
+            if a.index < len(before.links)
+            and b.index < len(nic.links)
+            and before.links[a.index] != nic.links[b.index]
+        ]
+        if changed:
             lines.append(f"{name}: " + ", ".join(changed))
     return lines
 

@@ -29,6 +29,21 @@ MATRIX = "matrix"
 OWNED = "owned"
 
 
+RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")
+"""Kubernetes reserves these key prefixes and every subdomain of them (`node.kubernetes.io`,
+`node-role.kubernetes.io`) for its own components: a prefix in them would let the agent overwrite
+or delete the kubelet's and the controllers' labels (`kubernetes.io/hostname`)."""
+
+
+def reserved_domain(prefix: str) -> str | None:
+    """The Kubernetes-reserved domain `prefix` (a key's part before the slash) lies in, or None."""
+    folded = prefix.lower()
+    for domain in RESERVED_DOMAINS:
+        if folded == domain or folded.endswith("." + domain):
+            return domain
+    return None
+
+
 def key(prefix: str, name: str) -> str:
     """The full label or annotation key for `name` under `prefix`."""
     return f"{prefix}/{name}"

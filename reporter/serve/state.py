@@ -1,7 +1,9 @@
 """The agent's health, shared between the loop thread and the HTTP server thread.
 
-Live: the loop made progress recently. Ready: the last publish succeeded, no source is failing,
-and the data is fresh. It only records; it never decides what to publish.
+Live: the loop made progress recently, or is in a wait it announced (the interval, a retry's
+backoff, a server's Retry-After): a wait asked for is not a stall. Ready: the last publish
+succeeded, no source is failing, and the data is fresh. It only records; it never decides what
+to publish.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ class AgentState:
     def beat(self) -> None:
         """The loop is alive and making progress."""
         with self._lock:
-            self._beat = self._clock()
+            self._beat = max(self._beat, self._clock())
+
+    def waiting(self, seconds: float) -> None:
+        """The loop is about to wait `seconds` on purpose: live until then, stalled only after
+        `stall_after_s` more. Only shutdown cuts such a wait short."""
+        with self._lock:
+            self._beat = max(self._beat, self._clock() + max(seconds, 0.0))
 
     def published(self) -> None:
         """The desired metadata is on the target (written, or already there)."""
@@ -70,6 +78,7 @@ class AgentState:
         with self._lock:
             if self._stopped:
                 return Verdict(False, "stopped")
+            # Negative while an announced wait lasts.
             age = self._clock() - self._beat
             if age > self._stall_after_s:
                 return Verdict(False, f"loop stalled for {age:.0f}s")

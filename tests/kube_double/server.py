@@ -546,6 +546,21 @@ class ApiServerDouble:
                 422,
                 "Event is invalid: involvedObject and reason are required",
             )
+        # The apiserver's legacyValidateEvent: an Event about a cluster-scoped object (a Node)
+        # lives in `default` (or no namespace; `kube-system` too for one with an eventTime).
+        involved_namespace = stored["involvedObject"].get("namespace") or ""
+        if involved_namespace:
+            allowed: tuple[str, ...] = (involved_namespace,)
+        elif stored.get("eventTime"):
+            allowed = ("default", "kube-system")
+        else:
+            allowed = ("", "default")
+        if namespace not in allowed:
+            raise _StatusError(
+                422,
+                f'Event "{metadata["name"]}" is invalid: involvedObject.namespace: Invalid '
+                f'value: "{involved_namespace}": does not match event.namespace',
+            )
         metadata["namespace"] = namespace
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = _now()

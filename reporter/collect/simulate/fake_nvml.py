@@ -166,6 +166,8 @@ class Faults:
     (their handles included); `calls` maps (function name, GPU index or None for every GPU) to the
     code that call raises; `links_down` GPUs report every NVLink inactive; `old_driver` drops the
     functions an old driver lacks (FunctionNotFound), as r470 lacks the remote device type.
+    `visible` is the GPUs the container runtime hands the pod (`NVIDIA_VISIBLE_DEVICES`), by
+    machine index; NVML numbers them 0..k-1 and does not know the others; None means all.
     """
 
     init: int | None = None
@@ -173,6 +175,7 @@ class Faults:
     calls: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
     links_down: frozenset[int] = frozenset()
     old_driver: bool = False
+    visible: frozenset[int] | None = None
 
 
 _OLD_DRIVER_MISSING = frozenset(
@@ -297,15 +300,24 @@ class FakeNvml:
         self._enter("nvmlSystemGetDriverVersion")
         return self.machine.driver
 
+    def _visible(self) -> list[int]:
+        """Machine indexes of the GPUs NVML sees, in its order (PCI bus order, as the machine's)."""
+        every = range(len(self.machine.gpus))
+        visible = self.faults.visible
+        return list(every) if visible is None else [i for i in every if i in visible]
+
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetCount")
-        return len(self.machine.gpus)
+        return len(self._visible())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
-        self._enter("nvmlDeviceGetHandleByIndex", FakeHandle(index))
-        if not 0 <= index < len(self.machine.gpus):
+        visible = self._visible()
+        if not 0 <= index < len(visible):
+            self._enter("nvmlDeviceGetHandleByIndex")
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return FakeHandle(index)
+        handle = FakeHandle(visible[index])
+        self._enter("nvmlDeviceGetHandleByIndex", handle)
+        return handle
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:  # noqa: N802
         self._enter("nvmlDeviceGetUUID", handle)
