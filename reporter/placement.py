@@ -41,6 +41,7 @@ It must never do I/O or import kubernetes: it reads only the `Topology` it is gi
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -155,7 +156,8 @@ class GpuSet:
 
 def pair_link(topology: Topology, a: int, b: int) -> Link:
     """The path joining GPUs a and b: the closer of the two matrix cells (either end may report)."""
-    return min(topology.links[a][b], topology.links[b][a], key=lambda c: c.closeness)
+    ab, ba = topology.links[a][b], topology.links[b][a]
+    return ab if ab == ba else min(ab, ba, key=lambda c: c.closeness)
 
 
 def link_points(link: Link) -> int:
@@ -169,8 +171,8 @@ def pcie_points(topology: Topology, a: int, b: int) -> int:
     """PCIe points of the path beneath the pair a, b; 0 when the topology has no `pcie` matrix."""
     if topology.pcie is None:
         return 0
-    cell = min(topology.pcie[a][b], topology.pcie[b][a], key=lambda c: c.closeness)
-    return PCIE_POINTS[cell.kind]
+    ab, ba = topology.pcie[a][b], topology.pcie[b][a]
+    return PCIE_POINTS[(ab if ab == ba else min(ab, ba, key=lambda c: c.closeness)).kind]
 
 
 def score_gpu_set(topology: Topology, gpus: Iterable[int]) -> GpuSet:
@@ -291,6 +293,11 @@ def _closest_nic(topology: Topology, chosen: Sequence[int]) -> tuple[str | None,
     return best
 
 
+_SMALL_TREE = 1000
+"""Below this many k-subsets the search runs without a heuristic seed: the seed would cost more
+than it saves."""
+
+
 class _BudgetSpentError(Exception):
     """The search spent its budget: unwind and settle for the best set known."""
 
@@ -351,18 +358,17 @@ class _Weights:
         """The weights of `candidates` (GPU indexes) on `topology`."""
         homes = [topology.home_numa(c) for c in candidates]
         ids = {h: i for i, h in enumerate(dict.fromkeys(homes))}
+        m = len(candidates)
+        links = [[0] * m for _ in range(m)]
+        pcie = [[0] * m for _ in range(m)]
+        for a, ca in enumerate(candidates):
+            for b in range(a + 1, m):
+                cb = candidates[b]
+                links[a][b] = links[b][a] = link_points(pair_link(topology, ca, cb))
+                pcie[a][b] = pcie[b][a] = pcie_points(topology, ca, cb)
         return cls(
-            links=[
-                [
-                    0 if a == b else link_points(pair_link(topology, ca, cb))
-                    for b, cb in enumerate(candidates)
-                ]
-                for a, ca in enumerate(candidates)
-            ],
-            pcie=[
-                [0 if a == b else pcie_points(topology, ca, cb) for b, cb in enumerate(candidates)]
-                for a, ca in enumerate(candidates)
-            ],
+            links=links,
+            pcie=pcie,
             home=[ids[h] for h in homes],
             nic_points=[
                 [PCIE_POINTS[nic.links[c].kind] for c in candidates] for nic in topology.nics
@@ -426,8 +432,10 @@ class _Search:
             self._push(c)
         heuristic: tuple[Score, tuple[int, ...]] | None = None
         try:
-            heuristic = self._heuristic()
-            self.threshold = heuristic[0]
+            # A tree small enough to walk whole needs no seed (a real 8-GPU node's never does).
+            if math.comb(len(self.rest), self.k - len(self.must)) > _SMALL_TREE:
+                heuristic = self._heuristic()
+                self.threshold = heuristic[0]
             self._descend(0)
         except _BudgetSpentError:
             found = [x for x in (self.best, heuristic) if x is not None]
@@ -435,7 +443,7 @@ class _Search:
                 return self._first(), False
             score = max(s for s, _ in found)
             return min(gpus for s, gpus in found if s == score), False
-        assert self.best is not None  # the heuristic's set reaches the threshold
+        assert self.best is not None  # the heuristic's set, if any, reaches the threshold
         return self.best[1], True
 
     def greedy(self) -> tuple[int, ...]:
@@ -602,15 +610,28 @@ class _Packing:
 
     def run(self) -> tuple[tuple[int, ...], bool]:
         """The best set of the best split, and whether the split is proven optimal."""
-        heuristic = self._heuristic()
-        try:
+        heuristic = None
+        if self._splits() > _SMALL_TREE:
+            heuristic = self._heuristic()
             self.threshold = heuristic[0]
+        try:
             self._descend(list(range(self.w.m)), self.leftover, (0, 0))
         except _BudgetSpentError:
-            found = heuristic if self.best is None or self.best[0] < heuristic[0] else self.best
-            return self._pick(found[1]), False
+            found = [x for x in (self.best, heuristic) if x is not None]
+            if not found:  # only where a small tree met a budget of a few units
+                others = [c for c in range(self.w.m) if c not in self.must]
+                return tuple(sorted([*self.must, *others[: self.k - len(self.must)]])), False
+            value = max(v for v, _ in found)
+            return self._pick(next(sets for v, sets in found if v == value)), False
         assert self.best is not None  # the heuristic's split reaches the threshold
         return self._pick(self.best[1]), True
+
+    def _splits(self) -> int:
+        """How many splits there are (without must-include): the size of the whole tree."""
+        m, k, left = self.w.m, self.k, self.leftover
+        sets = (m - left) // k
+        ways = math.prod([math.factorial(k)] * sets) * math.factorial(sets)
+        return math.comb(m, left) * math.factorial(m - left) // ways
 
     def _pick(self, sets: list[tuple[int, ...]]) -> tuple[int, ...]:
         """The set to return: the one holding must-include, else the best scored, then lowest."""
@@ -640,8 +661,11 @@ class _Packing:
             return
         g, others = unassigned[0], unassigned[1:]
         must_partners = self.must - {g} if g in self.must else None
+        pairs = self.k * (self.k - 1) // 2
         for partners in itertools.combinations(others, self.k - 1):
-            self.budget.spend(self.k)
+            # The set's pairs to weigh, the rest to copy, sort and bound for the next step: units
+            # priced to cost about the same time as the single-set search's.
+            self.budget.spend(pairs + 6 * len(others))
             held = self.must.intersection(partners)
             if must_partners is not None and held != must_partners:
                 continue
