@@ -243,8 +243,8 @@ class Result:
     placed: int = 0
     pending_at_end: int = 0
     pods: int = 0
-    sets: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
-    """pod id -> (node, GPUs): every placement, for the invariants the test checks."""
+    sets: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
+    """pod id -> (node, GPUs, start, end): every placement, for the invariants the test checks."""
 
 
 def simulate(
@@ -309,7 +309,7 @@ def simulate(
             if node_policy.startswith("extender"):
                 node.refresh()
             where[waiting.id] = (node, gpus)
-            result.sets[waiting.id] = (node.name, gpus)
+            result.sets[waiting.id] = (node.name, gpus, now, now + waiting.minutes)
             heapq.heappush(events, (now + waiting.minutes, 1, waiting.id))
             if waiting.id in measured and waiting.k >= 2:
                 k2 += 1
