@@ -32,10 +32,12 @@ the kube-scheduler's queue does; a pod never waits behind one that does not fit)
   `can_fit`) × 10 × 5, plus LeastAllocated; the extender helper's HTTP server calls these same
   functions;
 - `extender+most`: the same with the MostAllocated strategy configured;
-- `oracle`: not a scheduler: at each decision it runs `best_gpu_set` on every node that fits and
-  takes the best set (ties: the fullest node). A true offline optimum over the whole trace is a
-  bin-packing problem with no tractable exact solution at this size; the oracle is the per-decision
-  upper reference instead (it can still lose later, like any greedy).
+- `greedy-best`: a reference, not a scheduler: at each decision it runs `best_gpu_set` on every
+  node that fits and takes the best set of all (ties: the fullest node), what an extender searching
+  the whole cluster per pod would do. No offline bound is computed: the optimum over the whole
+  trace is an online bin-packing problem with no tractable exact solution at this size, and the
+  trivial bounds (100% connected, link ratio 1.00) say nothing. The greedy reference shows instead
+  that the best set for each pod is not the best policy for the cluster.
 Ties between equal totals go to a seeded random pick, as kube-scheduler's selectHost does.
 
 On-node choice (the device plugin's GetPreferredAllocation): `lowest-index` (the first k free
@@ -47,8 +49,9 @@ Metrics, over the pods that arrive after the warm-up:
   best profile in the cluster (1.00 = every pod got a set as good as an empty DGX H100's);
 - `frag`: share of pods that waited while the cluster held at least k free GPUs, but no node did;
 - `dec/s`: scheduling decisions per second (node choice plus on-node choice, one core; the
-  agents' availability computation runs on the nodes and is not counted; `oracle` caches its
-  searches, so its rate is not reported).
+  agents' availability computation runs on the nodes and is not counted; `greedy-best` caches
+  its searches, so its rate is not reported);
+- `wait`: mean minutes from arrival to placement (the queue the occupancy builds).
 Seeded and deterministic: the same seed gives the same table, except the decisions per second.
 """
 
@@ -86,7 +89,7 @@ DEFAULT_CLUSTER = (
     ("pcie-8x", 6),
     ("workstation-nvlink-bridge", 4),
 )
-NODE_POLICIES = ("least-allocated", "most-allocated", "extender", "extender+most", "oracle")
+NODE_POLICIES = ("least-allocated", "most-allocated", "extender", "extender+most", "greedy-best")
 ON_NODE_POLICIES = ("lowest-index", "best", "packing")
 LOADS = (0.50, 0.80, 0.95)
 EXTENDER_WEIGHT = 5
@@ -148,7 +151,7 @@ def annotation(profile: str, free: frozenset[int]) -> str:
 
 
 @cache
-def oracle_set(profile: str, free: frozenset[int], k: int) -> GpuSet:
+def greedy_set(profile: str, free: frozenset[int], k: int) -> GpuSet:
     return best_gpu_set(profile_topology(profile), k, free)
 
 
@@ -192,13 +195,13 @@ def most_allocated(node: Node, k: int) -> int:
 
 def choose_node(policy: str, nodes: list[Node], k: int, rng: random.Random) -> Node | None:
     """The node the scheduler binds a k-GPU pod to, or None when none fits."""
-    if policy == "oracle":
+    if policy == "greedy-best":
         fits = [n for n in nodes if len(n.free) >= k]
         if not fits:
             return None
         return max(
             fits,
-            key=lambda n: (oracle_set(n.profile, frozenset(n.free), k).score, most_allocated(n, k)),
+            key=lambda n: (greedy_set(n.profile, frozenset(n.free), k).score, most_allocated(n, k)),
         )
     if policy.startswith("extender"):
         fits = [n for n in nodes if can_fit(n.availability, k) and len(n.free) >= k]
@@ -240,9 +243,11 @@ class Result:
     links: float = 0.0
     frag: float = 0.0
     decisions_per_s: float | None = None
+    wait: float = 0.0
     placed: int = 0
-    pending_at_end: int = 0
     pods: int = 0
+    by_k: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """k -> (NVLink-connected, placed) over the measured pods of k GPUs."""
     sets: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
     """pod id -> (node, GPUs, start, end): every placement, for the invariants the test checks."""
 
@@ -273,7 +278,8 @@ def simulate(
     busy, last, busy_time = 0, warmup, 0.0
     decide_s, decisions = 0.0, 0
     measured = {p.id for p in pods if p.arrival >= warmup}
-    k2, k2_connected, ratios = 0, 0, []
+    k2, k2_connected, ratios, waits = 0, 0, [], []
+    per_k: dict[int, list[int]] = {}
     while events:
         now, kind, pod_id = heapq.heappop(events)
         if warmup <= now:
@@ -311,20 +317,28 @@ def simulate(
             where[waiting.id] = (node, gpus)
             result.sets[waiting.id] = (node.name, gpus, now, now + waiting.minutes)
             heapq.heappush(events, (now + waiting.minutes, 1, waiting.id))
+            if waiting.id in measured:
+                waits.append(now - waiting.arrival)
+                counts = per_k.setdefault(waiting.k, [0, 0])
+                counts[1] += 1
             if waiting.id in measured and waiting.k >= 2:
+                joined = connected(node.topology, gpus)
                 k2 += 1
-                k2_connected += connected(node.topology, gpus)
+                k2_connected += joined
+                counts[0] += joined
                 ratios.append(
                     score_gpu_set(node.topology, gpus).score.links / best_empty[waiting.k]
                 )
         pending = still
     result.placed = len(result.sets)
-    result.pending_at_end = len(pending)
+    assert not pending, "a pod larger than every node never runs"
+    result.wait = sum(waits) / len(waits) if waits else 0.0
+    result.by_k = {k: (c[0], c[1]) for k, c in sorted(per_k.items())}
     result.occupancy = busy_time / (total * (end - warmup)) if end > warmup else 0.0
     result.nvlink = k2_connected / k2 if k2 else 0.0
     result.links = sum(ratios) / len(ratios) if ratios else 0.0
     result.frag = len(fragmented & measured) / len(measured) if measured else 0.0
-    if node_policy != "oracle" and decide_s > 0:
+    if node_policy != "greedy-best" and decide_s > 0:
         result.decisions_per_s = decisions / decide_s
     return result
 
@@ -364,15 +378,30 @@ def run_all(
 def table(results: Sequence[Result]) -> str:
     lines = [
         "| offered | occupancy | node choice | on-node | nvlink (k≥2) | links vs best empty "
-        "| frag | pending at end | dec/s |",
+        "| frag | wait (min) | dec/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rate = "—" if r.decisions_per_s is None else f"{r.decisions_per_s:,.0f}"
         lines.append(
             f"| {r.load:.0%} | {r.occupancy:.1%} | {r.node_policy} | {r.on_node} | {r.nvlink:.1%} "
-            f"| {r.links:.2f} | {r.frag:.1%} | {r.pending_at_end} | {rate} |"
+            f"| {r.links:.2f} | {r.frag:.1%} | {r.wait:,.0f} | {rate} |"
         )
+    return "\n".join(lines)
+
+
+def table_by_k(results: Sequence[Result]) -> str:
+    """NVLink-connected share per pod size: where the misses are."""
+    lines = [
+        "| offered | node choice | on-node | k=2 | k=4 | k=8 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = []
+        for k in (2, 4, 8):
+            joined, placed = r.by_k.get(k, (0, 0))
+            cells.append(f"{joined / placed:.1%} of {placed}" if placed else "—")
+        lines.append(f"| {r.load:.0%} | {r.node_policy} | {r.on_node} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -387,7 +416,7 @@ def plot(results: Sequence[Result], path: Path) -> None:
     styles = {"lowest-index": ":", "best": "-", "packing": "--"}
     for node_policy in NODE_POLICIES:
         for on_node in ("lowest-index", "best"):
-            if node_policy == "oracle" and on_node == "lowest-index":
+            if node_policy == "greedy-best" and on_node == "lowest-index":
                 continue
             rows = sorted(
                 (r for r in results if r.node_policy == node_policy and r.on_node == on_node),
@@ -438,6 +467,8 @@ def main() -> None:
         ),
     )
     print(table(results))
+    print()
+    print(table_by_k([r for r in results if r.on_node == "best"]))
     if args.plot is not None:
         plot(results, args.plot)
 
