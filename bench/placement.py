@@ -412,8 +412,9 @@ def plot(results: Sequence[Result], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     styles = {"lowest-index": ":", "best": "-", "packing": "--"}
+    colours = dict(zip(NODE_POLICIES, ("C0", "C1", "C2", "C3", "C7"), strict=True))
     for node_policy in NODE_POLICIES:
         for on_node in ("lowest-index", "best"):
             if node_policy == "greedy-best" and on_node == "lowest-index":
@@ -424,26 +425,32 @@ def plot(results: Sequence[Result], path: Path) -> None:
             )
             if not rows:
                 continue
-            label = f"{node_policy} / {on_node}"
+            style = {
+                "linestyle": styles[on_node],
+                "color": colours[node_policy],
+                "marker": "o" if on_node == "best" else "x",
+                "label": f"{node_policy} / {on_node}",
+            }
             x = [r.occupancy * 100 for r in rows]
-            left.plot(x, [r.nvlink * 100 for r in rows], styles[on_node], marker="o", label=label)
-            right.plot(x, [r.links for r in rows], styles[on_node], marker="o", label=label)
+            left.plot(x, [r.nvlink * 100 for r in rows], **style)
+            right.plot(x, [r.links for r in rows], **style)
     left.axhline(95, color="grey", linewidth=0.8)
+    left.annotate("goal: 95% at 80%", (50, 96), fontsize=8, color="grey")
     left.set(
         xlabel="measured GPU occupancy (%)",
         ylabel="k ≥ 2 pods on NVLink-connected GPUs (%)",
-        title="NVLink-connected pods",
+        title="NVLink-connected pods (node choice / on-node choice)",
         ylim=(0, 100),
     )
     right.set(
         xlabel="measured GPU occupancy (%)",
         ylabel="link points / best set of an empty node",
-        title="Link quality per pod",
+        title="Link quality per k ≥ 2 pod",
         ylim=(0, 1.05),
     )
     left.grid(alpha=0.3)
     right.grid(alpha=0.3)
-    right.legend(fontsize=7, loc="lower left")
+    left.legend(fontsize=7, loc="lower left", ncol=2)
     fig.suptitle("Philly-mix trace on 32 mixed nodes (236 GPUs): node choice / on-node choice")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
