@@ -78,8 +78,8 @@ PCIE_POINTS = {
 _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 
 DEFAULT_BUDGET = 2_000_000
-"""Work units one search may spend before it settles for the best set known (about 1 s of one
-core on 48 GPUs; a search over 8 or 16 GPUs of a real machine spends a few thousand)."""
+"""Work units one search may spend before it settles for the best set known: 1 to 3.5 s of one
+core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,000."""
 
 
 class Policy(StrEnum):
