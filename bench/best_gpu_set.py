@@ -1,6 +1,12 @@
-"""How long `best_gpu_set` takes on machines of 8, 16 and 32 GPUs, for a range of k.
+"""How long `best_gpu_set` takes, and where its search budget ends exactness.
 
-    python bench/best_gpu_set.py            # prints a Markdown table
+    python bench/best_gpu_set.py            # prints three Markdown tables
+
+1. Both policies on machines of 8, 16 and 32 GPUs, for a range of k: median time, work units
+   spent (`GpuSet.work`), and whether the answer is proven optimal (`GpuSet.exact`).
+2. Random wiring (every pair a random NVLink count or PCIe class, which no real machine has:
+   the search's worst case) for 16 to 48 GPUs: which (n, k) run out of the default budget
+   (`DEFAULT_BUDGET` work units) and fall back to the best set known, marked not proven optimal.
 
 Performance lives here, not in the test suite: tests check the answer, this measures the time.
 Machines are built from their wiring so the script needs nothing but the package.
@@ -15,7 +21,7 @@ from collections.abc import Callable
 from math import comb
 
 from parsers.links import SELF, Link, LinkKind
-from reporter.placement import best_gpu_set
+from reporter.placement import DEFAULT_BUDGET, GpuSet, Policy, best_gpu_set
 from reporter.schema.model import Gpu, Nic, Source, Topology
 
 
@@ -137,24 +143,49 @@ MACHINES: list[tuple[str, Topology]] = [
 ]
 
 
-def seconds(topology: Topology, k: int, repeat: int) -> float:
+def timed(topology: Topology, k: int, policy: Policy, repeat: int) -> tuple[GpuSet, float]:
+    """The answer and the median seconds over `repeat` runs."""
     times = []
+    best = best_gpu_set(topology, k, policy=policy)
     for _ in range(repeat):
         start = time.perf_counter()
-        best_gpu_set(topology, k)
+        best_gpu_set(topology, k, policy=policy)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return best, statistics.median(times)
 
 
-def main() -> None:
-    print("| machine | GPUs | k | k-subsets | best set | median ms |")
-    print("|---|---|---|---|---|---|")
+def machines_table() -> None:
+    print("| machine | GPUs | k | k-subsets | policy | set | median ms | work units | exact |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, topology in MACHINES:
         n = len(topology.gpus)
         for k in sorted({1, 2, 4, n // 4, n // 2, 3 * n // 4, n - 1} - {0}):
-            ms = seconds(topology, k, repeat=5 if n <= 16 else 3) * 1000
-            gpus = ",".join(map(str, best_gpu_set(topology, k).gpus))
-            print(f"| {name} | {n} | {k} | {comb(n, k)} | {gpus} | {ms:.1f} |")
+            # Packing splits every GPU of the node: only 8 and 16 GPU machines, as in a real node.
+            for policy in [Policy.BEST] + ([Policy.PACKING] if n <= 16 else []):
+                best, s = timed(topology, k, policy, repeat=3 if n <= 16 else 1)
+                gpus = ",".join(map(str, best.gpus))
+                print(
+                    f"| {name} | {n} | {k} | {comb(n, k)} | {policy} | {gpus} | {s * 1000:.1f} "
+                    f"| {best.work} | {'yes' if best.exact else '**no**'} |"
+                )
+
+
+def random_table() -> None:
+    print(f"\nRandom wiring, default budget {DEFAULT_BUDGET} work units, policy best:\n")
+    print("| GPUs | k exact (ms) | k not proven optimal (ms) |")
+    print("|---|---|---|")
+    for n in (16, 24, 32, 40, 48):
+        topology = random_machine(n, 1)
+        exact, inexact = [], []
+        for k in range(2, n - 1, max(1, n // 8)):
+            best, s = timed(topology, k, Policy.BEST, repeat=1)
+            (exact if best.exact else inexact).append(f"{k} ({s * 1000:.0f})")
+        print(f"| {n} | {', '.join(exact) or '-'} | {', '.join(inexact) or '-'} |")
+
+
+def main() -> None:
+    machines_table()
+    random_table()
 
 
 if __name__ == "__main__":

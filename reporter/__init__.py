@@ -4,8 +4,8 @@ The public API for scheduler authors (a scheduler extender, a Volcano plugin):
 
     from reporter import decode_node, best_gpu_set
     topology = decode_node(node)                  # a Node dict or a kubernetes V1Node
-    best = best_gpu_set(topology, 4, available=[0, 1, 2, 3, 5])
-    best.gpus, best.score, best.explain()
+    best = best_gpu_set(topology, 4, available=[0, 1, 2, 3, 5], must_include=[5])
+    best.gpus, best.score, best.exact, best.explain()
 
 Everything else in the package is the agent's and may change. This module must stay light to
 import: no kubernetes, no NVML (the agent's startup and every CLI call pay for it).
@@ -13,7 +13,7 @@ import: no kubernetes, no NVML (the agent's startup and every CLI call pay for i
 
 from parsers.links import Link, LinkKind
 from reporter.errors import InputError, PlacementError, SchemaError, TopoReporterError
-from reporter.placement import GpuSet, Score, best_gpu_set, score_gpu_set
+from reporter.placement import GpuSet, Policy, Score, best_gpu_set, score_gpu_set
 from reporter.schema.codec import decode, encode
 from reporter.schema.model import Topology
 from reporter.schema.node import decode_node
@@ -24,6 +24,7 @@ __all__ = [
     "Link",
     "LinkKind",
     "PlacementError",
+    "Policy",
     "SchemaError",
     "Score",
     "TopoReporterError",

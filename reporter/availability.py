@@ -37,6 +37,7 @@ from reporter.placement import NVLINK_POINTS, PCIE_POINTS, GpuSet, best_gpu_set
 from reporter.schema.model import Topology
 
 __all__ = [
+    "AVAILABILITY_BUDGET",
     "AVAILABILITY_KEY",
     "FORMAT_VERSION",
     "MAX_GPUS",
@@ -63,6 +64,9 @@ NEUTRAL_SCORE = 5
 """`node_score` of a node whose availability is missing or damaged: neither for nor against."""
 MAX_SCORE = 10
 """kube-scheduler's MaxExtenderPriority: extender scores run 0..10."""
+
+AVAILABILITY_BUDGET = 4_000_000
+"""Search work units for all k of one node together (a few seconds of one core at worst)."""
 
 MAX_GPUS = 256
 """The topology schema's limit on GPUs per node; more free GPUs than this is not a real node."""
@@ -128,12 +132,15 @@ def free_set(topology: Topology, chosen: GpuSet, free: Iterable[int]) -> FreeSet
     )
 
 
-def compute_availability(topology: Topology, free: Iterable[int]) -> Availability:
+def compute_availability(
+    topology: Topology, free: Iterable[int], *, budget: int = AVAILABILITY_BUDGET
+) -> Availability:
     """The best free k-set of `topology` for every k, out of the `free` GPU indexes.
 
-    Lost GPUs are dropped from `free`. Each k costs one bounded `best_gpu_set` search, so a node of
-    n free GPUs costs at most n searches' budget. Raises PlacementError for an index that is not a
-    GPU of the topology, or for more than MAX_GPUS free GPUs.
+    Lost GPUs are dropped from `free`. The k searches share `budget` work units equally (a real
+    8- or 16-GPU machine needs a few thousand per k, far below its share); where a share runs out,
+    that k is summarised from the best set found, not proven optimal. Raises PlacementError for an
+    index that is not a GPU of the topology, or for more than MAX_GPUS free GPUs.
     """
     pool = sorted(set(free))
     n = len(topology.gpus)
@@ -143,8 +150,9 @@ def compute_availability(topology: Topology, free: Iterable[int]) -> Availabilit
     usable = tuple(i for i in pool if not topology.gpus[i].lost)
     if len(usable) > MAX_GPUS:
         raise PlacementError(f"{len(usable)} free GPUs is more than a node has (limit {MAX_GPUS})")
+    share = max(budget // max(len(usable), 1), 1)
     best = tuple(
-        free_set(topology, best_gpu_set(topology, k, usable), usable)
+        free_set(topology, best_gpu_set(topology, k, usable, budget=share), usable)
         for k in range(1, len(usable) + 1)
     )
     return Availability(free=usable, best=best)

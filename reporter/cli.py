@@ -38,7 +38,7 @@ from reporter.errors import (
     TopoReporterError,
 )
 from reporter.inputs import read_bounded
-from reporter.placement import best_gpu_set
+from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.client import NodeClient
 from reporter.publish.nodefeature import (
     NodeFeatureClient,
@@ -197,30 +197,59 @@ def _gpu_count(value: str) -> int:
 
 
 def _gpu_indices(value: str) -> list[int]:
+    """A comma-separated list of GPU indexes; empty means none (no GPU free, nothing forced)."""
     try:
-        indices = [int(part) for part in value.split(",") if part.strip()]
+        return [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
         ) from None
-    if not indices:
-        raise argparse.ArgumentTypeError("the list of available GPUs is empty")
-    return indices
+
+
+def _work_units(value: str) -> int:
+    try:
+        units = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value[:64]!r} is not a number of work units") from None
+    if units < 1:
+        raise argparse.ArgumentTypeError(f"{units}: give at least 1 work unit")
+    return units
 
 
 def _cmd_best_set(args: argparse.Namespace) -> int:
     topology = topology_from_any_text(read_input(args.file), args.file, args.prefix)
-    best = best_gpu_set(topology, args.gpus, args.available)
+    best = best_gpu_set(
+        topology,
+        args.gpus,
+        args.available,
+        must_include=args.must_include,
+        policy=args.policy,
+        budget=args.budget,
+    )
     if args.format == "json":
-        sys.stdout.write(json.dumps(best.to_document()) + "\n")
-    else:
-        links, numa, nic = best.score
-        sys.stdout.write(
-            f"GPUs: {','.join(map(str, best.gpus))}\n"
-            f"score: {links} {numa} {nic} (link points, minus NUMA nodes spanned, NIC points; "
-            f"larger is better; {best.points_per_pair:.1f} points per pair)\n"
-            f"why: {best.explain()}\n"
-        )
+        document = best.to_document()
+        document["policy"] = str(args.policy)
+        sys.stdout.write(json.dumps(document) + "\n")
+        return EXIT_OK
+    links, numa, nic, pcie = best.score
+    policy = (
+        f"policy: packing (the best set of the best split of the available GPUs into sets of "
+        f"{args.gpus})\n"
+        if args.policy is Policy.PACKING
+        else ""
+    )
+    inexact = (
+        ""
+        if best.exact
+        else f"note: not proven optimal: the search budget of {args.budget} work units ran out "
+        "first; this is the best set found (raise --budget to search further)\n"
+    )
+    sys.stdout.write(
+        f"GPUs: {','.join(map(str, best.gpus))}\n"
+        f"score: {links} {numa} {nic} {pcie} (link points, minus NUMA nodes spanned, NIC points, "
+        f"PCIe points; larger is better; {best.points_per_pair:.1f} points per pair)\n"
+        f"why: {best.explain()}\n{policy}{inexact}"
+    )
     return EXIT_OK
 
 
@@ -527,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
         "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
         "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
-        "then to a closer RDMA NIC. The score ranks nodes for the same K.",
+        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
+        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
     )
     best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
     best_set.add_argument(
@@ -537,7 +567,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--available",
         type=_gpu_indices,
         metavar="I,J,...",
-        help="the GPU indices free to choose from (default: every GPU that is not lost)",
+        help="the GPU indices free to choose from (default: every GPU that is not lost; an empty "
+        "list means none is free)",
+    )
+    best_set.add_argument(
+        "--must-include",
+        type=_gpu_indices,
+        default=[],
+        metavar="I,J,...",
+        help="GPU indices the set must hold (the kubelet's mustInclude); each must be available",
+    )
+    best_set.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=Policy.BEST,
+        help="best: the best single set (default); packing: split all available GPUs into sets "
+        "of K as NVIDIA's allocator does, and return the best set of the best split",
+    )
+    best_set.add_argument(
+        "--budget",
+        type=_work_units,
+        default=DEFAULT_BUDGET,
+        metavar="UNITS",
+        help=f"search work units before settling for the best set found, reported as not proven "
+        f"optimal (default: {DEFAULT_BUDGET})",
     )
     best_set.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default: text)"

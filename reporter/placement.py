@@ -2,7 +2,8 @@
 
 A scheduler extender or a Volcano plugin decodes a node's topology annotation and asks
 `best_gpu_set(topology, k, available)`; the `Score` it gets back ranks nodes against each other for
-the same k. The scoring, closest first:
+the same k. A device plugin answering the kubelet's GetPreferredAllocation passes `available` and
+`must_include` exactly as the kubelet hands them. The scoring, closest first:
 
 1. Link points, summed over every pair of chosen GPUs: `NV<n>` is worth 10·n (NV18 = 180, NV1 = 10),
    `PIX` 5, `PXB` 4, `PHB` 3, `NODE` 2, `SYS` 1. More bonded NVLinks score higher, any NVLink beats
@@ -10,20 +11,41 @@ the same k. The scoring, closest first:
 2. Ties: fewer NUMA nodes spanned (GPUs of unknown NUMA node count as one node together).
 3. Ties: the closest RDMA NIC: for each NIC its path to the farthest chosen GPU; the best of those
    is worth the PCIe points above (`PIX` 5 … `SYS` 1); 0 when the node has no RDMA NIC.
-4. Remaining ties: the lexicographically smallest GPU index tuple, so the answer is deterministic.
+4. Ties: the PCIe path beneath the pairs, when the topology knows it (`pcie`, as `nvidia-smi topo
+   -mp` shows): the pairs' PCIe points summed. On a DGX-1 two NV1 pairs tie on links; the one
+   sharing a PCIe switch (PIX) beats the one across the host bridge. 0 without a `pcie` matrix.
+5. Remaining ties: the lexicographically smallest GPU index tuple, so the answer is deterministic.
 
-`Score` is `(links, -numa_nodes, nic)`: a tuple of ints that compares lexicographically, larger is
-better. The search is exact (branch and bound over k-subsets, the same optimum an exhaustive search
-finds); lost GPUs are never chosen.
+`Score` is `(links, -numa_nodes, nic, pcie)`: a tuple of ints that compares lexicographically,
+larger is better.
+
+Two policies (`Policy`):
+- `best` (the default): the best single set, as above.
+- `packing`: NVIDIA's allocator style (go-gpuallocator's best-effort policy): split all the
+  available GPUs into sets of k (the `len % k` left over stay unassigned), maximise the split's
+  summed (link points, PCIe points), and return the best set of that split (the one holding
+  `must_include`). It keeps the rest of the node in good sets for the pods that come next, at the
+  price of sometimes a worse set now. Ties between splits go to the first in a fixed order (the
+  lowest unassigned GPU starts a set, partners in index order, leaving it over comes last).
+
+The search is bounded. Branch and bound (exact: the same optimum an exhaustive search finds)
+runs under a budget of work units (`DEFAULT_BUDGET`; one unit is about one pair-weight operation),
+seeded with a greedy-plus-local-search answer. When the budget runs out the best set known is
+returned with `GpuSet.exact = False`: a good answer, not proven optimal. Real machines (NVSwitch
+islands, PCIe trees, the shipped fixtures and profiles) finish exactly far below the budget;
+`bench/best_gpu_set.py` shows where exactness ends on random wiring. Lost GPUs are never chosen.
 
 It must never do I/O or import kubernetes: it reads only the `Topology` it is given.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 from parsers.errors import excerpt
@@ -31,7 +53,16 @@ from parsers.links import Link, LinkKind
 from reporter.errors import PlacementError
 from reporter.schema.model import Topology
 
-__all__ = ["NVLINK_POINTS", "PCIE_POINTS", "GpuSet", "Score", "best_gpu_set", "score_gpu_set"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "NVLINK_POINTS",
+    "PCIE_POINTS",
+    "GpuSet",
+    "Policy",
+    "Score",
+    "best_gpu_set",
+    "score_gpu_set",
+]
 
 NVLINK_POINTS = 10
 """Points per bonded NVLink of a pair."""
@@ -47,6 +78,17 @@ PCIE_POINTS = {
 
 _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 
+DEFAULT_BUDGET = 2_000_000
+"""Work units one search may spend before it settles for the best set known: 1 to 3.5 s of one
+core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,000."""
+
+
+class Policy(StrEnum):
+    """How the set is chosen: see the module docstring."""
+
+    BEST = "best"
+    PACKING = "packing"
+
 
 class Score(NamedTuple):
     """How good a GPU set is; compares lexicographically, larger is better."""
@@ -57,6 +99,8 @@ class Score(NamedTuple):
     """Minus the number of NUMA nodes the chosen GPUs span (-1 beats -2)."""
     nic: int
     """Points of the closest RDMA NIC's path to the farthest chosen GPU; 0 without NICs."""
+    pcie: int = 0
+    """PCIe points summed over the chosen pairs' `pcie` cells; 0 when the topology has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +118,10 @@ class GpuSet:
     """The closest RDMA NIC (ties: the first in the topology), None when the node has none."""
     nic_link: Link | None
     """The closest NIC's path to the farthest chosen GPU."""
+    exact: bool = True
+    """Proven optimal; False when the search budget ran out first (the best set known)."""
+    work: int = field(default=0, compare=False)
+    """Work units the search spent (0 for a set scored by `score_gpu_set`)."""
 
     @property
     def points_per_pair(self) -> float:
@@ -103,12 +151,14 @@ class GpuSet:
             "numa_nodes": list(self.numa_nodes),
             "nic": self.nic,
             "nic_link": None if self.nic_link is None else self.nic_link.token,
+            "exact": self.exact,
         }
 
 
 def pair_link(topology: Topology, a: int, b: int) -> Link:
     """The path joining GPUs a and b: the closer of the two matrix cells (either end may report)."""
-    return min(topology.links[a][b], topology.links[b][a], key=lambda c: c.closeness)
+    ab, ba = topology.links[a][b], topology.links[b][a]
+    return ab if ab == ba else min(ab, ba, key=lambda c: c.closeness)
 
 
 def link_points(link: Link) -> int:
@@ -116,6 +166,14 @@ def link_points(link: Link) -> int:
     if link.is_nvlink:
         return NVLINK_POINTS * link.nvlinks
     return PCIE_POINTS[link.kind]
+
+
+def pcie_points(topology: Topology, a: int, b: int) -> int:
+    """PCIe points of the path beneath the pair a, b; 0 when the topology has no `pcie` matrix."""
+    if topology.pcie is None:
+        return 0
+    ab, ba = topology.pcie[a][b], topology.pcie[b][a]
+    return PCIE_POINTS[(ab if ab == ba else min(ab, ba, key=lambda c: c.closeness)).kind]
 
 
 def score_gpu_set(topology: Topology, gpus: Iterable[int]) -> GpuSet:
@@ -129,13 +187,10 @@ def score_gpu_set(topology: Topology, gpus: Iterable[int]) -> GpuSet:
     if len(set(chosen)) != len(chosen):
         raise PlacementError(f"GPU set {list(chosen)} names a GPU twice")
     _check_indices(topology, chosen, "GPU set")
-    lost = [i for i in chosen if topology.gpus[i].lost]
-    if lost:
-        raise PlacementError(f"GPU {lost[0]} is lost (fell off the bus): it cannot be scheduled")
+    _check_not_lost(topology, chosen)
     chosen = tuple(sorted(chosen))
-    pair_counts: Counter[Link] = Counter(
-        pair_link(topology, a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]
-    )
+    pairs = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+    pair_counts: Counter[Link] = Counter(pair_link(topology, a, b) for a, b in pairs)
     homes = {topology.home_numa(i) for i in chosen}
     nic, nic_link = _closest_nic(topology, chosen)
     return GpuSet(
@@ -144,6 +199,7 @@ def score_gpu_set(topology: Topology, gpus: Iterable[int]) -> GpuSet:
             links=sum(link_points(link) * n for link, n in pair_counts.items()),
             numa=-len(homes),
             nic=0 if nic_link is None else PCIE_POINTS[nic_link.kind],
+            pcie=sum(pcie_points(topology, a, b) for a, b in pairs),
         ),
         pairs=tuple(
             (link.token, n) for link, n in sorted(pair_counts.items(), key=lambda p: p[0].closeness)
@@ -154,16 +210,46 @@ def score_gpu_set(topology: Topology, gpus: Iterable[int]) -> GpuSet:
     )
 
 
-def best_gpu_set(topology: Topology, k: int, available: Iterable[int] | None = None) -> GpuSet:
-    """The k GPUs (out of `available`, default all) with the best score; exact, deterministic.
+def best_gpu_set(
+    topology: Topology,
+    k: int,
+    available: Iterable[int] | None = None,
+    *,
+    must_include: Iterable[int] = (),
+    policy: Policy = Policy.BEST,
+    budget: int = DEFAULT_BUDGET,
+) -> GpuSet:
+    """The k GPUs (out of `available`, default all, holding every GPU of `must_include`) chosen by
+    `policy`; deterministic, and exact unless `budget` work units run out (`GpuSet.exact`).
 
-    Lost GPUs are never chosen. Raises PlacementError when k < 1, when an index in `available` is
-    not a GPU of the topology, or when fewer than k usable GPUs are available.
+    Lost GPUs are never chosen. Raises PlacementError when k < 1, when an index in `available` or
+    `must_include` is not a GPU of the topology, when a must-include GPU is lost, not available or
+    more than k of them are named, or when fewer than k usable GPUs are available.
     """
     if k < 1:
         raise PlacementError(f"asked for {k} GPUs: ask for at least 1")
+    if budget < 1:
+        raise PlacementError(f"a search budget of {budget} work units: give at least 1")
+    try:
+        policy = Policy(policy)
+    except ValueError:
+        names = ", ".join(Policy)
+        raise PlacementError(f"policy {str(policy)[:32]!r} is not one of: {names}") from None
     pool = sorted(set(range(len(topology.gpus)) if available is None else available))
     _check_indices(topology, pool, "available GPUs")
+    must = sorted(set(must_include))
+    _check_indices(topology, must, "must-include GPUs")
+    missing = [i for i in must if i not in set(pool)]
+    if missing:
+        raise PlacementError(
+            f"must-include GPU {missing[0]} is not among the available GPUs: add it to them"
+        )
+    _check_not_lost(topology, must)
+    if len(must) > k:
+        raise PlacementError(
+            f"{len(must)} must-include GPUs do not fit in a set of {k}: "
+            f"ask for at least {len(must)}"
+        )
     candidates = [i for i in pool if not topology.gpus[i].lost]
     if k > len(candidates):
         lost = len(pool) - len(candidates)
@@ -172,7 +258,15 @@ def best_gpu_set(topology: Topology, k: int, available: Iterable[int] | None = N
             f"asked for {k} GPUs but only {len(candidates)} of {len(pool)} available GPUs are "
             f"usable{why}: ask for fewer or free more"
         )
-    return score_gpu_set(topology, _Search(topology, candidates, k).run())
+    weights = _Weights.of(topology, candidates)
+    must_pos = [candidates.index(i) for i in must]
+    spent = _Budget(budget)
+    if policy is Policy.PACKING:
+        gpus, exact = _Packing(weights, k, must_pos, spent).run()
+    else:
+        gpus, exact = _Search(weights, k, must_pos, spent).run()
+    best = score_gpu_set(topology, (candidates[i] for i in gpus))
+    return replace(best, exact=exact, work=spent.spent)
 
 
 def _check_indices(topology: Topology, indices: Sequence[int], what: str) -> None:
@@ -185,6 +279,12 @@ def _check_indices(topology: Topology, indices: Sequence[int], what: str) -> Non
         raise PlacementError(f"{what}: GPU {excerpt(unknown[0])} is not on this node{has}")
 
 
+def _check_not_lost(topology: Topology, indices: Sequence[int]) -> None:
+    lost = [i for i in indices if topology.gpus[i].lost]
+    if lost:
+        raise PlacementError(f"GPU {lost[0]} is lost (fell off the bus): it cannot be scheduled")
+
+
 def _closest_nic(topology: Topology, chosen: Sequence[int]) -> tuple[str | None, Link | None]:
     best: tuple[str | None, Link | None] = (None, None)
     for nic in topology.nics:
@@ -194,105 +294,422 @@ def _closest_nic(topology: Topology, chosen: Sequence[int]) -> tuple[str | None,
     return best
 
 
-class _Search:
-    """Branch and bound over k-subsets of the candidates, in lexicographic order.
+_SMALL_TREE = 1000
+"""Below this many k-subsets the search runs without a heuristic seed: the seed would cost more
+than it saves."""
 
-    Subsets are visited in lexicographic order and only a strictly better score replaces the
-    incumbent, so ties resolve to the lexicographically smallest set, as an exhaustive search
-    with the same rule would. A subtree is cut when an upper bound of every component of the
-    score of all its completions is no better than the incumbent.
-    """
 
-    def __init__(self, topology: Topology, candidates: list[int], k: int) -> None:
-        self.candidates = candidates
-        self.k = k
-        m = len(candidates)
-        self.weight = [
-            [
-                0 if a == b else link_points(pair_link(topology, ca, cb))
-                for b, cb in enumerate(candidates)
-            ]
-            for a, ca in enumerate(candidates)
-        ]
-        # top[c][r]: the r largest pair points of candidate c: no r partners can give c more.
-        self.top: list[list[int]] = []
-        for a in range(m):
-            row = sorted((self.weight[a][b] for b in range(m) if b != a), reverse=True)
-            prefix = [0]
-            for w in row:
-                prefix.append(prefix[-1] + w)
-            self.top.append(prefix)
+class _BudgetSpentError(Exception):
+    """The search spent its budget: unwind and settle for the best set known."""
+
+
+class _Budget:
+    """Work units left to a search; shared by the searches of one request."""
+
+    def __init__(self, units: int) -> None:
+        self.units = units
+        self.left = units
+
+    @property
+    def spent(self) -> int:
+        """Units spent so far (the last step may overrun the budget by its own cost)."""
+        return self.units - self.left
+
+    def spend(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise _BudgetSpentError
+
+
+def _top_prefix(rows: list[list[int]]) -> list[list[int]]:
+    """prefix[c][r]: the sum of the r largest pair weights of c: no r partners give c more."""
+    out = []
+    for a, row in enumerate(rows):
+        ordered = sorted((w for b, w in enumerate(row) if b != a), reverse=True)
+        prefix = [0]
+        for w in ordered:
+            prefix.append(prefix[-1] + w)
+        out.append(prefix)
+    return out
+
+
+class _Weights:
+    """Everything the searches read, by candidate position (0..m-1) rather than GPU index."""
+
+    def __init__(
+        self,
+        links: list[list[int]],
+        pcie: list[list[int]],
+        home: list[int],
+        nic_points: list[list[int]],
+    ) -> None:
+        self.m = len(links)
+        self.links = links
+        self.pcie = pcie
+        self.top_links = _top_prefix(links)
+        self.top_pcie = _top_prefix(pcie)
+        self.home = home
+        self.homes = len(set(home))
+        self.nic_points = nic_points
+        self.has_pcie = any(any(row) for row in pcie)
+        """False without a `pcie` matrix: the searches then skip the (all-zero) PCIe points."""
+
+    @classmethod
+    def of(cls, topology: Topology, candidates: list[int]) -> _Weights:
+        """The weights of `candidates` (GPU indexes) on `topology`."""
         homes = [topology.home_numa(c) for c in candidates]
         ids = {h: i for i, h in enumerate(dict.fromkeys(homes))}
-        self.home = [ids[h] for h in homes]
-        self.nic_points = [
-            [PCIE_POINTS[nic.links[c].kind] for c in candidates] for nic in topology.nics
-        ]
+        m = len(candidates)
+        links = [[0] * m for _ in range(m)]
+        pcie = [[0] * m for _ in range(m)]
+        for a, ca in enumerate(candidates):
+            for b in range(a + 1, m):
+                cb = candidates[b]
+                links[a][b] = links[b][a] = link_points(pair_link(topology, ca, cb))
+                pcie[a][b] = pcie[b][a] = pcie_points(topology, ca, cb)
+        return cls(
+            links=links,
+            pcie=pcie,
+            home=[ids[h] for h in homes],
+            nic_points=[
+                [PCIE_POINTS[nic.links[c].kind] for c in candidates] for nic in topology.nics
+            ],
+        )
+
+    def subset(self, positions: list[int]) -> _Weights:
+        """The weights of some of the candidates, renumbered 0..len(positions)-1."""
+        ids = {h: i for i, h in enumerate(dict.fromkeys(self.home[p] for p in positions))}
+        return _Weights(
+            links=[[self.links[a][b] for b in positions] for a in positions],
+            pcie=[[self.pcie[a][b] for b in positions] for a in positions],
+            home=[ids[self.home[p]] for p in positions],
+            nic_points=[[pts[p] for p in positions] for pts in self.nic_points],
+        )
+
+    def score(self, chosen: Sequence[int]) -> Score:
+        """The score of a set of candidate positions (what score_gpu_set gives, without text)."""
+        pairs = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+        return Score(
+            links=sum(self.links[a][b] for a, b in pairs),
+            numa=-len({self.home[c] for c in chosen}),
+            nic=max((min(pts[c] for c in chosen) for pts in self.nic_points), default=0),
+            pcie=sum(self.pcie[a][b] for a, b in pairs),
+        )
+
+
+class _Search:
+    """The best single k-set: a heuristic answer first, then budgeted branch and bound.
+
+    Branch and bound visits the k-subsets holding the must-include GPUs in lexicographic order and
+    only a strictly better score replaces its incumbent, so ties resolve to the lexicographically
+    smallest set, as an exhaustive search with the same rule would. The heuristic's score is only a
+    threshold: a subtree whose upper bound (every component of the score, over all completions) is
+    below it is cut, and the first set reaching it is taken, so seeding never changes the answer.
+    """
+
+    def __init__(self, w: _Weights, k: int, must: list[int], budget: _Budget) -> None:
+        self.w = w
+        self.k = k
+        self.must = must
+        self.budget = budget
+        must_set = set(must)
+        self.rest = [c for c in range(w.m) if c not in must_set]
         self.best: tuple[Score, tuple[int, ...]] | None = None
+        self.threshold: Score | None = None
         # The state of the current branch, updated incrementally on the way down and back up.
         self.chosen: list[int] = []
         self.links = 0
-        self.gain = [0] * m  # pair points of each candidate with the chosen GPUs
-        self.homes_used = [0] * len(ids)
+        self.pcie = 0
+        self.gain = [0] * w.m  # link points of each candidate with the chosen GPUs
+        self.pcie_gain = [0] * w.m
+        self.homes_used = [0] * w.homes
         self.spanned = 0
-        self.nic_now = [_BEST_NIC_POINTS] * len(self.nic_points)  # per NIC: to the farthest chosen
+        self.nic_now = [_BEST_NIC_POINTS] * len(w.nic_points)  # per NIC: to the farthest chosen
         self.nic_stack: list[list[int]] = []
 
-    def run(self) -> tuple[int, ...]:
-        self._descend(0)
-        assert self.best is not None  # k <= m, so at least one full set was reached
-        return tuple(self.candidates[i] for i in self.best[1])
+    def run(self) -> tuple[tuple[int, ...], bool]:
+        """The chosen candidate positions, ascending, and whether they are proven optimal."""
+        for c in self.must:
+            self._push(c)
+        heuristic: tuple[Score, tuple[int, ...]] | None = None
+        try:
+            # A tree small enough to walk whole needs no seed (a real 8-GPU node's never does).
+            if math.comb(len(self.rest), self.k - len(self.must)) > _SMALL_TREE:
+                heuristic = self._heuristic()
+                self.threshold = heuristic[0]
+            self._descend(0)
+        except _BudgetSpentError:
+            found = [x for x in (self.best, heuristic) if x is not None]
+            if not found:  # the budget ran out before even the greedy set: take the first k
+                return self._first(), False
+            score = max(s for s, _ in found)
+            return min(gpus for s, gpus in found if s == score), False
+        assert self.best is not None  # the heuristic's set, if any, reaches the threshold
+        return self.best[1], True
+
+    def greedy(self) -> tuple[int, ...]:
+        """The heuristic's set alone (no proof); the first k candidates if the budget runs out."""
+        try:
+            return self._heuristic()[1]
+        except _BudgetSpentError:
+            return self._first()
+
+    def _first(self) -> tuple[int, ...]:
+        return tuple(sorted([*self.must, *self.rest[: self.k - len(self.must)]]))
 
     def _descend(self, start: int) -> None:
+        self.budget.spend(self.w.m)
         r = self.k - len(self.chosen)
         if r == 0:
-            score = Score(self.links, -self.spanned, max(self.nic_now, default=0))
-            if self.best is None or score > self.best[0]:
-                self.best = (score, tuple(self.chosen))
+            score = Score(self.links, -self.spanned, max(self.nic_now, default=0), self.pcie)
+            if self.best is None:
+                if self.threshold is None or score >= self.threshold:
+                    self.best = (score, tuple(sorted(self.chosen)))
+            elif score > self.best[0]:
+                self.best = (score, tuple(sorted(self.chosen)))
             return
-        if self.best is not None and self._bound(start, r) <= self.best[0]:
+        bound = self._bound(start, r)
+        if self.best is not None:
+            if bound <= self.best[0]:
+                return
+        elif self.threshold is not None and bound < self.threshold:
             return
-        m = len(self.candidates)
-        for c in range(start, m - r + 1):
+        for i in range(start, len(self.rest) - r + 1):
+            c = self.rest[i]
             self._push(c)
-            self._descend(c + 1)
+            self._descend(i + 1)
             self._pop(c)
 
     def _push(self, c: int) -> None:
+        w = self.w
         self.chosen.append(c)
         self.links += self.gain[c]
-        for x, w in enumerate(self.weight[c]):
-            self.gain[x] += w
-        self.homes_used[self.home[c]] += 1
-        self.spanned += self.homes_used[self.home[c]] == 1
+        self.gain = [g + lw for g, lw in zip(self.gain, w.links[c], strict=True)]
+        if w.has_pcie:
+            self.pcie += self.pcie_gain[c]
+            self.pcie_gain = [g + pw for g, pw in zip(self.pcie_gain, w.pcie[c], strict=True)]
+        self.homes_used[w.home[c]] += 1
+        self.spanned += self.homes_used[w.home[c]] == 1
         self.nic_stack.append(self.nic_now)
         self.nic_now = [
-            min(now, pts[c]) for now, pts in zip(self.nic_now, self.nic_points, strict=True)
+            min(now, pts[c]) for now, pts in zip(self.nic_now, w.nic_points, strict=True)
         ]
 
     def _pop(self, c: int) -> None:
+        w = self.w
         self.nic_now = self.nic_stack.pop()
-        self.spanned -= self.homes_used[self.home[c]] == 1
-        self.homes_used[self.home[c]] -= 1
-        for x, w in enumerate(self.weight[c]):
-            self.gain[x] -= w
+        self.spanned -= self.homes_used[w.home[c]] == 1
+        self.homes_used[w.home[c]] -= 1
+        self.gain = [g - lw for g, lw in zip(self.gain, w.links[c], strict=True)]
         self.links -= self.gain[c]
+        if w.has_pcie:
+            self.pcie_gain = [g - pw for g, pw in zip(self.pcie_gain, w.pcie[c], strict=True)]
+            self.pcie -= self.pcie_gain[c]
         self.chosen.pop()
 
     def _bound(self, start: int, r: int) -> Score:
-        rest = range(start, len(self.candidates))
-        gain, home, used = self.gain, self.home, self.homes_used
+        rest = self.rest[start:]
+        w, used = self.w, self.homes_used
         # Each added GPU brings its pairs with the chosen ones, plus half of its pairs with the
         # other added ones, which are at most its r-1 best pairs: doubled to stay in integers.
-        doubled = sorted((2 * gain[c] + self.top[c][r - 1] for c in rest), reverse=True)
+        doubled = sorted((2 * self.gain[c] + w.top_links[c][r - 1] for c in rest), reverse=True)
         links_bound = self.links + sum(doubled[:r]) // 2
+        pcie_bound = 0
+        if w.has_pcie:
+            doubled = sorted(
+                (2 * self.pcie_gain[c] + w.top_pcie[c][r - 1] for c in rest), reverse=True
+            )
+            pcie_bound = self.pcie + sum(doubled[:r]) // 2
         # NUMA nodes: fill from nodes already spanned first, then from the fullest others.
-        extra, need = 0, r - sum(1 for c in rest if used[home[c]])
+        extra, need = 0, r - sum(1 for c in rest if used[w.home[c]])
         if need > 0:
-            others = Counter(home[c] for c in rest if not used[home[c]])
+            others = Counter(w.home[c] for c in rest if not used[w.home[c]])
             for size in sorted(others.values(), reverse=True):
                 extra += 1
                 need -= size
                 if need <= 0:
                     break
-        return Score(links_bound, -(self.spanned + extra), max(self.nic_now, default=0))
+        return Score(links_bound, -(self.spanned + extra), max(self.nic_now, default=0), pcie_bound)
+
+    def _heuristic(self) -> tuple[Score, tuple[int, ...]]:
+        """Greedy growth from a few seeds, then one-for-one swaps while the score improves."""
+        w, k = self.w, self.k
+        seeds: list[list[int]] = [list(self.must)] if self.must else [[c] for c in self.rest]
+        # The seeds most likely to grow a good set first: the best connected candidates.
+        seeds.sort(key=lambda s: -sum(w.top_links[c][min(k - 1, w.m - 1)] for c in s))
+        best: tuple[Score, tuple[int, ...]] | None = None
+        for seed in seeds[: max(1, 8 if w.m > 16 else w.m)]:
+            chosen = self._grow(seed)
+            found = (w.score(chosen), tuple(sorted(chosen)))
+            if best is None or found[0] > best[0] or (found[0] == best[0] and found[1] < best[1]):
+                best = found
+        assert best is not None
+        return self._improve(best)
+
+    def _grow(self, seed: list[int]) -> list[int]:
+        w = self.w
+        chosen = list(seed)
+        gain = [sum(w.links[x][c] for c in chosen) for x in range(w.m)]
+        homes = {w.home[c] for c in chosen}
+        while len(chosen) < self.k:
+            self.budget.spend(w.m)
+            taken = set(chosen)
+            pick = max(
+                (c for c in self.rest if c not in taken),
+                key=lambda c: (gain[c], w.home[c] in homes, -c),
+            )
+            chosen.append(pick)
+            homes.add(w.home[pick])
+            for x in range(w.m):
+                gain[x] += w.links[pick][x]
+        return chosen
+
+    def _improve(self, start: tuple[Score, tuple[int, ...]]) -> tuple[Score, tuple[int, ...]]:
+        w = self.w
+        score, chosen = start
+        must = set(self.must)
+        improved = True
+        while improved:
+            improved = False
+            members = set(chosen)
+            gain = [sum(w.links[x][c] for c in chosen) for x in range(w.m)]
+            for out in (c for c in chosen if c not in must):
+                for into in (c for c in self.rest if c not in members):
+                    self.budget.spend(1)
+                    links = score.links - gain[out] + gain[into] - w.links[out][into]
+                    if links < score.links:
+                        continue
+                    self.budget.spend(self.k)
+                    trial = tuple(sorted([c for c in chosen if c != out] + [into]))
+                    trial_score = w.score(trial)
+                    if trial_score > score:
+                        score, chosen, improved = trial_score, trial, True
+                        break
+                if improved:
+                    break
+        return score, chosen
+
+
+class _Packing:
+    """The split of all candidates into sets of k that maximises the summed (links, pcie) points.
+
+    Depth-first in a fixed order: the lowest unassigned candidate either starts a set (partners in
+    lexicographic order) or, while leftover places remain, is left over. The must-include GPUs go
+    into one set together. A heuristic split seeds a threshold as in `_Search`, so the answer is
+    the first optimal split in that order whether or not the seed was good.
+    """
+
+    def __init__(self, w: _Weights, k: int, must: list[int], budget: _Budget) -> None:
+        self.w = w
+        self.k = k
+        self.must = frozenset(must)
+        self.budget = budget
+        self.leftover = w.m % k
+        self.best: tuple[tuple[int, int], list[tuple[int, ...]]] | None = None
+        self.threshold: tuple[int, int] | None = None
+        self.sets: list[tuple[int, ...]] = []
+
+    def run(self) -> tuple[tuple[int, ...], bool]:
+        """The best set of the best split, and whether the split is proven optimal."""
+        heuristic = None
+        if self._splits() > _SMALL_TREE:
+            heuristic = self._heuristic()
+            self.threshold = heuristic[0]
+        try:
+            self._descend(list(range(self.w.m)), self.leftover, (0, 0))
+        except _BudgetSpentError:
+            found = [x for x in (self.best, heuristic) if x is not None]
+            if not found:  # only where a small tree met a budget of a few units
+                others = [c for c in range(self.w.m) if c not in self.must]
+                return tuple(sorted([*self.must, *others[: self.k - len(self.must)]])), False
+            value = max(v for v, _ in found)
+            return self._pick(next(sets for v, sets in found if v == value)), False
+        assert self.best is not None  # the heuristic's split reaches the threshold
+        return self._pick(self.best[1]), True
+
+    def _splits(self) -> int:
+        """How many splits there are (without must-include): the size of the whole tree."""
+        m, k, left = self.w.m, self.k, self.leftover
+        sets = (m - left) // k
+        ways = math.prod([math.factorial(k)] * sets) * math.factorial(sets)
+        return math.comb(m, left) * math.factorial(m - left) // ways
+
+    def _pick(self, sets: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """The set to return: the one holding must-include, else the best scored, then lowest."""
+        if self.must:
+            return next(s for s in sets if self.must <= set(s))
+        return min(sets, key=lambda s: (tuple(-x for x in self.w.score(s)), s))
+
+    def _value(self, group: Sequence[int]) -> tuple[int, int]:
+        w = self.w
+        pairs = list(itertools.combinations(group, 2))
+        return sum(w.links[a][b] for a, b in pairs), sum(w.pcie[a][b] for a, b in pairs)
+
+    def _descend(self, unassigned: list[int], leftover: int, value: tuple[int, int]) -> None:
+        if not unassigned:
+            if self.best is None:
+                if self.threshold is None or value >= self.threshold:
+                    self.best = (value, list(self.sets))
+            elif value > self.best[0]:
+                self.best = (value, list(self.sets))
+            return
+        self.budget.spend(len(unassigned))
+        bound = self._bound(unassigned, leftover, value)
+        if self.best is not None:
+            if bound <= self.best[0]:
+                return
+        elif self.threshold is not None and bound < self.threshold:
+            return
+        g, others = unassigned[0], unassigned[1:]
+        must_partners = self.must - {g} if g in self.must else None
+        pairs = self.k * (self.k - 1) // 2
+        for partners in itertools.combinations(others, self.k - 1):
+            # The set's pairs to weigh, the rest to copy, sort and bound for the next step: units
+            # priced to cost about the same time as the single-set search's.
+            self.budget.spend(pairs + 6 * len(others))
+            held = self.must.intersection(partners)
+            if must_partners is not None and held != must_partners:
+                continue
+            if must_partners is None and held and held != self.must:
+                continue
+            group = (g, *partners)
+            links, pcie = self._value(group)
+            taken = set(partners)
+            self.sets.append(group)
+            self._descend(
+                [c for c in others if c not in taken], leftover, (value[0] + links, value[1] + pcie)
+            )
+            self.sets.pop()
+        if leftover and g not in self.must:
+            self._descend(others, leftover - 1, value)
+
+    def _bound(
+        self, unassigned: list[int], leftover: int, value: tuple[int, int]
+    ) -> tuple[int, int]:
+        # Each GPU placed in a set brings at most its k-1 best pairs, each pair counted twice.
+        placed = len(unassigned) - leftover
+        w, r = self.w, self.k - 1
+        links = sorted((w.top_links[c][r] for c in unassigned), reverse=True)[:placed]
+        pcie = sorted((w.top_pcie[c][r] for c in unassigned), reverse=True)[:placed]
+        return value[0] + sum(links) // 2, value[1] + sum(pcie) // 2
+
+    def _heuristic(self) -> tuple[tuple[int, int], list[tuple[int, ...]]]:
+        """Greedy: the best set holding must-include, then the best set of the rest, and so on.
+
+        It spends its own quarter of the budget, each set by `_Search`'s greedy and local search.
+        """
+        share = max(self.budget.left // 4, 1)
+        budget = _Budget(share)
+        left = list(range(self.w.m))
+        sets: list[tuple[int, ...]] = []
+        must = sorted(self.must)
+        while len(left) >= self.k:
+            view = self.w.subset(left)
+            search = _Search(view, self.k, [left.index(c) for c in must], budget)
+            group = tuple(sorted(left[i] for i in search.greedy()))
+            sets.append(group)
+            left = [c for c in left if c not in group]
+            must = []
+        self.budget.left -= share - budget.left
+        values = [self._value(s) for s in sets]
+        return (sum(v[0] for v in values), sum(v[1] for v in values)), sets

@@ -6,10 +6,13 @@ The annotation is read back from the API server, where anyone who can edit a Nod
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reporter import availability
 from reporter.availability import (
     MAX_TEXT_CHARS,
     NEUTRAL_SCORE,
@@ -24,10 +27,18 @@ from reporter.availability import (
     node_score,
 )
 from reporter.errors import PlacementError, SchemaError
+from reporter.placement import GpuSet, best_gpu_set
 from reporter.schema.model import Topology
 from tests.fuzz import fuzz
 from tests.strategies import topologies
-from tests.test_placement_best_set import MACHINES, REAL, SIMULATED, brute_force, machine
+from tests.test_placement_best_set import (
+    MACHINES,
+    REAL,
+    SIMULATED,
+    brute_force,
+    machine,
+    random_topology,
+)
 
 DGX_A100 = dict(REAL)["03-dgx-a100-nv12-mlx5"]
 PREFIX = "gpu.topology.io"
@@ -86,6 +97,23 @@ def test_the_island_is_the_free_nvlink_component_the_set_was_taken_from() -> Non
     b = compute_availability(topology, [0, 1, 2, 4, 5])
     assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2)
     assert availability_labels(b, PREFIX)["gpu.topology.io/gpu-free-nvlink-max"] == "2"
+
+
+def test_all_k_of_a_48_gpu_random_machine_share_one_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    topology = random_topology(48, 3)
+    spent: list[GpuSet] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> GpuSet:
+        best = best_gpu_set(*args, **kwargs)
+        spent.append(best)
+        return best
+
+    monkeypatch.setattr(availability, "best_gpu_set", recorded)
+    a = compute_availability(topology, range(48), budget=240_000)
+    assert len(a.best) == len(spent) == 48
+    assert sum(s.work for s in spent) <= 240_000 + 48 * 48  # each search may overrun by one step
+    assert not all(s.exact for s in spent)
+    assert decode_availability(encode_availability(a)) == a
 
 
 def test_lost_gpus_are_not_free_and_unknown_ones_are_an_error() -> None:

@@ -66,8 +66,8 @@ def test_best_set_reads_every_shape_and_prints_the_set_its_score_and_why(
     assert (status, err) == (0, "")
     assert out == (
         "GPUs: 0,1\n"
-        "score: 120 -1 4 (link points, minus NUMA nodes spanned, NIC points; larger is better; "
-        "120.0 points per pair)\n"
+        "score: 120 -1 4 0 (link points, minus NUMA nodes spanned, NIC points, PCIe points; "
+        "larger is better; 120.0 points per pair)\n"
         "why: pairs: 1x NV12; NUMA node 3; closest NIC mlx5_0 (PXB to the farthest GPU)\n"
     )
 
@@ -82,12 +82,14 @@ def test_best_set_json_with_available_gpus_from_stdin(
     assert status == 0
     assert json.loads(out) == {
         "gpus": [1, 2, 3],
-        "score": [360, -2, 1],
+        "score": [360, -2, 1, 0],
         "points_per_pair": 120.0,
         "pairs": {"NV12": 3},
         "numa_nodes": [1, 3],
         "nic": "mlx5_0",
         "nic_link": "SYS",
+        "exact": True,
+        "policy": "best",
     }
 
 
@@ -98,7 +100,7 @@ def test_best_set_reads_a_node_under_another_prefix(
     path.write_text(json.dumps(node_object("x.io")))
     status, out, _ = run(["best-set", "--gpus", "8", "--prefix", "x.io", str(path)], capsys)
     assert status == 0
-    assert out.startswith("GPUs: 0,1,2,3,4,5,6,7\nscore: 3360 -4 1 ")
+    assert out.startswith("GPUs: 0,1,2,3,4,5,6,7\nscore: 3360 -4 1 0 ")
 
 
 @pytest.mark.parametrize(
@@ -111,7 +113,18 @@ def test_best_set_reads_a_node_under_another_prefix(
             "'1,a' is not a comma-separated list of GPU indices",
             id="available not indices",
         ),
-        pytest.param(["--gpus", "2", "--available", ","], "is empty", id="available empty"),
+        pytest.param(
+            ["--gpus", "2", "--must-include", "x"],
+            "'x' is not a comma-separated list of GPU indices",
+            id="must-include not indices",
+        ),
+        pytest.param(
+            ["--gpus", "2", "--policy", "spread"], "invalid Policy value: 'spread'", id="bad policy"
+        ),
+        pytest.param(["--gpus", "2", "--budget", "0"], "give at least 1 work unit", id="budget 0"),
+        pytest.param(
+            ["--gpus", "2", "--budget", "lots"], "'lots' is not a number of work units", id="budget"
+        ),
         pytest.param(
             ["--available", "1"], "the following arguments are required: --gpus", id="no k"
         ),
@@ -144,6 +157,36 @@ def test_bad_usage_exits_2(
             None,
             "asked for 3 GPUs but only 2 of 2 available GPUs are usable",
             id="more GPUs than available",
+        ),
+        pytest.param(
+            ["--gpus", "2", "--available", ""],
+            None,
+            "asked for 2 GPUs but only 0 of 0 available GPUs are usable",
+            id="no free GPU at all: cannot meet",
+        ),
+        pytest.param(
+            ["--gpus", "2", "--available", ","],
+            None,
+            "asked for 2 GPUs but only 0 of 0 available GPUs are usable",
+            id="an empty list of available GPUs",
+        ),
+        pytest.param(
+            ["--gpus", "2", "--available", "0,1", "--must-include", "5"],
+            None,
+            "must-include GPU 5 is not among the available GPUs: add it to them",
+            id="must-include not available",
+        ),
+        pytest.param(
+            ["--gpus", "2", "--must-include", "9"],
+            None,
+            "must-include GPUs: GPU 9 is not on this node (it has GPUs 0..7)",
+            id="must-include unknown",
+        ),
+        pytest.param(
+            ["--gpus", "1", "--must-include", "0,1"],
+            None,
+            "2 must-include GPUs do not fit in a set of 1",
+            id="must-include more than K",
         ),
         pytest.param(
             ["--gpus", "1", "--available", "0,8"],
@@ -187,6 +230,36 @@ def test_bad_input_is_one_line_and_exit_1(
     assert err.startswith("topo-reporter: error: ")
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_best_set_with_must_include_and_the_packing_policy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(["best-set", "--gpus", "2", "--must-include", "5", str(DGX_A100)], capsys)
+    assert status == 0
+    assert out.startswith("GPUs: 4,5\n")
+    argv = ["best-set", "--gpus", "2", "--available", "0,1,2,3,4", "--policy", "packing"]
+    status, out, _ = run([*argv, str(DGX_A100)], capsys)
+    assert status == 0
+    assert out.startswith("GPUs: 0,1\n")
+    assert out.endswith(
+        "policy: packing (the best set of the best split of the available GPUs into sets of 2)\n"
+    )
+    status, out, _ = run([*argv, "--format", "json", str(DGX_A100)], capsys)
+    assert json.loads(out)["policy"] == "packing"
+
+
+def test_best_set_says_when_the_budget_ran_out(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["best-set", "--gpus", "4", "--budget", "1", str(DGX_A100)], capsys)
+    assert status == 0
+    assert out.endswith(
+        "note: not proven optimal: the search budget of 1 work units ran out first; this is the "
+        "best set found (raise --budget to search further)\n"
+    )
+    status, out, _ = run(
+        ["best-set", "--gpus", "4", "--budget", "1", "--format", "json", str(DGX_A100)], capsys
+    )
+    assert json.loads(out)["exact"] is False
 
 
 @pytest.mark.parametrize("fmt", ["dot", "mermaid"])

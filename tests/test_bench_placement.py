@@ -1,0 +1,78 @@
+"""`bench/placement.py` on a tiny cluster, so the simulator cannot rot: it runs, it is
+deterministic, and what it reports is consistent with the placements it made. No result is
+asserted: the numbers are the benchmark's to report (bench/README.md), not the test's."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bench import placement
+from reporter.placement import score_gpu_set
+
+TINY = (("dgx-h100", 1), ("pcie-8x", 1), ("workstation-nvlink-bridge", 1))
+
+
+@pytest.fixture(scope="module")
+def pods() -> list[placement.Pod]:
+    return placement.trace(60, gpus=19, load=0.9, seed=7)
+
+
+def test_the_trace_draws_the_documented_mix(pods: list[placement.Pod]) -> None:
+    assert {p.k for p in pods} <= {1, 2, 4, 8}
+    assert all(10**1.5 <= p.minutes <= 10**4 for p in pods)
+    assert [p.arrival for p in pods] == sorted(p.arrival for p in pods)
+    assert pytest.approx(1.9) == placement.MEAN_GPUS
+    assert placement.trace(60, gpus=19, load=0.9, seed=7) == pods
+
+
+@pytest.mark.parametrize("node_policy", placement.NODE_POLICIES)
+@pytest.mark.parametrize("on_node", placement.ON_NODE_POLICIES)
+def test_every_policy_pair_places_pods_consistently(
+    node_policy: str, on_node: str, pods: list[placement.Pod]
+) -> None:
+    result = placement.simulate(TINY, pods, node_policy, on_node, load=0.9, seed=3)
+    nodes = {n.name: n for n in placement.cluster(TINY)}
+    assert result.placed == len(pods)  # the cluster drains: every pod runs
+    assert sum(placed for _, placed in result.by_k.values()) <= len(pods)
+    assert result.wait >= 0.0
+    for pod_id, (name, gpus, _, _) in result.sets.items():
+        assert len(gpus) == len(set(gpus)) == pods[pod_id].k
+        assert set(gpus) <= set(range(nodes[name].capacity))
+        score_gpu_set(nodes[name].topology, gpus)  # a valid set of that node
+    for value in (result.occupancy, result.nvlink, result.links, result.frag):
+        assert 0.0 <= value <= 1.0
+    again = placement.simulate(TINY, pods, node_policy, on_node, load=0.9, seed=3)
+    assert (again.sets, again.nvlink, again.links, again.frag, again.occupancy) == (
+        result.sets,
+        result.nvlink,
+        result.links,
+        result.frag,
+        result.occupancy,
+    )
+
+
+@pytest.mark.parametrize("node_policy", ["extender", "least-allocated"])
+def test_no_gpu_is_held_by_two_pods_at_once(node_policy: str, pods: list[placement.Pod]) -> None:
+    result = placement.simulate(TINY, pods, node_policy, "best", load=0.9, seed=3)
+    held: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for pod_id, (name, gpus, start, end) in result.sets.items():
+        assert start >= pods[pod_id].arrival
+        assert end == pytest.approx(start + pods[pod_id].minutes)
+        for gpu in gpus:
+            held.setdefault((name, gpu), []).append((start, end))
+    for spans in held.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    assert len(held) > 10
+
+
+def test_the_table_has_a_row_per_run(pods: list[placement.Pod]) -> None:
+    results = placement.run_all(
+        TINY, 30, seed=1, loads=(0.5,), node_policies=("extender",), on_node_policies=("best",)
+    )
+    text = placement.table(results)
+    assert text.count("\n") == 2
+    assert "| 50% |" in text
+    assert "| extender | best |" in text
