@@ -199,7 +199,8 @@ def _wrap(line: str, width: int, indent: str = "      ") -> list[str]:
     spaces), continued under `indent`; a piece with neither is cut where the width ends."""
     out = []
     while len(line) > width:
-        cut = max(line.rfind(" ", len(indent) + 1, width), line.rfind(",", len(indent), width - 1) + 1)
+        space = line.rfind(" ", len(indent) + 1, width)
+        cut = max(space, line.rfind(",", len(indent), width - 1) + 1)
         if cut <= len(indent):
             cut = width
         out.append(line[:cut].rstrip())
@@ -278,8 +279,10 @@ def _nic_legend(names: Sequence[str]) -> str:
     usual `mlx5_0`..`mlx5_7`) read in one phrase, since every byte goes to every Node watcher."""
     numbered = [re.fullmatch(r"(.*\D)(0|[1-9]\d*)", name) for name in names]
     stems = {m.group(1) if m else None for m in numbered}
-    if len(names) > 1 and len(stems) == 1 and all(
-        m is not None and m.group(2) == str(k) for k, m in enumerate(numbered)
+    if (
+        len(names) > 1
+        and len(stems) == 1
+        and all(m is not None and m.group(2) == str(k) for k, m in enumerate(numbered))
     ):
         return f"NIC Legend: NIC<k> = {stems.pop()}<k>, k = 0-{len(names) - 1}"
     return "NIC Legend: " + " ".join(f"NIC{k}={name}" for k, name in enumerate(names))
