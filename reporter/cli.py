@@ -370,15 +370,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _is_gpu_node(node: dict[str, Any], prefix: str) -> bool:
-    status = node.get("status") or {}
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    return (
-        doctor.GPU_RESOURCE in (status.get("capacity") or {})
-        or keys.key(prefix, keys.TOPOLOGY) in annotations
-    )
-
-
 def _cmd_doctor(args: argparse.Namespace) -> int:
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
@@ -389,7 +380,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.node:
         nodes = [reader.get_node(args.node)]
     else:
-        nodes = [n for n in reader.list_nodes() if _is_gpu_node(n, args.prefix)]
+        nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
     by_node = {
         str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
     }
