@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given, settings
 
 from parsers.cpulist import format_cpulist
+from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF
+from reporter.agent import SchemaProjection
+from reporter.schema.keys import DEFAULT_PREFIX
 from reporter.schema.labels import DESCRIBE_WIDTH, describe_matrix, summary
 from reporter.schema.model import Gpu, Nic, Source, Topology
 from tests.describe_machines import NODE, NV12, SYS, generated_16_gpus_12_nics, machines
@@ -176,3 +179,11 @@ def test_nic_names_that_do_not_follow_their_column_are_listed_one_by_one() -> No
     nics = (Nic("mlx5_2", (SYS,) * 16), Nic("mlx5_3", (SYS,) * 16))
     text = describe_matrix(Topology(base.source, base.gpus, base.links, nics=nics))
     assert text.splitlines()[-1] == "NIC Legend: NIC0=mlx5_2 NIC1=mlx5_3"
+
+
+def test_a_dgx_h100_node_carries_at_most_5_kib_of_ours_keys_included() -> None:
+    """Every watcher of Nodes receives these bytes on every update of the Node."""
+    longest = KubeletPolicies("single-numa-node", "container", "static")
+    want = SchemaProjection(DEFAULT_PREFIX).desired(machines()["profile dgx-h100"], longest)
+    items = {**want.labels, **want.annotations}
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in items.items()) <= 5 * 1024
