@@ -17,6 +17,13 @@ from typing import Any
 
 from parsers.cpulist import format_cpulist
 from reporter import doctor
+from reporter.availability import (
+    AVAILABILITY_KEY,
+    GPU_FREE_NVLINK_MAX_LABEL,
+    Availability,
+    availability_labels,
+    decode_availability,
+)
 from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
 from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
@@ -27,7 +34,7 @@ from reporter.schema.pictures import to_dot, to_mermaid
 PROG = "kubectl gpu-topology"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 FORMATS = ("text", "json", "dot", "mermaid")
-LIST_COLUMNS = ("NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND")
+LIST_COLUMNS = ("NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Show how a node's GPUs are wired, as topo-reporter published it: the link "
-        "matrix, the NVLink islands and the doctor's findings. Without NODE, one line per GPU "
-        "node. Exit status: 0 when shown, 1 when it could not be, 2 on bad usage.",
+        "matrix, the NVLink islands, the free GPUs and the doctor's findings. Without NODE, one "
+        "line per GPU node. Exit status: 0 when shown, 1 when it could not be, 2 on bad usage.",
     )
     parser.add_argument("node", nargs="?", metavar="NODE", help="the node to show")
     parser.add_argument(
@@ -76,15 +83,33 @@ def _name(node: Mapping[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name", "?"))
 
 
+def _annotation(node: Mapping[str, Any], prefix: str, name: str) -> Any:
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(keys.key(prefix, name))
+
+
+def availability(node: Mapping[str, Any], prefix: str) -> Availability | str:
+    """The node's free GPUs as the agent published them, or why they are not known."""
+    text = _annotation(node, prefix, AVAILABILITY_KEY)
+    if not isinstance(text, str):
+        return "unknown: the agent does not publish availability on this node"
+    try:
+        return decode_availability(text)
+    except SchemaError as e:
+        return f"unknown: the {keys.key(prefix, AVAILABILITY_KEY)} annotation is damaged ({e})"
+
+
 def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
-    """One GPU node's line: GPUs, interconnect and largest NVLink island, from its labels."""
+    """One GPU node's line: GPUs, interconnect and largest NVLink island from its labels, and
+    its free GPUs from the availability annotation."""
     labels = _labels(node)
     capacity = ((node.get("status") or {}).get("capacity") or {}).get(doctor.GPU_RESOURCE)
+    free = availability(node, prefix)
     return {
         "node": _name(node),
         "gpus": labels.get(keys.key(prefix, keys.COUNT)) or str(capacity or "<none>"),
         "interconnect": labels.get(keys.key(prefix, keys.INTERCONNECT), "<none>"),
         "nvlink_island": labels.get(keys.key(prefix, keys.NVLINK_ISLAND_SIZE), "<none>"),
+        "free": str(len(free.free)) if isinstance(free, Availability) else "<unknown>",
     }
 
 
@@ -109,10 +134,19 @@ def islands_text(topology: Topology) -> str:
     )
 
 
+def free_text(free: Availability | str, prefix: str) -> str:
+    """`Free GPUs: GPU0-3,6 (5; the best 4 NVLink-connected)`, or why they are not known."""
+    if not isinstance(free, Availability):
+        return f"Free GPUs: {free}"
+    if not free.free:
+        return "Free GPUs: none"
+    connected = availability_labels(free, prefix)[f"{prefix}/{GPU_FREE_NVLINK_MAX_LABEL}"]
+    nvlink = f"up to {connected} of them NVLink-connected" if connected != "0" else "no NVLink pair"
+    return f"Free GPUs: GPU{format_cpulist(frozenset(free.free))} ({len(free.free)}; {nvlink})"
+
+
 def _topology(node: Mapping[str, Any], prefix: str) -> Topology | None:
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(
-        keys.key(prefix, keys.TOPOLOGY)
-    )
+    text = _annotation(node, prefix, keys.TOPOLOGY)
     if not isinstance(text, str):
         return None
     try:
@@ -125,6 +159,7 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
     """What the plugin prints for one node. Raises InputError for a picture of no topology."""
     name = _name(node)
     topology = _topology(node, prefix)
+    free = availability(node, prefix)
     if fmt in ("dot", "mermaid"):
         if topology is None:
             raise InputError(
@@ -138,6 +173,7 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
             "node": name,
             "topology": None if topology is None else to_document(topology),
             "islands": None if topology is None else [list(i) for i in topology.islands],
+            "free": list(free.free) if isinstance(free, Availability) else None,
             "findings": report["findings"],
         }
         return json.dumps(doc, indent=2) + "\n"
@@ -146,6 +182,7 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
         out.append(f"No readable {keys.key(prefix, keys.TOPOLOGY)} annotation: see the findings.")
     else:
         out += [describe_matrix(topology).rstrip("\n"), "", islands_text(topology)]
+    out.append(free_text(free, prefix))
     out += ["", doctor.report_text({name: findings}, summary=False).rstrip("\n")]
     return "\n".join(out) + "\n"
 

@@ -26,6 +26,7 @@ import pytest
 
 from parsers.kubelet import KubeletPolicies
 from reporter.agent import SchemaProjection
+from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from tests.agent_support import NODE, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
 from tests.golden import FIXTURES
@@ -224,6 +225,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
                 metadata = {"labels": dict(want.labels), "annotations": dict(want.annotations)}
                 double.edit_node(node, {"metadata": metadata})
             double.add_pod("gpu-system", f"topo-reporter-{node}", node=node, labels=AGENT)
+        # dgx-01 publishes availability (opt-in): GPUs 4, 5 and 7 are taken.
+        free = encode_availability(compute_availability(dgx, [0, 1, 2, 3, 6]))
+        double.edit_node(
+            "dgx-01", {"metadata": {"annotations": {f"{PREFIX}/{AVAILABILITY_KEY}": free}}}
+        )
         # dgx-07 is the doctor page's example: no device plugin, single-numa-node admission.
         double.edit_node(
             "dgx-07",

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 from parsers.kubelet import KubeletPolicies
+from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from reporter.schema.codec import to_document
 from reporter.schema.labels import describe_matrix
 from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
-from tests.agent_support import NODE, FakeScanner, ok, wire_agent
+from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
 from tests.kube_double import ApiServerDouble, write_kubeconfig
 from tests.kube_double.tls import Certificate
@@ -82,8 +83,28 @@ def test_a_node_shows_its_matrix_islands_and_the_doctors_findings(
     assert result.returncode == 0, result.stderr
     matrix = describe_matrix(machines()["profile dgx-h100"]).rstrip("\n")
     assert result.stdout == (
-        f"Node: {NODE}\n{matrix}\n\nNVLink islands: GPU0-7 (8 GPUs)\n\nnode {NODE}: no findings\n"
+        f"Node: {NODE}\n{matrix}\n\nNVLink islands: GPU0-7 (8 GPUs)\n"
+        "Free GPUs: unknown: the agent does not publish availability on this node\n"
+        f"\nnode {NODE}: no findings\n"
     )
+
+
+def test_free_gpus_come_from_the_availability_annotation(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    free = compute_availability(machines()["profile dgx-h100"], [0, 1, 2, 3, 6])
+    key = f"{PREFIX}/{AVAILABILITY_KEY}"
+    published.edit_node(NODE, {"metadata": {"annotations": {key: encode_availability(free)}}})
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert "Free GPUs: GPU0-3,6 (5; up to 5 of them NVLink-connected)\n" in shown.stdout
+    listed = plugin("--kubeconfig", str(admin_kubeconfig)).stdout.splitlines()
+    assert listed[1].split() == [NODE, "8", "nvswitch", "8", "5"]
+    doc = json.loads(plugin(NODE, "--format", "json", "--kubeconfig", str(admin_kubeconfig)).stdout)
+    assert doc["free"] == [0, 1, 2, 3, 6]
+    published.edit_node(NODE, {"metadata": {"annotations": {key: "1;0-3;garbage"}}})
+    damaged = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert damaged.returncode == 0, damaged.stderr
+    assert f"Free GPUs: unknown: the {key} annotation is damaged (" in damaged.stdout
 
 
 def test_a_node_with_a_finding_shows_it_with_evidence_and_fix(
@@ -105,9 +126,9 @@ def test_without_a_node_one_line_per_gpu_node_from_kubeconfig_env(
     result = plugin(KUBECONFIG=str(admin_kubeconfig))
     assert result.returncode == 0, result.stderr
     assert [line.split() for line in result.stdout.splitlines()] == [
-        ["NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND"],
-        [NODE, "8", "nvswitch", "8"],
-        ["gpu-node-2", "8", "<none>", "<none>"],
+        ["NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE"],
+        [NODE, "8", "nvswitch", "8", "<unknown>"],
+        ["gpu-node-2", "8", "<none>", "<none>", "<unknown>"],
     ]
     listed = json.loads(plugin("--format", "json", KUBECONFIG=str(admin_kubeconfig)).stdout)
     assert listed[0] == {
@@ -115,6 +136,7 @@ def test_without_a_node_one_line_per_gpu_node_from_kubeconfig_env(
         "gpus": "8",
         "interconnect": "nvswitch",
         "nvlink_island": "8",
+        "free": "<unknown>",
     }
 
 
@@ -142,6 +164,7 @@ def test_a_node_as_json_for_scripts(
     assert doc["node"] == NODE
     assert doc["topology"] == to_document(machines()["profile dgx-h100"])
     assert doc["islands"] == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert doc["free"] is None
     assert doc["findings"] == []
 
 
