@@ -187,3 +187,30 @@ def test_a_dgx_h100_node_carries_at_most_5_kib_of_ours_keys_included() -> None:
     want = SchemaProjection(DEFAULT_PREFIX).desired(machines()["profile dgx-h100"], longest)
     items = {**want.labels, **want.annotations}
     assert sum(len(k.encode()) + len(v.encode()) for k, v in items.items()) <= 5 * 1024
+
+
+def test_names_from_the_machine_cannot_break_a_line_or_widen_it_in_bytes() -> None:
+    """kubectl counts bytes, and a newline in a name would start a line kubectl shows bare."""
+    gpus = tuple(Gpu(i, model="Ünïcode GPU\nX: injected") for i in range(2))
+    t = Topology(
+        Source.NVML,
+        gpus,
+        ((SELF, SYS), (SYS, SELF)),
+        nics=(Nic("nïc\tname\n0", (SYS, SYS)),),
+    )
+    lines = describe_matrix(t).splitlines()
+    assert all(len(line.encode()) <= DESCRIBE_WIDTH for line in lines)
+    assert lines[0].startswith("2x \\xdcn\\xefcode GPU?X: injected")
+    assert lines[-1] == "NIC Legend: NIC0=n\\xefc?name?0"
+
+
+def test_the_schemas_largest_machine_renders_in_column_groups() -> None:
+    n = 256
+    t = Topology(
+        Source.NVML,
+        tuple(Gpu(i) for i in range(n)),
+        tuple(tuple(SELF if a == b else NV12 for b in range(n)) for a in range(n)),
+    )
+    lines = describe_matrix(t).splitlines()
+    assert all(len(line) <= DESCRIBE_WIDTH for line in lines)
+    assert sum(1 for line in lines if line.startswith("GPU255 ")) > 1

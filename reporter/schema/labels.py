@@ -162,11 +162,16 @@ _Column = tuple[str, Sequence[str]]
 """A table column: its header and one cell per row."""
 
 
-def _table(corner: str, rows: Sequence[str], columns: Sequence[_Column]) -> list[str]:
+def _widths(rows: Sequence[str], columns: Sequence[_Column]) -> list[int]:
+    return [max(map(len, rows), default=0)] + [
+        max(len(header), *map(len, cells)) for header, cells in columns
+    ]
+
+
+def _table(rows: Sequence[str], columns: Sequence[_Column]) -> list[str]:
     """Row labels, then each column as wide as its widest cell, one space apart."""
-    widths = [max(len(corner), *map(len, rows))]
-    widths += [max(len(header), *map(len, cells)) for header, cells in columns]
-    lines = [[corner, *(header for header, _ in columns)]]
+    widths = _widths(rows, columns)
+    lines = [["", *(header for header, _ in columns)]]
     lines += [[label, *(cells[r] for _, cells in columns)] for r, label in enumerate(rows)]
     return [
         " ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -179,13 +184,15 @@ def _chunked(rows: Sequence[str], columns: Sequence[_Column], width: int) -> lis
 
     Only matrix columns come here (cells of at most a few characters), so every chunk fits.
     """
+    label, *widths = _widths(rows, columns)
     out: list[str] = []
     start = 0
     while start < len(columns):
-        end = start + 1
-        while end < len(columns) and _fits(_table("", rows, columns[start : end + 1]), width):
+        end, used = start + 1, label + 1 + widths[start]
+        while end < len(columns) and used + 1 + widths[end] <= width:
+            used += 1 + widths[end]
             end += 1
-        out += [*([""] if out else []), *_table("", rows, columns[start:end])]
+        out += [*([""] if out else []), *_table(rows, columns[start:end])]
         start = end
     return out
 
@@ -209,6 +216,13 @@ def _wrap(line: str, width: int, indent: str = "      ") -> list[str]:
     return out
 
 
+def _plain(text: str) -> str:
+    """`text` in printable ASCII: kubectl counts bytes, and a newline would start a line of its
+    own; models and NIC names come from the machine (or a decoded annotation), not from us."""
+    ascii_text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return "".join(c if c.isprintable() else "?" for c in ascii_text)
+
+
 def _nearest_nics(topology: Topology, gpu: int) -> str:
     """The NIC(s) closest to `gpu` and their path: `NIC0 PIX`, `NIC2,NIC3 NODE`, `all SYS`."""
     cells = [nic.links[gpu] for nic in topology.nics]
@@ -228,7 +242,7 @@ def describe_matrix(topology: Topology, width: int = DESCRIBE_WIDTH) -> str:
     annotation, which holds everything: this one is for reading.
     """
     n = len(topology.gpus)
-    lines = _wrap(summary(topology), width, indent="  ")
+    lines = _wrap(_plain(summary(topology)), width, indent="  ")
     if n == 0:
         return "\n".join(lines) + "\n"
     gpus = [f"GPU{i}" for i in range(n)]
@@ -246,9 +260,9 @@ def describe_matrix(topology: Topology, width: int = DESCRIBE_WIDTH) -> str:
     below = [(gpus[j], [*to_gpu[j], *nic_to_gpu[j]]) for j in range(n)]
     pad = [""] * len(nics)
     layouts: list[tuple[list[str], bool]] = [
-        (_table("", gpus, [*beside, *nic_columns, *affinity]), False),
-        (_table("", gpus, [*beside, *nic_columns]), True),
-        (_table("", [*gpus, *nics], [*below, *((h, [*c, *pad]) for h, c in affinity)]), False),
+        (_table(gpus, [*beside, *nic_columns, *affinity]), False),
+        (_table(gpus, [*beside, *nic_columns]), True),
+        (_table([*gpus, *nics], [*below, *((h, [*c, *pad]) for h, c in affinity)]), False),
     ]
     body, affinity_below = next(
         ((table, lines_below) for table, lines_below in layouts if _fits(table, width)),
@@ -261,7 +275,7 @@ def describe_matrix(topology: Topology, width: int = DESCRIBE_WIDTH) -> str:
             columns.append(("Nearest NIC", [_nearest_nics(topology, i) for i in range(n)]))
         columns.append(affinity[0])
         lines += [""]
-        for line in _table("", gpus, columns):
+        for line in _table(gpus, columns):
             lines += _wrap(line, width)
     lines += [
         "",
@@ -270,7 +284,8 @@ def describe_matrix(topology: Topology, width: int = DESCRIBE_WIDTH) -> str:
         else "Legend: PIX < PXB < PHB < NODE < SYS (PCIe only: NVLinks not observed)",
     ]
     if topology.nics:
-        lines += _wrap(_nic_legend([nic.name for nic in topology.nics]), width, indent="  ")
+        names = [_plain(nic.name) for nic in topology.nics]
+        lines += _wrap(_nic_legend(names), width, indent="  ")
     return "\n".join(lines) + "\n"
 
 
