@@ -102,6 +102,14 @@ class Command:
         return f"{self.page}:{self.line}"
 
 
+@dataclass(frozen=True)
+class Shell:
+    """Where the commands run: the environment and the working directory."""
+
+    env: dict[str, str]
+    cwd: Path
+
+
 _BLOCK = re.compile(r"^```(sh|console)\n(.*?)^```", re.S | re.M)
 
 
@@ -198,7 +206,7 @@ def assert_shown(shown: tuple[str, ...], actual: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
     """The environment the commands run in: a HOME whose kubeconfig names the double, the
     pastes under their page names, the package's scripts and kubectl on PATH."""
     base = tmp_path_factory.mktemp("docs")
@@ -247,15 +255,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         environment.update(
             HOME=str(home),
             PATH=os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")]),
-            CWD=str(work),
         )
-        yield environment
+        yield Shell(environment, work)
 
 
 AGENT = {"app.kubernetes.io/name": "topo-reporter"}
 
 
-def run_segment(segment: str, environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_segment(segment: str, shell: Shell) -> subprocess.CompletedProcess[str]:
     for placeholder, value in PLACEHOLDERS.items():
         segment = segment.replace(placeholder, value)
     return subprocess.run(
@@ -263,15 +270,15 @@ def run_segment(segment: str, environment: dict[str, str]) -> subprocess.Complet
         capture_output=True,
         text=True,
         timeout=90,
-        cwd=environment["CWD"],
-        env=environment,
+        cwd=shell.cwd,
+        env=shell.env,
         check=False,
     )
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.id for c in COMMANDS])
 def test_every_command_in_the_docs_runs_and_prints_what_it_shows(
-    command: Command, cluster: dict[str, str]
+    command: Command, cluster: Shell
 ) -> None:
     parts = [s for s in segments(command.text) if runnable(s)]
     if not parts:
