@@ -135,7 +135,7 @@ def islands_text(topology: Topology) -> str:
 
 
 def free_text(free: Availability | str, prefix: str) -> str:
-    """`Free GPUs: GPU0-3,6 (5; the best 4 NVLink-connected)`, or why they are not known."""
+    """`Free GPUs: GPU0-3,6 (5; up to 5 of them NVLink-connected)`, or why they are not known."""
     if not isinstance(free, Availability):
         return f"Free GPUs: {free}"
     if not free.free:
