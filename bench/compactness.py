@@ -10,6 +10,12 @@ shipped profile; the annotation is what the agent would publish, the nvidia-smi 
 rendered as a 550-series driver prints it when piped (bench/common.py `nvidia_smi_text`, checked
 against the real pastes: column "render" below). The target is annotation <= 0.5 x nvidia-smi.
 
+Node bytes. What the agent adds to a Node, keys and values together, as every Node watcher
+receives it on every Node update: the labels (with the kubelet policy labels at their longest
+values, `single-numa-node`/`container`/`static`), the `topology`, `matrix` and `owned` annotations.
+Column "nvidia-smi layout B" is what the `matrix` annotation cost when it was nvidia-smi's layout
+(the CLI's `--format matrix`). The target is at most 5 KiB for a DGX H100.
+
     python bench/compactness.py
 """
 
@@ -27,9 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import nvidia_smi_text, quiet_logs, table
 from parsers.errors import ParseError
+from parsers.kubelet import KubeletPolicies
 from parsers.nvsmi import parse_topo
+from reporter.agent import SchemaProjection
 from reporter.collect import build_scanner, list_profiles
+from reporter.schema import keys
 from reporter.schema.codec import encode
+from reporter.schema.labels import render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
 
@@ -110,6 +120,49 @@ HEADERS = [
 ]  # fmt: skip
 
 
+NODE_TARGET = 5 * 1024
+LONGEST_POLICIES = KubeletPolicies("single-numa-node", "container", "static")
+NODE_HEADERS = [
+    "machine", "GPUs", "NICs", "labels B", "topology B", "matrix B", "nvidia-smi layout B",
+    "owned B", "total B", "target 5 KiB",
+]  # fmt: skip
+
+
+def node_row(name: str, topology: Topology) -> list[Any]:
+    """Bytes the agent adds to a Node: labels, each annotation, all keys included."""
+    want = SchemaProjection(keys.DEFAULT_PREFIX).desired(topology, LONGEST_POLICIES)
+
+    def size(items: dict[str, str]) -> int:
+        return sum(len(k.encode()) + len(v.encode()) for k, v in items.items())
+
+    labels = size(dict(want.labels))
+    notes = {k.rsplit("/", 1)[1]: size({k: v}) for k, v in want.annotations.items()}
+    total = labels + sum(notes.values())
+    key = len(keys.key(keys.DEFAULT_PREFIX, keys.MATRIX))
+    return [
+        name,
+        len(topology.gpus),
+        len(topology.nics),
+        labels,
+        notes[keys.TOPOLOGY],
+        notes[keys.MATRIX],
+        key + len(render_matrix(topology)),
+        notes[keys.OWNED],
+        total,
+        "met" if total <= NODE_TARGET else f"over by {total - NODE_TARGET}",
+    ]
+
+
+def real_topologies() -> dict[str, Topology]:
+    out = {}
+    for path in sorted(FIXTURES.glob("*.txt")):
+        try:
+            out[path.stem] = topology_from_matrix(parse_topo(path.read_text(encoding="utf-8")))
+        except ParseError:
+            continue  # the rocm-smi paste: not an nvidia-smi machine
+    return out
+
+
 def real_rows() -> list[list[Any]]:
     rows = []
     for path in sorted(FIXTURES.glob("*.txt")):
@@ -154,6 +207,10 @@ def main() -> None:
             gpu_fields(encode(sims["dgx-h100"])),
         )
     )
+    print("\nNode bytes: labels and annotations the agent adds, keys included:\n")
+    nodes = [node_row(f"sim {name}", t) for name, t in sims.items()]
+    nodes += [node_row(name, t) for name, t in real_topologies().items()]
+    print(table(NODE_HEADERS, nodes))
     ratios = [float(r[6]) for r in [*real, *sim_rows]]
     met = sum(r <= TARGET for r in ratios)
     print(

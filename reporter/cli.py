@@ -328,9 +328,12 @@ def _node_feature_client(
 
 def _cmd_run(args: argparse.Namespace) -> int:
     config = settings.resolve(vars(args), os.environ)
-    logs.configure(log_format=config.log_format, level=config.log_level, node=config.node)
+    # validate() lets only a dry run go without a node name; it prints the patch for this host's
+    # Node, named as the kubelet names it by default, and every log line says so.
+    node = config.node or socket.gethostname().lower()
+    logs.configure(log_format=config.log_format, level=config.log_level, node=node)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter").bind(
-        node=config.node
+        node=node
     )
     scanner = build_scanner(config.backend, Path(config.sysfs_root), config.simulate)
     stop = threading.Event()
@@ -345,16 +348,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics.api_errors.labels(kind=api_error_kind(e)).inc()
 
     if config.dry_run and config.sink == "nodefeature":
-        # The object is named after the node; without --node, the kubelet's default node name.
         sink = NodeFeatureDryRunSink(
-            node=config.node or socket.gethostname().lower(),
+            node=node,
             namespace=config.namespace,
             prefix=config.prefix,
             out=sys.stdout,
             log=log,
         )
     elif config.dry_run:
-        sink = DryRunSink(node=config.node or "", prefix=config.prefix, out=sys.stdout, log=log)
+        sink = DryRunSink(node=node, prefix=config.prefix, out=sys.stdout, log=log)
     elif config.sink == "node":
         assert config.node is not None  # validate() requires it unless dry-run
         sink = NodePatchSink(
@@ -411,15 +413,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _is_gpu_node(node: dict[str, Any], prefix: str) -> bool:
-    status = node.get("status") or {}
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    return (
-        doctor.GPU_RESOURCE in (status.get("capacity") or {})
-        or keys.key(prefix, keys.TOPOLOGY) in annotations
-    )
-
-
 def _cmd_doctor(args: argparse.Namespace) -> int:
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
@@ -430,7 +423,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.node:
         nodes = [reader.get_node(args.node)]
     else:
-        nodes = [n for n in reader.list_nodes() if _is_gpu_node(n, args.prefix)]
+        nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
     by_node = {
         str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
     }

@@ -386,6 +386,16 @@ def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Fi
     return findings + node_findings(node, topology, prefix, observe_agent(reader, name))
 
 
+def is_gpu_node(node: Mapping[str, Any], prefix: str) -> bool:
+    """A Node the kubelet gives GPUs to, or one our agent published on."""
+    status = node.get("status") or {}
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return (
+        GPU_RESOURCE in (status.get("capacity") or {})
+        or keys.key(prefix, keys.TOPOLOGY) in annotations
+    )
+
+
 def report_text(findings_by_node: Mapping[str, list[Finding]], summary: bool) -> str:
     """The report an operator reads in a terminal."""
     out: list[str] = []

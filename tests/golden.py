@@ -16,7 +16,7 @@ from parsers.cpulist import format_cpulist
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
 from reporter.schema.codec import encode
-from reporter.schema.labels import labels, render_matrix
+from reporter.schema.labels import describe_matrix, labels, render_matrix
 from reporter.schema.normalize import topology_from_matrix
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -62,6 +62,7 @@ def main() -> None:
         topology = topology_from_matrix(parse_topo(body(path)))
         Path(f"{stem}.golden.json").write_text(encode(topology) + "\n", encoding="utf-8")
         Path(f"{stem}.golden.matrix").write_text(render_matrix(topology), encoding="utf-8")
+        Path(f"{stem}.golden.describe").write_text(describe_matrix(topology), encoding="utf-8")
         print(f"wrote {stem.name}")
 
 

@@ -69,7 +69,7 @@ pci_addresses = st.tuples(
 
 
 @st.composite
-def topologies(draw: st.DrawFn, max_gpus: int = 10) -> Topology:
+def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topology:
     """Any valid topology, every optional field exercised."""
     n = draw(st.integers(0, max_gpus))
     links = draw(symmetric_matrix(n, any_links))
@@ -94,7 +94,7 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10) -> Topology:
         )
         for i in range(n)
     )
-    names = draw(st.lists(nic_names, max_size=5, unique=True))
+    names = draw(st.lists(nic_names, max_size=max_nics, unique=True))
     peers = draw(symmetric_matrix(len(names), pcie_links))
     nics = tuple(
         Nic(

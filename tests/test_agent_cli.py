@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -38,6 +39,21 @@ def test_the_readme_first_screen_command_prints_the_patch_without_gpu_or_cluster
     assert patch["metadata"]["labels"]["gpu.topology.io/interconnect"] == "nvswitch"
     assert "gpu.topology.io/matrix" in patch["metadata"]["annotations"]
     assert "resourceVersion" not in patch["metadata"]
+
+
+def test_a_dry_run_without_a_node_name_logs_this_hosts_node_name_on_every_line() -> None:
+    result = subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--dry-run", "--log-format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(KUBECONFIG="/nonexistent"),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    assert lines
+    assert {line["node"] for line in lines} == {socket.gethostname().lower()}
 
 
 def test_once_publishes_through_a_kubeconfig_and_exits_zero(

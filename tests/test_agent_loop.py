@@ -61,7 +61,7 @@ def test_first_publish_writes_labels_annotations_owned_in_one_patch_and_tells_op
     assert published.labels[f"{PREFIX}/count"] == "8"
     assert published.labels[f"{PREFIX}/interconnect"] == "nvswitch"
     assert decode(published.annotations[f"{PREFIX}/topology"]) == topology()
-    assert f"{PREFIX}/matrix" in published.annotations.get(OWNED, "")
+    assert "matrix" in published.annotations.get(OWNED, "").split(",")
     assert events(apiserver) == [
         (
             "Normal",
@@ -547,7 +547,8 @@ def test_kubelet_policies_are_published_as_labels_and_their_limit_as_one_warning
     assert node_labels[f"{PREFIX}/topology-manager-policy"] == "single-numa-node"
     assert node_labels[f"{PREFIX}/topology-manager-scope"] == "container"
     assert node_labels[f"{PREFIX}/cpu-manager-policy"] == "none"
-    assert f"{PREFIX}/topology-manager-policy" in ours(apiserver).annotations[f"{PREFIX}/owned"]
+    owned = ours(apiserver).annotations[f"{PREFIX}/owned"].split(",")
+    assert "topology-manager-policy" in owned
     limits = [e for e in events(apiserver) if e[1] == "TopologyManagerLimit"]
     assert len(limits) == 1
     assert "admits at most 4 GPUs per pod" in limits[0][2]

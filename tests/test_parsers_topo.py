@@ -12,7 +12,7 @@ from parsers.errors import ParseError
 from parsers.links import Link, LinkKind
 from parsers.nvsmi import parse_topo
 from reporter.schema.codec import encode
-from reporter.schema.labels import render_matrix
+from reporter.schema.labels import describe_matrix, render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
 from tests.golden import FIXTURES, body, expected
@@ -42,6 +42,8 @@ def test_every_real_paste_encodes_and_renders_byte_for_byte_as_its_golden_files(
     topology = parse(body(path))
     assert encode(topology) + "\n" == path.with_suffix(".golden.json").read_text(encoding="utf-8")
     assert render_matrix(topology) == path.with_suffix(".golden.matrix").read_text(encoding="utf-8")
+    describe = path.with_suffix(".golden.describe").read_text(encoding="utf-8")
+    assert describe_matrix(topology) == describe
 
 
 def test_the_matrix_of_a_dgx1_reads_cell_by_cell() -> None:

@@ -32,7 +32,7 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
                 "labels": {f"{PREFIX}/count": "8"},
                 "annotations": {
                     f"{PREFIX}/matrix": "m",
-                    OWNED: f"{PREFIX}/count,{PREFIX}/matrix",
+                    OWNED: "count,matrix",
                 },
                 "resourceVersion": "7",
             }
@@ -42,7 +42,7 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
         "nothing is sent when the node already carries exactly what is desired",
         node(
             {f"{PREFIX}/count": "8", "team": "a"},
-            {f"{PREFIX}/matrix": "m", OWNED: f"{PREFIX}/count,{PREFIX}/matrix"},
+            {f"{PREFIX}/matrix": "m", OWNED: "count,matrix"},
         ),
         want({f"{PREFIX}/count": "8"}, {f"{PREFIX}/matrix": "m"}),
         None,
@@ -51,13 +51,14 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
         "a changed value is the only key in the patch; foreign keys are never named",
         node(
             {f"{PREFIX}/count": "8", "nvidia.com/gpu.count": "8", "team": "a"},
-            {f"{PREFIX}/matrix": "m", OWNED: f"{PREFIX}/count,{PREFIX}/matrix", "x/y": "z"},
+            {f"{PREFIX}/matrix": "m", OWNED: "count,matrix", "x/y": "z"},
         ),
         want({f"{PREFIX}/count": "7"}, {f"{PREFIX}/matrix": "m"}),
         {"metadata": {"labels": {f"{PREFIX}/count": "7"}, "resourceVersion": "7"}},
     ),
     (
-        "keys the owned list names and that are no longer produced are deleted with null",
+        "keys the owned list names and that are no longer produced are deleted with null; "
+        "a list of full keys (earlier builds) reads the same and is rewritten as names",
         node(
             {f"{PREFIX}/count": "8", f"{PREFIX}/rdma-nics": "8"},
             {
@@ -72,7 +73,7 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
                 "labels": {f"{PREFIX}/rdma-nics": None},
                 "annotations": {
                     f"{PREFIX}/old": None,
-                    OWNED: f"{PREFIX}/count,{PREFIX}/matrix",
+                    OWNED: "count,matrix",
                 },
                 "resourceVersion": "7",
             }
@@ -82,7 +83,7 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
         "a key under our prefix that the owned list does not name is someone else's: kept",
         node(
             {f"{PREFIX}/count": "8", f"{PREFIX}/added-by-hand": "yes"},
-            {OWNED: f"{PREFIX}/count"},
+            {OWNED: "count"},
         ),
         want({f"{PREFIX}/count": "8"}, {}),
         None,
@@ -91,14 +92,14 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
         "a foreign key smuggled into the owned list is still never deleted",
         node(
             {f"{PREFIX}/count": "8", "kubernetes.io/hostname": "n1"},
-            {OWNED: f"{PREFIX}/count,kubernetes.io/hostname"},
+            {OWNED: "count,kubernetes.io/hostname"},
         ),
         want({f"{PREFIX}/count": "8"}, {}),
-        {"metadata": {"annotations": {OWNED: f"{PREFIX}/count"}, "resourceVersion": "7"}},
+        {"metadata": {"annotations": {OWNED: "count"}, "resourceVersion": "7"}},
     ),
     (
         "our key edited by hand is set back (drift)",
-        node({f"{PREFIX}/count": "80"}, {OWNED: f"{PREFIX}/count"}),
+        node({f"{PREFIX}/count": "80"}, {OWNED: "count"}),
         want({f"{PREFIX}/count": "8"}, {}),
         {"metadata": {"labels": {f"{PREFIX}/count": "8"}, "resourceVersion": "7"}},
     ),
@@ -109,7 +110,7 @@ CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
         {
             "metadata": {
                 "labels": {f"{PREFIX}/count": "8"},
-                "annotations": {OWNED: f"{PREFIX}/count"},
+                "annotations": {OWNED: "count"},
             }
         },
     ),
@@ -153,8 +154,14 @@ def test_desired_refuses_keys_it_must_not_own(
 
 
 def test_owned_list_ignores_blanks_spaces_and_foreign_keys() -> None:
-    text = f" {PREFIX}/a ,,{PREFIX}/b, other.io/c ,{PREFIX}x/d"
-    assert p.owned({OWNED: text}, PREFIX) == {f"{PREFIX}/a", f"{PREFIX}/b"}
+    text = f" {PREFIX}/a ,,{PREFIX}/b, other.io/c ,{PREFIX}x/d, e ,f"
+    assert p.owned({OWNED: text}, PREFIX) == {f"{PREFIX}/{k}" for k in "abef"}
+
+
+def test_owned_lists_names_under_the_prefix_without_repeating_it() -> None:
+    desired = want({f"{PREFIX}/count": "8", f"{PREFIX}/rdma-nics": "8"}, {f"{PREFIX}/matrix": "m"})
+    assert desired.annotations[OWNED] == "count,matrix,rdma-nics"
+    assert p.owned(desired.annotations, PREFIX) == {*desired.labels, f"{PREFIX}/matrix"}
 
 
 KUBELET_LABELS = {
@@ -194,7 +201,7 @@ def test_annotation_budget_counts_every_annotation_in_bytes_and_names_the_shares
 
 def test_annotation_budget_allows_exactly_the_limit() -> None:
     key = f"{PREFIX}/matrix"
-    owned_len = len(OWNED) + len(key)
+    owned_len = len(OWNED) + len("matrix")
     value = "m" * (p.ANNOTATION_BUDGET_BYTES - len(key) - owned_len)
     current = node({}, {})
     body = p.minimal_patch(current, want({}, {key: value}), PREFIX)

@@ -28,25 +28,29 @@ from reporter.publish.patch import NodeMetadata
 from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata, read_kubeconfig
 
 
-def load_configuration(kubeconfig: str | None) -> client.Configuration:
-    """Client configuration: the named kubeconfig, else in-cluster, else ~/.kube/config.
+def load_configuration(kubeconfig: str | None, context: str | None = None) -> client.Configuration:
+    """Client configuration: the named kubeconfig, else in-cluster, else KUBECONFIG or
+    ~/.kube/config; `context` picks a kubeconfig context instead of its current one.
 
-    Raises ConfigError naming the kubeconfig path (never its content).
+    Raises ConfigError naming the kubeconfig path and context (never the file's content).
     """
     configuration = client.Configuration()
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
         else:
             _check_kubeconfigs(kubeconfig)
             config.load_kube_config(  # type: ignore[no-untyped-call]  # as above
-                config_file=kubeconfig, client_configuration=configuration
+                config_file=kubeconfig, context=context, client_configuration=configuration
             )
     except (ConfigException, OSError) as e:
-        where = kubeconfig or "in-cluster service account or ~/.kube/config"
+        where = kubeconfig or "in-cluster service account or KUBECONFIG or ~/.kube/config"
+        if context is not None:
+            where += f" with context {context!r}"
         raise ConfigError(
             f"cannot load Kubernetes credentials from {where} ({type(e).__name__}): pass "
-            "--kubeconfig or set KUBECONFIG to a readable kubeconfig, or run in a pod"
+            "--kubeconfig or set KUBECONFIG to a readable kubeconfig"
+            + (" that has that context" if context is not None else ", or run in a pod")
         ) from e
     # Retries are reraised to our tenacity policy; urllib3's own would multiply them.
     configuration.retries = False
@@ -162,10 +166,16 @@ class KubeClusterReader(KubeNodeClient):
         configuration: client.Configuration,
         *,
         agent_selector: str = AGENT_POD_SELECTOR,
+        namespace: str | None = None,
+        tool: str = "topo-reporter doctor",
         request_timeout_s: tuple[float, float] = (5.0, 30.0),
     ) -> None:
+        """`namespace`: where the agent runs, to look up its pods and Events there only (None:
+        every namespace); `tool`: the command that 403 messages say needs the permission."""
         super().__init__(configuration, request_timeout_s=request_timeout_s)
         self._agent_selector = agent_selector
+        self._namespace = namespace
+        self._tool = tool
 
     def _read(self, what: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -173,7 +183,7 @@ class KubeClusterReader(KubeNodeClient):
         except ApiException as e:
             if e.status == 403:
                 raise ApiPermanentError(
-                    f"{what}: forbidden (403): `topo-reporter doctor` needs get and list on "
+                    f"{what}: forbidden (403): `{self._tool}` needs get and list on "
                     f"`{resource}` (the built-in `view` ClusterRole does not cover nodes: bind one "
                     "that does)",
                     status=403,
@@ -197,6 +207,7 @@ class KubeClusterReader(KubeNodeClient):
             f"topo-reporter pods on {node}",
             "pods",
             self._api.list_pod_for_all_namespaces,
+            self._api.list_namespaced_pod,
             label_selector=self._agent_selector,
             field_selector=f"spec.nodeName={node}",
         )
@@ -206,14 +217,18 @@ class KubeClusterReader(KubeNodeClient):
             f"events of node {node}",
             "events",
             self._api.list_event_for_all_namespaces,
+            self._api.list_namespaced_event,
             field_selector=f"involvedObject.kind=Node,involvedObject.name={node}",
         )
 
     def _optional(
-        self, what: str, resource: str, fn: Any, **kwargs: Any
+        self, what: str, resource: str, everywhere: Any, namespaced: Any, **kwargs: Any
     ) -> list[dict[str, Any]] | None:
         try:
-            return list(self._read(what, resource, fn, **kwargs)["items"])
+            if self._namespace is None:
+                return list(self._read(what, resource, everywhere, **kwargs)["items"])
+            found = self._read(what, resource, namespaced, self._namespace, **kwargs)
+            return list(found["items"])
         except ApiPermanentError as e:
             if e.status == 403:
                 return None

@@ -1,0 +1,247 @@
+"""`kubectl gpu-topology`: how a node's GPUs are wired, from an operator's terminal.
+
+kubectl runs any executable named `kubectl-gpu_topology` on PATH for `kubectl gpu-topology`,
+handing it the arguments and the environment (KUBECONFIG included); the package installs one. Like
+other kubectl plugins it takes `--kubeconfig`, `--context` and `-n/--namespace` itself. It only
+reads: Nodes, and where the credentials allow, the agent's pods and Events for the doctor's
+findings. Every error a user can cause is one line on stderr and exit status 1 (2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from parsers.cpulist import format_cpulist
+from reporter import doctor
+from reporter.availability import (
+    AVAILABILITY_KEY,
+    GPU_FREE_NVLINK_MAX_LABEL,
+    Availability,
+    availability_labels,
+    decode_availability,
+)
+from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.schema import keys
+from reporter.schema.codec import decode, to_document
+from reporter.schema.labels import describe_matrix
+from reporter.schema.model import Topology
+from reporter.schema.pictures import to_dot, to_mermaid
+
+PROG = "kubectl gpu-topology"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+FORMATS = ("text", "json", "dot", "mermaid")
+LIST_COLUMNS = ("NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The plugin's arguments: kubectl's connection flags, a node, a format."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Show how a node's GPUs are wired, as topo-reporter published it: the link "
+        "matrix, the NVLink islands, the free GPUs and the doctor's findings. Without NODE, one "
+        "line per GPU node. Exit status: 0 when shown, 1 when it could not be, 2 on bad usage.",
+    )
+    parser.add_argument("node", nargs="?", metavar="NODE", help="the node to show")
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG, then ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="the namespace topo-reporter runs in: its pods and Events are looked up there "
+        "(default: every namespace)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), json, or a picture of NODE: dot or mermaid",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
+    )
+    parser.add_argument(
+        "--agent-selector",
+        default=doctor.AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
+    )
+    return parser
+
+
+def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _name(node: Mapping[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name", "?"))
+
+
+def _annotation(node: Mapping[str, Any], prefix: str, name: str) -> Any:
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(keys.key(prefix, name))
+
+
+def availability(node: Mapping[str, Any], prefix: str) -> Availability | str:
+    """The node's free GPUs as the agent published them, or why they are not known."""
+    text = _annotation(node, prefix, AVAILABILITY_KEY)
+    if not isinstance(text, str):
+        return "unknown: the agent does not publish availability on this node"
+    try:
+        return decode_availability(text)
+    except SchemaError as e:
+        return f"unknown: the {keys.key(prefix, AVAILABILITY_KEY)} annotation is damaged ({e})"
+
+
+def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
+    """One GPU node's line: GPUs, interconnect and largest NVLink island from its labels, and
+    its free GPUs from the availability annotation."""
+    labels = _labels(node)
+    capacity = ((node.get("status") or {}).get("capacity") or {}).get(doctor.GPU_RESOURCE)
+    free = availability(node, prefix)
+    return {
+        "node": _name(node),
+        "gpus": labels.get(keys.key(prefix, keys.COUNT)) or str(capacity or "<none>"),
+        "interconnect": labels.get(keys.key(prefix, keys.INTERCONNECT), "<none>"),
+        "nvlink_island": labels.get(keys.key(prefix, keys.NVLINK_ISLAND_SIZE), "<none>"),
+        "free": str(len(free.free)) if isinstance(free, Availability) else "<unknown>",
+    }
+
+
+def list_text(rows: Sequence[Mapping[str, str]]) -> str:
+    """The rows as `kubectl get` lays out a table: upper-case headers, columns three apart."""
+    table = [list(LIST_COLUMNS), *([*row.values()] for row in rows)]
+    widths = [max(len(line[c]) for line in table) for c in range(len(LIST_COLUMNS))]
+    return "".join(
+        "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() + "\n"
+        for line in table
+    )
+
+
+def islands_text(topology: Topology) -> str:
+    """`NVLink islands: 0-3 (4 GPUs), 4-7 (4 GPUs)`, or why there are none."""
+    if not topology.nvlink_observed:
+        return "NVLink islands: unknown (NVLink not observed: the agent read sysfs only)"
+    if not topology.islands:
+        return "NVLink islands: none (no two GPUs joined by NVLink)"
+    return "NVLink islands: " + ", ".join(
+        f"GPU{format_cpulist(frozenset(i))} ({len(i)} GPUs)" for i in topology.islands
+    )
+
+
+def free_text(free: Availability | str, prefix: str) -> str:
+    """`Free GPUs: GPU0-3,6 (5; up to 5 of them NVLink-connected)`, or why they are not known."""
+    if not isinstance(free, Availability):
+        return f"Free GPUs: {free}"
+    if not free.free:
+        return "Free GPUs: none"
+    connected = availability_labels(free, prefix)[f"{prefix}/{GPU_FREE_NVLINK_MAX_LABEL}"]
+    nvlink = f"up to {connected} of them NVLink-connected" if connected != "0" else "no NVLink pair"
+    return f"Free GPUs: GPU{format_cpulist(frozenset(free.free))} ({len(free.free)}; {nvlink})"
+
+
+def _topology(node: Mapping[str, Any], prefix: str) -> Topology | None:
+    text = _annotation(node, prefix, keys.TOPOLOGY)
+    if not isinstance(text, str):
+        return None
+    try:
+        return decode(text)
+    except SchemaError:
+        return None  # the doctor's `topology-unreadable` finding says why
+
+
+def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, prefix: str) -> str:
+    """What the plugin prints for one node. Raises InputError for a picture of no topology."""
+    name = _name(node)
+    topology = _topology(node, prefix)
+    free = availability(node, prefix)
+    if fmt in ("dot", "mermaid"):
+        if topology is None:
+            raise InputError(
+                f"node {name} has no readable {keys.key(prefix, keys.TOPOLOGY)} annotation to "
+                f"draw: `{PROG} {name}` says why"
+            )
+        return to_dot(topology) if fmt == "dot" else to_mermaid(topology)
+    if fmt == "json":
+        report = json.loads(doctor.report_json({name: findings}))["nodes"][0]
+        doc = {
+            "node": name,
+            "topology": None if topology is None else to_document(topology),
+            "islands": None if topology is None else [list(i) for i in topology.islands],
+            "free": list(free.free) if isinstance(free, Availability) else None,
+            "findings": report["findings"],
+        }
+        return json.dumps(doc, indent=2) + "\n"
+    out = [f"Node: {name}"]
+    if topology is None:
+        out.append(f"No readable {keys.key(prefix, keys.TOPOLOGY)} annotation: see the findings.")
+    else:
+        out += [describe_matrix(topology).rstrip("\n"), "", islands_text(topology)]
+    out.append(free_text(free, prefix))
+    out += ["", doctor.report_text({name: findings}, summary=False).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the cluster and print; raises TopoReporterError for anything that stops it."""
+    # The official client reads every kubeconfig kubectl reads (exec plugins, contexts).
+    from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
+
+    reader = kube.KubeClusterReader(
+        kube.load_configuration(args.kubeconfig, args.context),
+        agent_selector=args.agent_selector,
+        namespace=args.namespace,
+        tool=PROG,
+    )
+    if args.node is None:
+        nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
+        rows = [node_row(n, args.prefix) for n in nodes]
+        if not rows:
+            print(
+                f"No GPU nodes found: no node has {doctor.GPU_RESOURCE} capacity or a "
+                f"{keys.key(args.prefix, keys.TOPOLOGY)} annotation.",
+                file=sys.stderr,
+            )
+        elif args.format == "json":
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        else:
+            sys.stdout.write(list_text(rows))
+        return EXIT_OK
+    try:
+        node = reader.get_node(args.node)
+    except ApiPermanentError as e:
+        if e.status == 404:
+            raise InputError(
+                f"node {args.node} not found: `kubectl get nodes` lists the node names"
+            ) from None
+        raise
+    findings = doctor.examine(reader, node, args.prefix)
+    sys.stdout.write(show_node(node, findings, args.format, args.prefix))
+    return EXIT_OK if _topology(node, args.prefix) is not None else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `kubectl-gpu_topology` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.node is None and args.format in ("dot", "mermaid"):
+        parser.error(f"--format {args.format} draws one node: name it")
+    try:
+        return run(args)
+    except TopoReporterError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

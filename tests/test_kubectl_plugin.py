@@ -1,0 +1,239 @@
+"""`kubectl gpu-topology`: the real kubectl runs the installed plugin from PATH on the double."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from parsers.kubelet import KubeletPolicies
+from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
+from reporter.schema.codec import to_document
+from reporter.schema.labels import describe_matrix
+from reporter.schema.model import Topology
+from reporter.schema.pictures import to_dot, to_mermaid
+from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent
+from tests.describe_machines import machines
+from tests.kube_double import ApiServerDouble, write_kubeconfig
+from tests.kube_double.tls import Certificate
+from tests.kubectl_support import kubectl
+
+AGENT = {"app.kubernetes.io/name": "topo-reporter"}
+Plugin = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Plugin:
+    """Runs `kubectl gpu-topology ARGS` as an operator would: the plugin found on PATH, no
+    kubeconfig but the one passed (a fresh HOME, KUBECONFIG only when given)."""
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "HOME")}
+        # The console script sits beside the Python that installed the package.
+        path = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+        return subprocess.run(
+            [kubectl(), "gpu-topology", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**base, "PATH": path, "HOME": str(home), **env},
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture
+def published(apiserver: ApiServerDouble, kubeconfig: Path) -> ApiServerDouble:
+    """NODE as the agent published a simulated DGX H100 on it, with its agent pod Ready."""
+    policies = KubeletPolicies("best-effort", "container", "static")
+    scanner = FakeScanner([ok(machines()["profile dgx-h100"])])
+    wire_agent(kubeconfig, scanner, kubelet=lambda: policies).agent.step()
+    apiserver.add_pod("gpu-system", f"topo-reporter-{NODE}", node=NODE, labels=AGENT)
+    return apiserver
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stdout
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("kubectl gpu-topology: error: ")
+    return lines[0]
+
+
+def test_kubectl_lists_the_installed_plugin(plugin: Plugin) -> None:
+    result = plugin("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: kubectl gpu-topology [-h]")
+
+
+def test_a_node_shows_its_matrix_islands_and_the_doctors_findings(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    result = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    matrix = describe_matrix(machines()["profile dgx-h100"]).rstrip("\n")
+    assert result.stdout == (
+        f"Node: {NODE}\n{matrix}\n\nNVLink islands: GPU0-7 (8 GPUs)\n"
+        "Free GPUs: unknown: the agent does not publish availability on this node\n"
+        f"\nnode {NODE}: no findings\n"
+    )
+
+
+def test_free_gpus_come_from_the_availability_annotation(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    free = compute_availability(machines()["profile dgx-h100"], [0, 1, 2, 3, 6])
+    key = f"{PREFIX}/{AVAILABILITY_KEY}"
+    published.edit_node(NODE, {"metadata": {"annotations": {key: encode_availability(free)}}})
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert "Free GPUs: GPU0-3,6 (5; up to 5 of them NVLink-connected)\n" in shown.stdout
+    listed = plugin("--kubeconfig", str(admin_kubeconfig)).stdout.splitlines()
+    assert listed[1].split() == [NODE, "8", "nvswitch", "8", "5"]
+    doc = json.loads(plugin(NODE, "--format", "json", "--kubeconfig", str(admin_kubeconfig)).stdout)
+    assert doc["free"] == [0, 1, 2, 3, 6]
+    published.edit_node(NODE, {"metadata": {"annotations": {key: "1;0-3;garbage"}}})
+    damaged = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert damaged.returncode == 0, damaged.stderr
+    assert f"Free GPUs: unknown: the {key} annotation is damaged (" in damaged.stdout
+
+
+def test_a_node_with_a_finding_shows_it_with_evidence_and_fix(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    published.edit_node(NODE, {"status": {"allocatable": {"nvidia.com/gpu": None}}})
+    result = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    assert f"node {NODE}: 1 finding\n  ERROR device-plugin-missing:" in result.stdout
+    assert "    fix: " in result.stdout
+
+
+def test_without_a_node_one_line_per_gpu_node_from_kubeconfig_env(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    published.add_node("gpu-node-2")  # GPUs, no agent yet
+    published.add_node("cpu-node-1")
+    published.edit_node("cpu-node-1", {"status": {"capacity": {"nvidia.com/gpu": None}}})
+    result = plugin(KUBECONFIG=str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    assert [line.split() for line in result.stdout.splitlines()] == [
+        ["NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE"],
+        [NODE, "8", "nvswitch", "8", "<unknown>"],
+        ["gpu-node-2", "8", "<none>", "<none>", "<unknown>"],
+    ]
+    listed = json.loads(plugin("--format", "json", KUBECONFIG=str(admin_kubeconfig)).stdout)
+    assert listed[0] == {
+        "node": NODE,
+        "gpus": "8",
+        "interconnect": "nvswitch",
+        "nvlink_island": "8",
+        "free": "<unknown>",
+    }
+
+
+@pytest.mark.parametrize(
+    ("fmt", "draw"), [("dot", to_dot), ("mermaid", to_mermaid)], ids=["dot", "mermaid"]
+)
+def test_a_node_as_a_picture(
+    published: ApiServerDouble,
+    admin_kubeconfig: Path,
+    plugin: Plugin,
+    fmt: str,
+    draw: Callable[[Topology], str],
+) -> None:
+    result = plugin(NODE, "--format", fmt, "--kubeconfig", str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == draw(machines()["profile dgx-h100"])
+
+
+def test_a_node_as_json_for_scripts(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    result = plugin(NODE, "--format", "json", "--kubeconfig", str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["node"] == NODE
+    assert doc["topology"] == to_document(machines()["profile dgx-h100"])
+    assert doc["islands"] == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert doc["free"] is None
+    assert doc["findings"] == []
+
+
+def test_context_picks_the_cluster_and_namespace_where_the_agent_is_looked_for(
+    published: ApiServerDouble,
+    apiserver_certificate: Certificate,
+    tmp_path: Path,
+    plugin: Plugin,
+) -> None:
+    # Current context: a cluster that is down; --context names the one that answers.
+    down = write_kubeconfig(tmp_path / "down", "https://127.0.0.1:9", "admin-token", ca_cert=None)
+    up = write_kubeconfig(
+        tmp_path / "up",
+        published.url,
+        "admin-token",
+        ca_cert=apiserver_certificate.cert,
+        context="up",
+    )
+    merged = yaml.safe_load(down.read_text())
+    for part in ("clusters", "users", "contexts"):
+        merged[part] += yaml.safe_load(up.read_text())[part]
+    (tmp_path / "merged").write_text(yaml.safe_dump(merged))
+    published.clear_requests()
+    result = plugin(
+        NODE, "--context", "up", "-n", "gpu-system", "--kubeconfig", str(tmp_path / "merged")
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no findings" in result.stdout
+    assert published.reads("/api/v1/namespaces/gpu-system/pods")
+    missing = one_line_error(
+        plugin(NODE, "--context", "nope", "--kubeconfig", str(tmp_path / "merged"))
+    )
+    assert "with context 'nope'" in missing
+
+
+def test_errors_are_one_line_and_a_non_zero_exit(
+    published: ApiServerDouble,
+    admin_kubeconfig: Path,
+    kubeconfig_with_token: Callable[[str], Path],
+    tmp_path: Path,
+    plugin: Plugin,
+) -> None:
+    no_config = one_line_error(plugin(NODE))
+    assert "cannot load Kubernetes credentials" in no_config
+    assert "KUBECONFIG" in no_config
+    missing = one_line_error(plugin("gpu-node-9", "--kubeconfig", str(admin_kubeconfig)))
+    assert missing.endswith("node gpu-node-9 not found: `kubectl get nodes` lists the node names")
+    published.tokens["viewer-token"] = {"get pods", "list pods"}
+    forbidden = one_line_error(
+        plugin(NODE, "--kubeconfig", str(kubeconfig_with_token("viewer-token")))
+    )
+    assert "forbidden (403): `kubectl gpu-topology` needs get and list on `nodes`" in forbidden
+    down = write_kubeconfig(tmp_path / "down", "https://127.0.0.1:9", "admin-token", ca_cert=None)
+    unreachable = one_line_error(plugin("--kubeconfig", str(down)))
+    assert "cannot connect to the API server at https://127.0.0.1:9" in unreachable
+
+
+def test_a_picture_needs_a_node_and_a_node_without_topology_exits_one(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    usage = plugin("--format", "dot", "--kubeconfig", str(admin_kubeconfig))
+    assert usage.returncode == 2
+    assert "--format dot draws one node: name it" in usage.stderr
+    published.add_node("gpu-node-2")
+    bare = plugin("gpu-node-2", "--kubeconfig", str(admin_kubeconfig))
+    assert bare.returncode == 1
+    assert "No readable gpu.topology.io/topology annotation" in bare.stdout
+    assert "node gpu-node-2: 1 finding" in bare.stdout
+    drawing = one_line_error(
+        plugin("gpu-node-2", "--format", "dot", "--kubeconfig", str(admin_kubeconfig))
+    )
+    assert "has no readable gpu.topology.io/topology annotation to draw" in drawing
