@@ -164,16 +164,17 @@ def wire_agent(
     request_timeout_s: tuple[float, float] = (2.0, 2.0),
     stop: threading.Event | None = None,
     kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
+    node: str = NODE,
 ) -> Wired:
-    """An agent on NODE, publishing through `client` to whatever kubeconfig names."""
+    """An agent on `node`, publishing through `client` to whatever kubeconfig names."""
     clock = clock or FakeClock()
     stop = stop or threading.Event()
     metrics = Metrics()
     state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    log = structlog.get_logger("topo_reporter").bind(node=node)
     sink = NodePatchSink(
         client(kubeconfig, request_timeout_s),
-        node=NODE,
+        node=node,
         prefix=PREFIX,
         namespace="default",
         stop=stop,

@@ -5,6 +5,14 @@ import functools
 import pytest
 
 from tests.agent_support import NODE_CLIENTS, NodeClientFactory, WireAgent, wire_agent
+from tests.controlplane_fixtures import (
+    build_before_tests,
+    controlplane_bin,
+    real_apiserver,
+    real_namespace,
+    real_nfd_crds,
+    real_node_factory,
+)
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
     apiserver,
@@ -17,9 +25,14 @@ __all__ = [
     "admin_kubeconfig",
     "apiserver",
     "apiserver_certificate",
+    "controlplane_bin",
     "kubeconfig",
     "kubeconfig_with_token",
     "node_client",
+    "real_apiserver",
+    "real_namespace",
+    "real_nfd_crds",
+    "real_node_factory",
     "wire",
 ]
 
@@ -34,3 +47,7 @@ def node_client(request: pytest.FixtureRequest) -> NodeClientFactory:
 def wire(node_client: NodeClientFactory) -> WireAgent:
     """`wire_agent` through each client in turn."""
     return functools.partial(wire_agent, client=node_client)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    build_before_tests(session)
