@@ -59,8 +59,8 @@ def chart_schema() -> dict[str, Any]:
     return schema
 
 
-def readme_chart_section() -> str:
-    text = (REPO / "README.md").read_text()
+def chart_page_section() -> str:
+    text = (REPO / "docs" / "chart.md").read_text()
     return text.split("<!-- section:chart -->", 1)[1].split("<!-- /section:chart -->", 1)[0]
 
 
@@ -75,8 +75,8 @@ def test_every_value_has_a_default_and_a_comment_in_values_yaml(path: str) -> No
 
 
 @pytest.mark.parametrize("path", SETTINGS)
-def test_every_value_is_documented_in_the_readme(path: str) -> None:
-    assert f"`{path}`" in readme_chart_section()
+def test_every_value_is_documented_in_the_chart_page(path: str) -> None:
+    assert f"`{path}`" in chart_page_section()
 
 
 def test_defaults_satisfy_the_schema() -> None:
