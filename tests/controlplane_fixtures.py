@@ -178,9 +178,7 @@ class RealApiServer:
         return _tail(self.log.read_text(errors="replace"))
 
 
-def wait_for_file(
-    path: Path, proc: subprocess.Popen[bytes], timeout_s: float, log: Path
-) -> float:
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> float:
     """Seconds until `path` exists; fails at once if the process exits first."""
     started = time.monotonic()
     delay = 0.02

@@ -108,9 +108,9 @@ def test_the_nodefeature_sink_passes_nfds_real_crd_and_rewrites_nothing_unchange
 
     again = run_agent(real_apiserver, node, *args)
     assert again.returncode == 0, again.stderr
-    assert get_node_feature(real_apiserver, real_namespace, name)["metadata"]["resourceVersion"] == (
-        version
-    )
+    assert get_node_feature(real_apiserver, real_namespace, name)["metadata"][
+        "resourceVersion"
+    ] == (version)
     theirs = get_node_feature(real_apiserver, real_namespace, node)
     assert theirs["spec"] == worker["spec"]
 

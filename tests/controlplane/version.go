@@ -1,9 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"runtime/debug"
 	"strings"
 	_ "unsafe" // for go:linkname
+
+	"k8s.io/component-base/version"
 )
 
 // A release build of Kubernetes stamps its version into k8s.io/component-base/version with
@@ -37,6 +41,10 @@ func init() {
 			return
 		}
 		gitVersion, gitMajor, gitMinor, gitTreeState = dep.Version, parts[0], parts[1], "clean"
+		// The package copied gitVersion into its served value at its own init, before this one.
+		if err := version.SetDynamicVersion(dep.Version); err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane: version %s: %v\n", dep.Version, err)
+		}
 		return
 	}
 }
