@@ -1,6 +1,7 @@
-"""The real Kubernetes control plane for the tests: the Go harness in tests/controlplane/, built with
-`go build` (cached), its kube-apiserver started once per pytest run, and fresh Nodes and namespaces
-per test. Tests that use it carry the `controlplane` marker; without Go they fail, never skip."""
+"""The real Kubernetes control plane for the tests: the Go harness in tests/controlplane/, built
+with `go build` (cached), its kube-apiserver started once per pytest run, and fresh Nodes and
+namespaces per test. Tests that use it carry the `controlplane` marker; without Go they fail, never
+skip."""
 
 from __future__ import annotations
 
@@ -129,10 +130,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_
     """SIGTERM, a bounded wait, then SIGKILL to the whole process group: nothing is left behind."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=timeout_s)
@@ -226,7 +225,7 @@ def unique(prefix: str) -> str:
 
 @pytest.fixture
 def real_namespace(real_apiserver: RealApiServer) -> Iterator[str]:
-    """A fresh namespace, deleted after the test.
+    """A fresh namespace with its `default` ServiceAccount, deleted after the test.
 
     No controller-manager runs, so nothing would finalize it after the delete: the fixture clears
     its finalizer as the namespace controller would, so the name is really gone. Objects left inside
@@ -234,6 +233,10 @@ def real_namespace(real_apiserver: RealApiServer) -> Iterator[str]:
     core = real_apiserver.core()
     name = unique("t")
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    # What the serviceaccount controller would add at once: pods name it by default.
+    core.create_namespaced_service_account(
+        name, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
+    )
     yield name
     with contextlib.suppress(k8s.ApiException):
         core.delete_namespace(name)
@@ -246,10 +249,18 @@ def real_namespace(real_apiserver: RealApiServer) -> Iterator[str]:
 NodeFactory = Callable[..., str]
 
 
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+
+
 @pytest.fixture
 def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
-    """Makes fresh Nodes (no kubelet behind them: the object is all the tests need); deletes them
-    after the test. `make(labels=..., annotations=..., name=...)` returns the name."""
+    """Makes fresh Nodes (no kubelet behind them: the object is all most tests need); deletes them
+    after the test. `make(labels=..., annotations=..., name=..., ready=..., allocatable=...)`
+    returns the name.
+
+    `ready=True` does what a kubelet and the node lifecycle controller would: reports the Node
+    Ready with NODE_CAPACITY plus `allocatable` (e.g. {"nvidia.com/gpu": "8"}), and lifts the
+    `node.kubernetes.io/not-ready` taint the apiserver put on it, so the scheduler can use it."""
     core = real_apiserver.core()
     made: list[str] = []
 
@@ -258,6 +269,8 @@ def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         name: str | None = None,
+        ready: bool = False,
+        allocatable: Mapping[str, str] | None = None,
     ) -> str:
         node = name or unique("node")
         body: dict[str, Any] = {
@@ -271,6 +284,16 @@ def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
         }
         core.create_node(body)
         made.append(node)
+        if ready or allocatable:
+            resources = {**NODE_CAPACITY, **(allocatable or {})}
+            status: dict[str, Any] = {"capacity": resources, "allocatable": resources}
+            if ready:
+                status["conditions"] = [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+                ]
+            core.patch_node_status(node, {"status": status})
+        if ready:
+            core.patch_node(node, {"spec": {"taints": None}})
         return node
 
     yield make

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
+from parsers.kubelet import KubeletPolicies
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
 from reporter.schema.codec import decode
@@ -99,21 +100,29 @@ def test_foreign_labels_and_annotations_survive_and_a_stale_owned_key_goes(
     }
     foreign_annotations = {"other.io/note": "keep me", "nfd.node.kubernetes.io/x": "y"}
     node = real_node_factory(labels=foreign_labels, annotations=foreign_annotations)
-    w = wire(real_apiserver.kubeconfig, FakeScanner([ok(topology())]), node=node)
+    kubelet: list[KubeletPolicies | None] = [KubeletPolicies("single-numa-node")]
+    w = wire(
+        real_apiserver.kubeconfig,
+        FakeScanner([ok(topology())]),
+        node=node,
+        kubelet=lambda: kubelet[0],
+    )
     assert w.agent.step()
-    assert f"{PREFIX}/numa-nodes" in read(real_apiserver, node)[0]
-    one_gpu = topology(1, nics=())
-    w.scanner.then(ok(one_gpu))
+    policy = f"{PREFIX}/topology-manager-policy"
+    assert read(real_apiserver, node)[0][policy] == "single-numa-node"
+    # The kubelet config goes away: the policy labels it owned are stale and must go.
+    kubelet[0] = None
+    w.scanner.then(ok(topology(4, nics=())))
     w.clock.advance(60)
     assert w.agent.step()
     node_labels, node_annotations, _ = read(real_apiserver, node)
     assert {k: node_labels[k] for k in foreign_labels} == foreign_labels
     assert {k: node_annotations[k] for k in foreign_annotations} == foreign_annotations
-    assert node_labels[f"{PREFIX}/count"] == "1"
-    assert f"{PREFIX}/numa-nodes" not in node_labels
-    owned_now = {k for k in node_labels if k.startswith(f"{PREFIX}/")} - {f"{PREFIX}/added-by-hand"}
-    assert owned_now == set(projection(one_gpu).labels)
-    assert ours(real_apiserver, node) == projection(one_gpu)
+    assert policy not in node_labels
+    assert node_labels[f"{PREFIX}/count"] == "4"
+    mine, want = ours(real_apiserver, node), projection(topology(4, nics=()))
+    assert mine.labels == {**want.labels, f"{PREFIX}/added-by-hand": "yes"}
+    assert mine.annotations == want.annotations
 
 
 def test_a_concurrent_writers_409_is_recovered_by_rereading(
@@ -142,11 +151,9 @@ def test_a_change_is_an_event_in_words(
     w.scanner.then(ok(topology(overrides={(3, 5): Link(LinkKind.NV, 12)})))
     w.clock.advance(60)
     assert w.agent.step()
-    assert events(real_apiserver, node)[-1] == (
-        "Normal",
-        "GPUTopologyChanged",
-        "GPU3↔GPU5: NV18 → NV12",
-    )
+    told = events(real_apiserver, node)
+    assert len(told) == 2
+    assert ("Normal", "GPUTopologyChanged", "GPU3↔GPU5: NV18 → NV12") in told
 
 
 def _filler(room: int) -> dict[str, str]:
