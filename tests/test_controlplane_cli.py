@@ -161,29 +161,43 @@ def test_nfds_schema_refuses_what_the_agent_never_sends(
     assert "spec.features.attributes.gputopology.gpu.elements.count" in str(refused.value.body)
 
 
-def test_doctor_all_reads_the_real_nodes(
-    real_apiserver: RealApiServer, real_node_factory: NodeFactory
+def doctor(server: RealApiServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "doctor", "--kubeconfig", str(server.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(),
+        check=False,
+    )
+
+
+def test_doctor_reads_the_real_nodes_pods_and_selectors(
+    real_apiserver: RealApiServer, real_namespace: str, real_node_factory: NodeFactory
 ) -> None:
     node = real_node_factory(ready=True, allocatable={"nvidia.com/gpu": "8"})
     assert run_agent(real_apiserver, node).returncode == 0
-    done = subprocess.run(
-        [*CLI, "doctor", "--kubeconfig", str(real_apiserver.kubeconfig), "--all"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env(),
-        check=False,
+    missing = doctor(real_apiserver, "--all")
+    assert missing.returncode == 0, missing.stderr
+    assert f"WARNING agent-not-ready: 1 ({node})" in missing.stdout
+    assert f"no topo-reporter pod runs on {node}" in missing.stdout
+
+    # The agent's pod on that node, Ready: found by the real label and field selectors.
+    core = real_apiserver.core()
+    agent = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="agent", labels={"app.kubernetes.io/name": "topo-reporter"}),
+        spec=k8s.V1PodSpec(
+            node_name=node,
+            containers=[k8s.V1Container(name="agent", image="registry.k8s.io/pause:3.10")],
+        ),
     )
-    assert done.returncode in (0, 1), done.stderr
-    assert node in done.stdout or "without findings" in done.stdout, done.stdout
-    single = subprocess.run(
-        [*CLI, "doctor", "--kubeconfig", str(real_apiserver.kubeconfig), "--node", node],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env(),
-        check=False,
+    core.create_namespaced_pod(real_namespace, agent)
+    core.patch_namespaced_pod_status(
+        "agent",
+        real_namespace,
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
     )
-    assert single.returncode in (0, 1), single.stderr
-    assert node in single.stdout
-    print("ALL", done.returncode, done.stdout, done.stderr, "SINGLE", single.returncode, single.stdout)
+    healthy = doctor(real_apiserver, "--node", node)
+    assert healthy.returncode == 0, healthy.stderr
+    assert "no findings" in healthy.stdout, healthy.stdout
+    assert doctor(real_apiserver, "--all").stdout.startswith("1 nodes, 1 without findings")
