@@ -93,6 +93,8 @@ def scheduler(real_apiserver: RealApiServer, tmp_path: Path) -> Iterator[subproc
     )
     try:
         yield proc
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "scheduler.log").read_text()[-3000:]
     finally:
         stop_process(proc)
 

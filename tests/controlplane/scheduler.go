@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"sigs.k8s.io/yaml"
@@ -41,10 +43,20 @@ func runScheduler(args []string) error {
 			return err
 		}
 	}
+	// kube-scheduler without leader election reports its SIGTERM stop as an error ("finished
+	// without leader elect"); a requested stop is a clean exit here.
+	stopped := make(chan os.Signal, 1)
+	signal.Notify(stopped, syscall.SIGTERM, syscall.SIGINT)
 	cmd := app.NewSchedulerCommand()
 	// One scheduler per test: no leader election; no HTTPS port that a second one would collide on.
 	cmd.SetArgs(append([]string{"--config=" + configPath, "--leader-elect=false", "--secure-port=0"}, fs.Args()...))
-	return cmd.Execute()
+	err := cmd.Execute()
+	select {
+	case <-stopped:
+		return nil
+	default:
+		return err
+	}
 }
 
 func withKubeconfig(configFile, kubeconfig, dir string) (string, error) {
