@@ -18,9 +18,11 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.controlplane_fixtures import (
+    HARNESS,
     START_TIMEOUT_S,
     NodeFactory,
     RealApiServer,
+    go_binary,
     start_harness,
     stop_process,
     wait_for_file,
@@ -139,3 +141,13 @@ def test_apiserver_writes_the_kubeconfig_when_ready_and_stops_cleanly_on_sigterm
             os.killpg(proc.pid, 0)  # nothing of its process group is left
     finally:
         stop_process(proc)
+
+
+def test_the_harness_source_is_gofmt_clean() -> None:
+    """`go vet` runs in .ci/run (cold, it analyses all of Kubernetes: minutes); gofmt is instant."""
+    gofmt = Path(go_binary()).resolve().with_name("gofmt")
+    result = subprocess.run(
+        [str(gofmt), "-l", "."], cwd=HARNESS, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "", f"not gofmt-formatted: {result.stdout}"
