@@ -190,16 +190,17 @@ def wire_agent(
     kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
     backoff: Backoff = FAST,
     stall_after_s: float = 180,
+    node: str = NODE,
 ) -> Wired:
-    """An agent on NODE, publishing through `client` to whatever kubeconfig names."""
+    """An agent on `node`, publishing through `client` to whatever kubeconfig names."""
     clock = clock or FakeClock()
     stop = stop if stop is not None else threading.Event()
     metrics = Metrics()
     state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    log = structlog.get_logger("topo_reporter").bind(node=node)
     sink = NodePatchSink(
         client(kubeconfig, request_timeout_s),
-        node=NODE,
+        node=node,
         prefix=PREFIX,
         stop=stop,
         backoff=backoff,

@@ -7,6 +7,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.agent_support import NODE_CLIENTS, NodeClientFactory, WireAgent, wire_agent
+from tests.controlplane_fixtures import (
+    build_before_tests,
+    controlplane_bin,
+    real_apiserver,
+    real_namespace,
+    real_nfd_crds,
+    real_node_factory,
+)
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
     apiserver,
@@ -19,9 +27,14 @@ __all__ = [
     "admin_kubeconfig",
     "apiserver",
     "apiserver_certificate",
+    "controlplane_bin",
     "kubeconfig",
     "kubeconfig_with_token",
     "node_client",
+    "real_apiserver",
+    "real_namespace",
+    "real_nfd_crds",
+    "real_node_factory",
     "wire",
 ]
 
@@ -55,3 +68,7 @@ def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
         yield sys.getrecursionlimit()
     finally:
         sys.setrecursionlimit(before)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    build_before_tests(session)

@@ -1,0 +1,43 @@
+// Command controlplane hosts Kubernetes' own server code for topo-reporter's tests: the real
+// kube-apiserver on an embedded etcd, the real kube-scheduler, and the kubelet's PodResources
+// gRPC server. The product is Python; this module exists only so the tests meet the real thing.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `usage: controlplane COMMAND [FLAGS]
+
+commands:
+  apiserver --kubeconfig FILE                  kube-apiserver on an embedded etcd; writes an admin kubeconfig once /readyz answers
+  scheduler --config FILE [--kubeconfig FILE]  kube-scheduler from a KubeSchedulerConfiguration
+  podresources --socket PATH --state FILE      the kubelet's PodResources v1 server, fed from a JSON file
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "apiserver":
+		err = runAPIServer(os.Args[2:])
+	case "scheduler":
+		err = runScheduler(os.Args[2:])
+	case "podresources":
+		err = runPodResources(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "controlplane: unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "controlplane %s: error: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}

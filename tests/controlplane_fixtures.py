@@ -1,0 +1,354 @@
+"""The real Kubernetes control plane for the tests: the Go harness in tests/controlplane/, built
+with `go build` (cached), its kube-apiserver started once per pytest run, and fresh Nodes and
+namespaces per test. Tests that use it carry the `controlplane` marker; without Go they fail, never
+skip."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+HARNESS = Path(__file__).resolve().parent / "controlplane"
+GO_MISSING = (
+    "the control-plane tests need Go: install Go 1.26 (https://go.dev/dl/) and put `go` on PATH"
+)
+GO_FALLBACK = Path("/usr/local/go/bin/go")
+"""Where the official Go tarball installs; found even when PATH does not name it."""
+
+BUILD_TIMEOUT_S = 3600.0
+"""A cold build compiles kube-apiserver and etcd: tens of minutes on two cores; warm, seconds."""
+START_TIMEOUT_S = 240.0
+"""The harness itself gives up after 3 minutes without /readyz; this only catches a hung process."""
+STOP_TIMEOUT_S = 40.0
+MAX_LOG_TAIL = 4000
+
+
+def go_binary() -> str:
+    """The `go` command, or a test failure in one line saying what to install."""
+    found = shutil.which("go")
+    if found:
+        return found
+    if GO_FALLBACK.is_file():
+        return str(GO_FALLBACK)
+    pytest.fail(GO_MISSING, pytrace=False)
+
+
+def _cache_path() -> Path:
+    # One binary per checkout: two worktrees building at once must not overwrite each other.
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    checkout = hashlib.sha256(str(HARNESS).encode()).hexdigest()[:12]
+    return base / "topo-reporter" / f"controlplane-{checkout}" / "controlplane"
+
+
+def _tail(text: str) -> str:
+    return text[-MAX_LOG_TAIL:]
+
+
+_built: Path | str | None = None
+"""The binary, or why it could not be built: one attempt per pytest process."""
+
+
+def build_harness() -> Path:
+    """`go build -o CACHE .` in the harness: Go's build cache makes an unchanged build take seconds,
+    and an up-to-date binary is not even relinked."""
+    global _built  # noqa: PLW0603 - one build per pytest process, however many fixtures ask
+    if isinstance(_built, str):
+        pytest.fail(_built, pytrace=False)
+    if _built is not None:
+        return _built
+    try:
+        _built = _build()
+    except pytest.fail.Exception as failure:
+        _built = str(failure)
+        raise
+    return _built
+
+
+def _build() -> Path:
+    go = go_binary()
+    out = _cache_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
+    env = {**os.environ, "GOTOOLCHAIN": "local"}
+    try:
+        result = subprocess.run(
+            [go, "build", "-o", str(out), "."],
+            cwd=HARNESS,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`go build` in {HARNESS} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False)
+    if result.returncode != 0:
+        pytest.fail(
+            f"`go build` in {HARNESS} failed (Go 1.26 and the Go module proxy are needed):\n"
+            + _tail(result.stdout + result.stderr),
+            pytrace=False,
+        )
+    return out
+
+
+def build_before_tests(session: pytest.Session) -> None:
+    """Build the harness after collection when a selected test needs it, so that a cold build
+    (minutes) is not charged to the first test's timeout. A failure is reported by the fixture."""
+    if not any(item.get_closest_marker("controlplane") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"building the control-plane harness in {HARNESS} (cached by Go)")
+    with contextlib.suppress(pytest.fail.Exception):
+        build_harness()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if pytest is killed outright, the kernel stops the server."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, a bounded wait, then SIGKILL to the whole process group: nothing is left behind."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=timeout_s)
+
+
+def start_harness(
+    binary: Path, args: list[str], log: Path, stdout: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a harness subcommand in its own process group, stderr (and stdout) into `log`."""
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            [str(binary), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout if stdout is not None else sink,
+            stderr=sink,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no Python state touched
+        )
+
+
+@dataclass
+class RealApiServer:
+    """A running kube-apiserver (on embedded etcd) started from the harness."""
+
+    binary: Path
+    kubeconfig: Path
+    """The admin's kubeconfig: a client certificate in `system:masters`."""
+    log: Path
+    start_s: float
+    """Seconds from the process start until the kubeconfig appeared (server ready)."""
+    _api: k8s.ApiClient | None = field(default=None, repr=False)
+
+    def api(self) -> k8s.ApiClient:
+        """An official-client ApiClient with the admin's credentials."""
+        if self._api is None:
+            self._api = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self._api
+
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api())
+
+    def log_tail(self) -> str:
+        return _tail(self.log.read_text(errors="replace"))
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> float:
+    """Seconds until `path` exists; fails at once if the process exits first."""
+    started = time.monotonic()
+    delay = 0.02
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(
+                f"the harness exited ({proc.returncode}) before writing {path}:\n"
+                + _tail(log.read_text(errors="replace")),
+                pytrace=False,
+            )
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"no {path} after {timeout_s:.0f} s; see {log}", pytrace=False)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="session")
+def controlplane_bin() -> Path:
+    """The harness binary, built (or found up to date) with `go build`."""
+    return build_harness()
+
+
+@pytest.fixture(scope="session")
+def real_apiserver(
+    controlplane_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealApiServer]:
+    """One real kube-apiserver for the whole run, stopped at the end (also when a test fails)."""
+    work = tmp_path_factory.mktemp("controlplane")
+    kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
+    proc = start_harness(controlplane_bin, ["apiserver", "--kubeconfig", str(kubeconfig)], log)
+    try:
+        start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
+        server = RealApiServer(controlplane_bin, kubeconfig, log, start_s)
+        yield server
+        if server._api is not None:
+            server._api.close()
+    finally:
+        stop_process(proc)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def real_namespace(real_apiserver: RealApiServer) -> Iterator[str]:
+    """A fresh namespace with its `default` ServiceAccount, deleted after the test.
+
+    No controller-manager runs, so nothing would finalize it after the delete: the fixture clears
+    its finalizer as the namespace controller would, so the name is really gone. Objects left inside
+    stay in etcd, which dies with the run."""
+    core = real_apiserver.core()
+    name = unique("t")
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    # What the serviceaccount controller would add at once: pods name it by default.
+    core.create_namespaced_service_account(
+        name, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
+    )
+    yield name
+    with contextlib.suppress(k8s.ApiException):
+        core.delete_namespace(name)
+        core.replace_namespace_finalize(
+            name,
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name), spec=k8s.V1NamespaceSpec()),
+        )
+
+
+NodeFactory = Callable[..., str]
+
+
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+
+
+@pytest.fixture
+def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
+    """Makes fresh Nodes (no kubelet behind them: the object is all most tests need); deletes them
+    after the test. `make(labels=..., annotations=..., name=..., ready=..., allocatable=...)`
+    returns the name.
+
+    `ready=True` does what a kubelet and the node lifecycle controller would: reports the Node
+    Ready with NODE_CAPACITY plus `allocatable` (e.g. {"nvidia.com/gpu": "8"}), and lifts the
+    `node.kubernetes.io/not-ready` taint the apiserver put on it, so the scheduler can use it."""
+    core = real_apiserver.core()
+    made: list[str] = []
+
+    def make(
+        *,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        name: str | None = None,
+        ready: bool = False,
+        allocatable: Mapping[str, str] | None = None,
+    ) -> str:
+        node = name or unique("node")
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "labels": {"kubernetes.io/hostname": node, **(labels or {})},
+                "annotations": dict(annotations or {}),
+            },
+        }
+        core.create_node(body)
+        made.append(node)
+        if ready or allocatable:
+            resources = {**NODE_CAPACITY, **(allocatable or {})}
+            status: dict[str, Any] = {"capacity": resources, "allocatable": resources}
+            if ready:
+                status["conditions"] = [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+                ]
+            core.patch_node_status(node, {"status": status})
+        if ready:
+            core.patch_node(node, {"spec": {"taints": None}})
+        return node
+
+    yield make
+    for node in made:
+        with contextlib.suppress(k8s.ApiException):
+            core.delete_node(node)
+
+
+NFD_MODULE = "sigs.k8s.io/node-feature-discovery"
+NFD_VERSION = "v0.17.3"
+"""The NFD release whose CRDs the NodeFeature tests install (taken from Go's module cache)."""
+NFD_CRDS = "deployment/base/nfd-crds/nfd-api-crds.yaml"
+ESTABLISH_TIMEOUT_S = 60.0
+
+
+def nfd_crds() -> list[dict[str, Any]]:
+    """NFD's own CRD manifests, from the NFD Go module (`go mod download`, cached by Go)."""
+    result = subprocess.run(
+        [go_binary(), "mod", "download", "-json", f"{NFD_MODULE}@{NFD_VERSION}"],
+        cwd=HARNESS,
+        env={**os.environ, "GOTOOLCHAIN": "local"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            f"`go mod download {NFD_MODULE}@{NFD_VERSION}` failed: " + _tail(result.stdout),
+            pytrace=False,
+        )
+    directory = Path(json.loads(result.stdout)["Dir"])
+    docs = yaml.safe_load_all((directory / NFD_CRDS).read_text())
+    return [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
+
+
+@pytest.fixture(scope="session")
+def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
+    """NFD's CRDs installed on the real server and Established; their names."""
+    ext = k8s.ApiextensionsV1Api(real_apiserver.api())
+    names = []
+    for crd in nfd_crds():
+        try:
+            ext.create_custom_resource_definition(crd)
+        except k8s.ApiException as e:
+            if e.status != 409:  # installed already, by an earlier test of this run
+                raise
+        names.append(crd["metadata"]["name"])
+    deadline = time.monotonic() + ESTABLISH_TIMEOUT_S
+    for name in names:
+        while not any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(name).status.conditions or ()
+        ):
+            if time.monotonic() > deadline:
+                pytest.fail(f"CRD {name} not Established within {ESTABLISH_TIMEOUT_S:.0f} s")
+            time.sleep(0.1)
+    return names

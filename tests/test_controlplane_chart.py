@@ -1,0 +1,123 @@
+"""The chart installed for real: the Helm SDK's install, upgrade and uninstall (helm-python-sdk,
+in-process) against the real kube-apiserver, for each sink and admission-policy setting. What Helm
+rendered exists as rendered; uninstall leaves nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from tests.controlplane_fixtures import RealApiServer, unique
+from tests.helm_chart import chart
+from tests.test_agent_kubectl import kubectl
+
+pytestmark = pytest.mark.controlplane
+
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+@pytest.fixture
+def helm_config(real_apiserver: RealApiServer, real_namespace: str) -> Iterator[helm.Config]:
+    config = helm.Config(kubeconfig_path=real_apiserver.kubeconfig, namespace=real_namespace)
+    try:
+        yield config
+    finally:
+        config.close()
+
+
+def manifest_objects(release: dict[str, Any]) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(release["manifest"]) if d]
+
+
+def on_server(server: RealApiServer, namespace: str, objects: list[dict[str, Any]]) -> list[Any]:
+    """Each object as the server holds it (kubectl get -f), or fails naming what is missing."""
+    done = subprocess.run(
+        [
+            kubectl(),
+            "--kubeconfig",
+            str(server.kubeconfig),
+            "-n",
+            namespace,
+            "get",
+            "--ignore-not-found",
+            "-o",
+            "yaml",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(objects),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found = yaml.safe_load(done.stdout) if done.stdout.strip() else None
+    if found is None:
+        return []
+    return list(found["items"]) if found.get("kind") == "List" else [found]
+
+
+def release_secrets(server: RealApiServer, namespace: str, release: str) -> list[Any]:
+    """Helm's release records (storage driver `secret`)."""
+    selector = f"owner=helm,name={release}"
+    return list(server.core().list_namespaced_secret(namespace, label_selector=selector).items)
+
+
+def identities(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+
+@pytest.mark.parametrize(
+    ("sink", "policy", "has_policy"),
+    [("node", "auto", True), ("node", True, True), ("nodefeature", "auto", False)],
+    ids=["node-policy-auto", "node-policy-true", "nodefeature"],
+)
+def test_install_upgrade_uninstall_through_the_helm_sdk(
+    real_apiserver: RealApiServer,
+    real_namespace: str,
+    helm_config: helm.Config,
+    sink: str,
+    policy: Any,
+    has_policy: bool,
+) -> None:
+    release = unique("tr")
+    values: dict[str, Any] = {
+        "agent": {"sink": sink},
+        "admissionPolicy": {"enabled": policy},
+    }
+    installed = helm_config.install(chart(), release, values, namespace=real_namespace)
+    assert (installed["revision"], installed["status"]) == (1, "deployed")
+    assert len(release_secrets(real_apiserver, real_namespace, release)) == 1
+    objects = manifest_objects(installed)
+    kinds = {o["kind"] for o in objects}
+    # `auto` asks the real server's discovery (Helm's .Capabilities): v1.34 serves the policy API.
+    assert (kinds >= POLICY_KINDS) is has_policy
+    assert {"DaemonSet", "ServiceAccount"} <= kinds
+    held = on_server(real_apiserver, real_namespace, objects)
+    assert identities(held) == identities(objects)
+    for want in objects:
+        (got,) = [h for h in held if (h["kind"], h["metadata"]["name"]) == identities([want]).pop()]
+        assert got["metadata"].get("labels", {}) == want["metadata"].get("labels", {})
+        if "rules" in want:
+            assert got["rules"] == want["rules"]
+
+    values["agent"]["interval"] = "90s"
+    upgraded = helm_config.upgrade(chart(), release, values, namespace=real_namespace)
+    assert (upgraded["revision"], upgraded["status"]) == (2, "deployed")
+    (daemonset,) = [
+        h
+        for h in on_server(real_apiserver, real_namespace, manifest_objects(upgraded))
+        if h["kind"] == "DaemonSet"
+    ]
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert "90s" in [e.get("value") for e in agent["env"]]
+
+    helm_config.uninstall(release, timeout=60)
+    assert on_server(real_apiserver, real_namespace, objects) == []
+    assert release_secrets(real_apiserver, real_namespace, release) == []

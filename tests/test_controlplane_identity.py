@@ -1,0 +1,268 @@
+"""The identity a DaemonSet pod really has, on the real kube-apiserver: the chart's RBAC and
+ValidatingAdmissionPolicy (rendered by the Helm SDK, applied with kubectl), a Pod of the chart's
+ServiceAccount bound to node A (no kubelet: the Pod only has to exist with spec.nodeName), and a
+token for that Pod from TokenRequest, which carries the `authentication.kubernetes.io/node-name`
+claim the policy keys on. The policy's CEL is evaluated by the apiserver itself here."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from tests.controlplane_fixtures import NodeFactory, RealApiServer
+from tests.helm_chart import FULLNAME, NAMESPACE, VAP_API, render
+from tests.kube_double import write_kubeconfig
+from tests.test_agent_cli import CLI, env
+from tests.test_agent_kubectl import kubectl
+
+pytestmark = pytest.mark.controlplane
+
+PREFIX = "gpu.topology.io"
+POLICY_TIMEOUT_S = 60.0
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass
+class Agent:
+    """The chart's ServiceAccount, its pod on node A, a kubeconfig with the pod's token."""
+
+    node_a: str
+    node_b: str
+    kubeconfig: Path
+    api: k8s.ApiClient
+
+
+@pytest.fixture(scope="module")
+def chart_installed(real_apiserver: RealApiServer) -> Iterator[None]:
+    """The chart's objects for `sink=node`, admission policy on, applied to the real server."""
+    rendered = render({"admissionPolicy": {"enabled": True}}, api_versions=(VAP_API,))
+    kinds = {o["kind"] for o in rendered.objects}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    core = real_apiserver.core()
+    try:
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+    except k8s.ApiException as e:
+        if e.status != 409:
+            raise
+    manifest = yaml.safe_dump_all(rendered.objects)
+    admin = ["--kubeconfig", str(real_apiserver.kubeconfig)]
+    applied = subprocess.run(
+        [kubectl(), *admin, "apply", "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    yield
+    subprocess.run(
+        [kubectl(), *admin, "delete", "--ignore-not-found", "--wait=false", "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def pod_token(server: RealApiServer, node: str, pod: str) -> str:
+    core = server.core()
+    created = core.create_namespaced_pod(
+        NAMESPACE,
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=pod),
+            spec=k8s.V1PodSpec(
+                node_name=node,
+                service_account_name=FULLNAME,
+                automount_service_account_token=False,
+                containers=[k8s.V1Container(name="agent", image="registry.k8s.io/pause:3.10")],
+            ),
+        ),
+    )
+    token = core.create_namespaced_service_account_token(
+        FULLNAME,
+        NAMESPACE,
+        k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(
+                audiences=[],
+                expiration_seconds=3600,
+                bound_object_ref=k8s.V1BoundObjectReference(
+                    kind="Pod", api_version="v1", name=pod, uid=created.metadata.uid
+                ),
+            )
+        ),
+    )
+    return str(token.status.token)
+
+
+@pytest.fixture
+def agent(
+    real_apiserver: RealApiServer,
+    chart_installed: None,
+    real_node_factory: NodeFactory,
+    tmp_path: Path,
+) -> Iterator[Agent]:
+    node_a = real_node_factory(labels={"team": "ml"}, annotations={"other.io/note": "keep"})
+    node_b = real_node_factory(labels={"team": "ml"}, annotations={"other.io/note": "keep"})
+    pod = f"topo-reporter-{node_a}"
+    token = pod_token(real_apiserver, node_a, pod)
+    admin = yaml.safe_load(real_apiserver.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    kubeconfig = write_kubeconfig(
+        tmp_path / "agent.kubeconfig", cluster["server"], token, ca_cert=ca
+    )
+    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+    wait_for_policy(api, node_b)
+    try:
+        yield Agent(node_a, node_b, kubeconfig, api)
+    finally:
+        api.close()
+        real_apiserver.core().delete_namespaced_pod(pod, NAMESPACE)
+
+
+def wait_for_policy(api: k8s.ApiClient, node_b: str) -> None:
+    """The apiserver enforces a new policy once its informer has it: probe with a dry run (it
+    passes admission, stores nothing) until the probe is denied."""
+    core = k8s.CoreV1Api(api)
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        try:
+            core.patch_node(
+                node_b, {"metadata": {"labels": {f"{PREFIX}/count": "8"}}}, dry_run="All"
+            )
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                return
+            raise
+        assert time.monotonic() < deadline, f"policy not enforced within {POLICY_TIMEOUT_S:.0f} s"
+        time.sleep(0.1)
+
+
+def run_agent(agent: Agent, node: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(KUBECONFIG=str(agent.kubeconfig), NODE_NAME=node, TOPO_REPORTER_LOG_FORMAT="json"),
+        check=False,
+    )
+
+
+def test_the_pods_token_publishes_its_own_node_and_is_denied_on_another(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    own = run_agent(agent, agent.node_a)
+    assert own.returncode == 0, own.stderr
+    labels = real_apiserver.core().read_node(agent.node_a).metadata.labels
+    assert labels[f"{PREFIX}/count"] == "8"
+    assert labels["team"] == "ml"
+
+    other = run_agent(agent, agent.node_b)
+    assert other.returncode == 1
+    assert "may change only the Node its pod runs on" in other.stderr
+    assert f"{PREFIX}/count" not in (real_apiserver.core().read_node(agent.node_b).metadata.labels)
+
+
+def _json_patch(op: str, path: str, value: Any = None) -> list[dict[str, Any]]:
+    step: dict[str, Any] = {"op": op, "path": path}
+    if op != "remove":
+        step["value"] = value
+    return [step]
+
+
+def _denials(node: str) -> list[tuple[str, str, Any]]:
+    """(what, content type, body) for each change the policy must refuse on the own Node."""
+    label = "/metadata/labels/team"
+    note = "/metadata/annotations/other.io~1note"
+    taint = {"key": "x", "value": "y", "effect": "NoSchedule"}
+    cases: list[tuple[str, str, Any]] = []
+    for content_type in (MERGE, STRATEGIC):
+        cases += [
+            ("change a foreign label", content_type, {"metadata": {"labels": {"team": "x"}}}),
+            ("delete a foreign label", content_type, {"metadata": {"labels": {"team": None}}}),
+            (
+                "change a foreign annotation",
+                content_type,
+                {"metadata": {"annotations": {"other.io/note": "x"}}},
+            ),
+            (
+                "delete a foreign annotation",
+                content_type,
+                {"metadata": {"annotations": {"other.io/note": None}}},
+            ),
+            ("add a taint", content_type, {"spec": {"taints": [taint]}}),
+            ("change spec", content_type, {"spec": {"unschedulable": True}}),
+        ]
+    cases += [
+        ("change a foreign label", JSON_PATCH, _json_patch("replace", label, "x")),
+        ("delete a foreign label", JSON_PATCH, _json_patch("remove", label)),
+        ("change a foreign annotation", JSON_PATCH, _json_patch("replace", note, "x")),
+        ("delete a foreign annotation", JSON_PATCH, _json_patch("remove", note)),
+        ("add a taint", JSON_PATCH, _json_patch("add", "/spec/taints", [taint])),
+        ("change spec", JSON_PATCH, _json_patch("add", "/spec/unschedulable", True)),
+    ]
+    return cases
+
+
+def test_the_policy_denies_every_foreign_change_in_every_patch_type_and_rbac_the_rest(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    core = k8s.CoreV1Api(agent.api)
+    before = real_apiserver.core().read_node(agent.node_a)
+    allowed = denied = 0
+    # What the policy lets through: a key under the prefix, on the own Node, in each patch type.
+    for content_type, body in (
+        (MERGE, {"metadata": {"labels": {f"{PREFIX}/count": "8"}}}),
+        (STRATEGIC, {"metadata": {"annotations": {f"{PREFIX}/matrix": "m"}}}),
+        (JSON_PATCH, _json_patch("add", f"/metadata/labels/{PREFIX.replace('/', '~1')}~1x", "1")),
+    ):
+        core.patch_node(agent.node_a, body, _content_type=content_type)
+        allowed += 1
+    refused: list[str] = []
+    for what, content_type, body in _denials(agent.node_a):
+        try:
+            core.patch_node(agent.node_a, body, _content_type=content_type)
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                denied += 1
+                continue
+            refused.append(f"{what} ({content_type}): {e.status} {e.body}")
+            continue
+        refused.append(f"{what} ({content_type}): admitted")
+    assert refused == []
+    after = real_apiserver.core().read_node(agent.node_a)
+    assert after.metadata.labels["team"] == before.metadata.labels["team"]
+    assert after.metadata.annotations["other.io/note"] == "keep"
+    assert after.spec.taints == before.spec.taints
+    assert not after.spec.unschedulable
+
+    # RBAC, not the policy: the chart grants nothing on Secrets or Pods.
+    for call in (
+        lambda: core.list_namespaced_secret(NAMESPACE),
+        lambda: core.read_namespaced_secret("anything", NAMESPACE),
+        core.list_pod_for_all_namespaces,
+        lambda: core.list_namespaced_pod(NAMESPACE),
+    ):
+        with pytest.raises(k8s.ApiException) as forbidden:
+            call()
+        assert forbidden.value.status == 403
+        assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
+        denied += 1
+    print(f"identity matrix: allowed as expected {allowed}, denied as expected {denied}")
+    assert (allowed, denied) == (3, 18 + 4)
