@@ -61,7 +61,7 @@ def test_first_publish_lands_whole_and_tells_operators_with_an_event(
     assert published == projection(topology())
     assert published.labels[f"{PREFIX}/interconnect"] == "nvswitch"
     assert decode(published.annotations[f"{PREFIX}/topology"]) == topology()
-    assert f"{PREFIX}/matrix" in published.annotations[OWNED]
+    assert "matrix" in published.annotations[OWNED].split(",")
     assert events(real_apiserver, node) == [
         (
             "Normal",

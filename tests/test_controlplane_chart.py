@@ -35,32 +35,40 @@ def manifest_objects(release: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def on_server(server: RealApiServer, namespace: str, objects: list[dict[str, Any]]) -> list[Any]:
-    """Each object as the server holds it (kubectl get -f), or fails naming what is missing."""
-    done = subprocess.run(
-        [
-            kubectl(),
-            "--kubeconfig",
-            str(server.kubeconfig),
-            "-n",
-            namespace,
-            "get",
-            "--ignore-not-found",
-            "-o",
-            "yaml",
-            "-f",
-            "-",
-        ],
-        input=yaml.safe_dump_all(objects),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    found = yaml.safe_load(done.stdout) if done.stdout.strip() else None
-    if found is None:
-        return []
-    return list(found["items"]) if found.get("kind") == "List" else [found]
+    """Each object as the server holds it (kubectl get -f), or fails naming what is missing.
+
+    Objects that name their own namespace (the Events Role in `default`) are asked for there.
+    """
+    by_namespace: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        by_namespace.setdefault(obj.get("metadata", {}).get("namespace", namespace), []).append(obj)
+    held: list[Any] = []
+    for ns, group in sorted(by_namespace.items()):
+        done = subprocess.run(
+            [
+                kubectl(),
+                "--kubeconfig",
+                str(server.kubeconfig),
+                "-n",
+                ns,
+                "get",
+                "--ignore-not-found",
+                "-o",
+                "yaml",
+                "-f",
+                "-",
+            ],
+            input=yaml.safe_dump_all(group),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        found = yaml.safe_load(done.stdout) if done.stdout.strip() else None
+        if found is not None:
+            held.extend(list(found["items"]) if found.get("kind") == "List" else [found])
+    return held
 
 
 def release_secrets(server: RealApiServer, namespace: str, release: str) -> list[Any]:

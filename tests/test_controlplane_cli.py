@@ -122,20 +122,13 @@ def test_the_nodefeature_sink_passes_nfds_real_crd_and_rewrites_nothing_unchange
     assert f"{PREFIX}/count" not in described  # nfd-master labels the Node, not the agent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug found on the real server: the NodeFeature sink posts its core/v1 Event about "
-    "the (cluster-scoped) Node in its own namespace, and the apiserver accepts such Events only in "
-    "`default` (422 'involvedObject.namespace: does not match event.namespace'); the double "
-    "accepts them. The fix needs the chart to grant `create events` in `default` (or "
-    "events.k8s.io/v1 with eventTime, which also allows kube-system) and the sink to post there.",
-)
 def test_the_nodefeature_sinks_event_reaches_kubectl_describe_node(
     real_apiserver: RealApiServer,
     real_nfd_crds: list[str],
     real_namespace: str,
     real_node_factory: NodeFactory,
 ) -> None:
+    """The real server takes Events about a Node only in `default`, where the agent posts them."""
     node = real_node_factory()
     result = run_agent(real_apiserver, node, "--sink", "nodefeature", "--namespace", real_namespace)
     assert result.returncode == 0, result.stderr
