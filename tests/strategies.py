@@ -88,6 +88,9 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10) -> Topology:
             mig=draw(st.none() | st.booleans()),
             gpu_numa=draw(st.none() | st.integers(0, 64)),
             clique=draw(st.none() | uuids.map(lambda u: f"{u[4:]}.{draw(st.integers(0, 9))}")),
+            mig_devices=tuple(
+                draw(st.lists(uuids.map(lambda u: f"MIG-{u[4:]}"), max_size=3, unique=True))
+            ),
             lost=draw(st.booleans()),
         )
         for i in range(n)
