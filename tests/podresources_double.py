@@ -100,7 +100,9 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
                     api_pb2.ContainerResources(
                         name=c["name"],
                         devices=[
-                            api_pb2.ContainerDevices(resource_name=d["resource"], device_ids=d["ids"])
+                            api_pb2.ContainerDevices(
+                                resource_name=d["resource"], device_ids=d["ids"]
+                            )
                             for d in c.get("devices", [])
                         ],
                     )
@@ -115,7 +117,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
 
 
 class PodResourcesDouble:
-    """A PodResources server double on `socket`; `start()`/`stop()` as often as a kubelet restarts."""
+    """A PodResources server double on `socket`: `start()`, `stop()`, as a kubelet restarts."""
 
     def __init__(self, socket: Path, state: State | None = None) -> None:
         self.socket = socket

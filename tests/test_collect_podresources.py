@@ -317,9 +317,11 @@ def test_a_call_that_gets_no_answer_times_out(
 ) -> None:
     serve_whole_gpus(kubelet, topology, held=[])
     kubelet.hang.add("List")
-    with PodResourcesReader(kubelet.socket, timeout_s=0.2) as reader:
-        with pytest.raises(PodResourcesError) as caught:
-            reader.allocated(topology)
+    with (
+        PodResourcesReader(kubelet.socket, timeout_s=0.2) as reader,
+        pytest.raises(PodResourcesError) as caught,
+    ):
+        reader.allocated(topology)
     assert (caught.value.reason, caught.value.method) == ("timeout", "List")
 
 
@@ -328,26 +330,32 @@ def test_an_answer_over_the_message_limit_is_refused_not_read(
 ) -> None:
     serve_whole_gpus(kubelet, topology, held=[])
     kubelet.padding = 64 * 1024
-    with PodResourcesReader(kubelet.socket, max_message_bytes=32 * 1024) as reader:
-        with pytest.raises(PodResourcesError) as caught:
-            reader.allocated(topology)
+    with (
+        PodResourcesReader(kubelet.socket, max_message_bytes=32 * 1024) as reader,
+        pytest.raises(PodResourcesError) as caught,
+    ):
+        reader.allocated(topology)
     assert (caught.value.reason, caught.value.method) == ("too_large", "List")
 
 
 def test_a_missing_socket_is_an_error_naming_the_mount(
     socket_dir: Path, topology: Topology
 ) -> None:
-    with PodResourcesReader(socket_dir / "kubelet.sock") as reader:
-        with pytest.raises(PodResourcesError, match="availability.enabled") as caught:
-            reader.allocated(topology)
+    with (
+        PodResourcesReader(socket_dir / "kubelet.sock") as reader,
+        pytest.raises(PodResourcesError, match=r"availability\.enabled") as caught,
+    ):
+        reader.allocated(topology)
     assert caught.value.reason == "missing"
 
 
 def test_a_file_that_is_not_a_socket_is_an_error(socket_dir: Path, topology: Topology) -> None:
     (socket_dir / "kubelet.sock").write_text("not a socket")
-    with PodResourcesReader(socket_dir / "kubelet.sock") as reader:
-        with pytest.raises(PodResourcesError, match="not a socket"):
-            reader.allocated(topology)
+    with (
+        PodResourcesReader(socket_dir / "kubelet.sock") as reader,
+        pytest.raises(PodResourcesError, match="not a socket"),
+    ):
+        reader.allocated(topology)
 
 
 def test_a_socket_that_disappears_and_comes_back_is_read_again(

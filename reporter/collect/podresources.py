@@ -25,7 +25,8 @@ a GPU from the free set silently.
   `PodResourcesError`: the caller keeps the last good view rather than publishing a guess.
 
 The socket's directory is mounted, not the socket: the kubelet replaces the socket when it restarts.
-The channel is dropped after any failed call, so the next read connects to the new socket.
+gRPC reconnects a channel whose server went away (tested with a kubelet killed and restarted);
+the channel is also dropped after any failed call, so the next read starts afresh.
 
 This module is the only one that imports `grpc`; it never writes anything.
 """
@@ -211,25 +212,15 @@ class PodResourcesReader:
             except PodResourcesError as e:
                 self._failed(e)
                 raise
-        if self._last_failure is not None:
-            log.info("podresources_recovered", previous=self._last_failure)
-            self._last_failure = None
+            if self._last_failure is not None:
+                log.info("podresources_recovered", previous=self._last_failure)
+                self._last_failure = None
         return view
 
     # --- the calls -----------------------------------------------------------------------------
 
     def _read(self) -> _Answer:
         self._check_socket()
-        reused = self._channel is not None
-        try:
-            return self._calls()
-        except PodResourcesError as e:
-            if not (reused and e.reason == "unavailable"):
-                raise
-        # A connection from before a kubelet restart fails once; the socket is back: try anew.
-        return self._calls()
-
-    def _calls(self) -> _Answer:
         stub = self._connect()
         allocatable: api_pb2.AllocatableResourcesResponse = self._call(
             "GetAllocatableResources",
