@@ -8,6 +8,7 @@ hang, throttle, answer too much, and vanish.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from reporter.collect.nvml import NvmlCollector
@@ -23,6 +26,7 @@ from reporter.collect.podresources import (
     AllocationView,
     PodResourcesError,
     PodResourcesReader,
+    allocation_view,
     device_key,
 )
 from reporter.collect.simulate.fake_nvml import FakeNvml
@@ -272,6 +276,66 @@ def test_a_topology_without_uuids_says_availability_needs_nvml(
     with pytest.raises(PodResourcesError, match="needs the NVML source") as caught:
         reader.allocated(dataclasses.replace(topology, gpus=anonymous))
     assert caught.value.reason == "unmatched"
+
+
+@functools.cache
+def mixed_topology() -> Topology:
+    """The DGX A100 with MIG devices on GPUs 2 (three) and 6 (two), built once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return a100_topology(Path(tmp), mig={2: 3, 6: 2})
+
+
+def ids_of(topology: Topology, gpu: int) -> list[str]:
+    """Every ID a plugin may advertise for one GPU: the UUID, replicas, MIG devices, spelled
+    in either case."""
+    g = topology.gpus[gpu]
+    uuid = str(g.uuid)
+    return [
+        uuid,
+        uuid.upper(),
+        f"{uuid}::0",
+        f"{uuid}::3",
+        *g.mig_devices,
+        *(f"{m}::1" for m in g.mig_devices),
+    ]
+
+
+strangers = st.lists(
+    st.sampled_from(["GPU-elsewhere", "MIG-elsewhere", "0", "GPU-x::1", "MIG-GPU-y/1/0", ""]),
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    offered=st.frozensets(st.integers(0, 7), min_size=1),
+    held=st.frozensets(st.integers(0, 7)),
+    choice=st.integers(0, 100),
+    unknown_offered=strangers,
+    unknown_held=strangers,
+)
+def test_free_is_offered_minus_held_whatever_the_id_forms_and_strangers(
+    offered: frozenset[int],
+    held: frozenset[int],
+    choice: int,
+    unknown_offered: list[str],
+    unknown_held: list[str],
+) -> None:
+    topology = mixed_topology()
+
+    def some_id(gpu: int) -> str:
+        forms = ids_of(topology, gpu)
+        return forms[(choice + gpu) % len(forms)]
+
+    view = allocation_view(
+        topology,
+        [some_id(g) for g in sorted(offered)] + unknown_offered,
+        [some_id(g) for g in sorted(held)] + unknown_held,
+    )
+    assert view.free == tuple(sorted(offered - held))
+    assert view.allocated == held
+    assert view.unhealthy == tuple(sorted(set(range(8)) - offered))
+    assert view.unknown_ids == len(set(unknown_offered) | set(unknown_held))
 
 
 # --- faults -------------------------------------------------------------------------------------

@@ -134,6 +134,53 @@ def device_key(device_id: str) -> str:
     return base.lower()
 
 
+def allocation_view(
+    topology: Topology, offered: Iterable[str], held: Iterable[str]
+) -> AllocationView:
+    """The view of `topology` given the device IDs the kubelet offers and those containers hold.
+
+    Pure: the reader passes the IDs of the managed resources. Raises PodResourcesError
+    (`unmatched`) when IDs are offered but none is a GPU of the topology.
+    """
+    keys = device_gpu_keys(topology)
+    unknown: set[str] = set()
+
+    def gpus(ids: Iterable[str]) -> set[int]:
+        found: set[int] = set()
+        for device_id in ids:
+            index = keys.get(device_key(device_id))
+            if index is None:
+                unknown.add(device_id)
+            else:
+                found.add(index)
+        return found
+
+    offered_ids = list(offered)
+    allocatable = gpus(offered_ids)
+    if offered_ids and not allocatable and topology.gpus:
+        hint = (
+            "the topology has no GPU UUIDs (availability needs the NVML source)"
+            if not keys
+            else "are they another vendor's, or is this node's topology stale?"
+        )
+        raise PodResourcesError(
+            f"none of the {len(offered_ids)} devices the kubelet offers is a GPU of this "
+            f"node's topology: {hint}",
+            reason="unmatched",
+            method="GetAllocatableResources",
+        )
+    allocated = gpus(held)
+    lost = frozenset(g.index for g in topology.gpus if g.lost)
+    return AllocationView(
+        allocatable=frozenset(allocatable),
+        allocated=frozenset(allocated),
+        unhealthy=tuple(g.index for g in topology.gpus if g.index not in allocatable | lost),
+        unknown_ids=len(unknown),
+        unknown_examples=tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES]),
+        lost=lost,
+    )
+
+
 class PodResourcesReader:
     """Reads which GPUs are allocated from the kubelet's PodResources socket; reconnects itself.
 
@@ -290,67 +337,33 @@ class PodResourcesReader:
         allocatable: api_pb2.AllocatableResourcesResponse,
         listed: api_pb2.ListPodResourcesResponse,
     ) -> AllocationView:
-        keys = device_gpu_keys(topology)
-        unknown: set[str] = set()
-
-        def gpus(ids: Iterable[str]) -> set[int]:
-            found: set[int] = set()
-            for device_id in ids:
-                index = keys.get(device_key(device_id))
-                if index is None:
-                    unknown.add(device_id)
-                else:
-                    found.add(index)
-            return found
-
-        offered_ids = list(self._managed_ids(allocatable.devices))
-        if not offered_ids:
+        offered = list(self._managed_ids(allocatable.devices))
+        if not offered:
             raise PodResourcesError(
                 f"the kubelet offers no device named {', '.join(self.resources)}: is the device "
-                "plugin running, and do these names match its resources (--podresources-resource)?",
+                "plugin running, and do these names match the resources it advertises?",
                 reason="no_devices",
                 method="GetAllocatableResources",
             )
-        offered = gpus(offered_ids)
-        if not offered and topology.gpus:
-            hint = (
-                "the topology has no GPU UUIDs (availability needs the NVML source)"
-                if not keys
-                else "are they another vendor's, or this node's topology stale?"
-            )
-            raise PodResourcesError(
-                f"none of the {len(offered_ids)} devices the kubelet offers is a GPU of this "
-                f"node's topology: {hint}",
-                reason="unmatched",
-                method="GetAllocatableResources",
-            )
-        held = gpus(
+        held = (
             device_id
             for pod in listed.pod_resources
             for container in pod.containers
             for device_id in self._managed_ids(container.devices)
         )
-        lost = frozenset(g.index for g in topology.gpus if g.lost)
-        unhealthy = tuple(g.index for g in topology.gpus if g.index not in offered | lost)
-        examples = tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES])
-        self._note(examples, len(unknown), unhealthy)
-        return AllocationView(
-            allocatable=frozenset(offered),
-            allocated=frozenset(held),
-            unhealthy=unhealthy,
-            unknown_ids=len(unknown),
-            unknown_examples=examples,
-            lost=lost,
-        )
+        view = allocation_view(topology, offered, held)
+        self._note(view)
+        return view
 
     # --- logs, once per change -------------------------------------------------------------------
 
-    def _note(self, examples: tuple[str, ...], unknown: int, unhealthy: tuple[int, ...]) -> None:
+    def _note(self, view: AllocationView) -> None:
+        examples, unhealthy = view.unknown_examples, view.unhealthy
         if examples != self._last_unknown:
-            if unknown:
+            if view.unknown_ids:
                 log.warning(
                     "podresources_unknown_devices",
-                    count=unknown,
+                    count=view.unknown_ids,
                     examples=list(examples),
                     hint="these IDs match no GPU UUID or MIG UUID of the topology; no GPU changed",
                 )
