@@ -286,8 +286,7 @@ def mixed_topology() -> Topology:
 
 
 def ids_of(topology: Topology, gpu: int) -> list[str]:
-    """Every ID a plugin may advertise for one GPU: the UUID, replicas, MIG devices, spelled
-    in either case."""
+    """Every ID a plugin may advertise for one GPU: UUID (either case), replicas, MIG devices."""
     g = topology.gpus[gpu]
     uuid = str(g.uuid)
     return [
