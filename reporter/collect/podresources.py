@@ -301,12 +301,8 @@ class PodResourcesReader:
 
     def _connect(self) -> Any:
         if self._channel is None:
-            options = [
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", 4 * 1024),
-                ("grpc.enable_retries", 0),
-                ("grpc.enable_http_proxy", 0),
-            ]
+            # A larger answer fails the call (too_large) before it is read into memory.
+            options = [("grpc.max_receive_message_length", self.max_message_bytes)]
             self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=options)
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
