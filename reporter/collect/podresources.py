@@ -66,21 +66,13 @@ _MAX_DETAIL = 200
 
 _Answer = tuple[api_pb2.AllocatableResourcesResponse, api_pb2.ListPodResourcesResponse]
 
-REASONS = (
-    "missing",
-    "unavailable",
-    "timeout",
-    "throttled",
-    "too_large",
-    "refused",
-    "no_devices",
-    "unmatched",
-)
-"""Why a read failed: a closed vocabulary, for metrics labels."""
-
 
 class PodResourcesError(CollectError):
-    """A read of the PodResources API failed; the caller keeps its last good view."""
+    """A read of the PodResources API failed; the caller keeps its last good view.
+
+    `reason` is a closed vocabulary, for metrics labels: `missing`, `unavailable`, `timeout`,
+    `throttled`, `too_large`, `refused`, `no_devices`, `unmatched`. `method` names the call.
+    """
 
     def __init__(self, message: str, *, reason: str, method: str | None = None) -> None:
         self.reason = reason
@@ -385,7 +377,7 @@ class PodResourcesReader:
 
 
 def _rpc_error(method: str, error: grpc.RpcError, socket: Path) -> PodResourcesError:
-    """One clear error for a failed call, with a reason from `REASONS`."""
+    """One clear error for a failed call, with its reason."""
     code = error.code() if isinstance(error, grpc.Call) else None
     detail = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
     detail = " ".join(detail.split())[:_MAX_DETAIL]
