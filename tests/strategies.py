@@ -90,6 +90,9 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topolo
             clique=draw(
                 st.none() | st.tuples(uuids, st.integers(0, 9)).map(lambda c: f"{c[0][4:]}.{c[1]}")
             ),
+            mig_devices=tuple(
+                draw(st.lists(uuids.map(lambda u: f"MIG-{u[4:]}"), max_size=3, unique=True))
+            ),
             lost=draw(st.booleans()),
         )
         for i in range(n)

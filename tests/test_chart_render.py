@@ -51,6 +51,7 @@ RENDERS = {
     "every option on, 1.30": (ALL_ON, (VAP_API,), KUBE_1_30),
     "every option on, newest": (ALL_ON, (VAP_API,), NEWEST),
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
+    "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
 }
 
 
@@ -329,6 +330,48 @@ def test_kubelet_config_disabled_mounts_nothing_and_sets_nothing() -> None:
     assert all(v["name"] != "kubelet-config" for v in pod["volumes"])
     assert all(m["name"] != "kubelet-config" for m in container(rendered)["volumeMounts"])
     assert "TOPO_REPORTER_KUBELET_CONFIG" not in env(rendered)
+
+
+def test_availability_mounts_the_pod_resources_directory_read_only_and_runs_as_root() -> None:
+    rendered = render({"availability": {"enabled": True}})
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    # The directory, not the socket: the kubelet replaces the socket when it restarts.
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    mount = next(m for m in container(rendered)["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    sc = container(rendered)["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (0, 0, False)
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+
+
+def test_availability_off_mounts_no_pod_resources_and_stays_non_root(default: Rendered) -> None:
+    pod = default.one("DaemonSet")["spec"]["template"]["spec"]
+    assert all(v["name"] != "pod-resources" for v in pod["volumes"])
+    assert all(m["name"] != "pod-resources" for m in container(default)["volumeMounts"])
+    sc = container(default)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert "runAsUser" not in sc
+
+
+def test_availability_reads_the_kubelet_root_the_values_name() -> None:
+    rendered = render(
+        {
+            "availability": {
+                "enabled": True,
+                "podResourcesHostPath": "/var/lib/k0s/kubelet/pod-resources",
+            }
+        }
+    )
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    assert volume["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
 
 
 def test_nvml_comes_through_the_nvidia_runtime_without_privilege(default: Rendered) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from structlog.testing import capture_logs
 
 from reporter.collect import CollectorScanner, SourceState
 from reporter.collect.nvml import NvmlCollector
 from reporter.collect.simulate import fake_nvml as fake
 from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
-from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.machine import Machine, load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from reporter.errors import CollectError, NvmlUnavailable
+from reporter.errors import CollectError, ConfigError, NvmlUnavailable
 from reporter.hostfs import DirHostFS
 from reporter.schema.model import Source, Topology
 
@@ -276,3 +277,48 @@ def test_a_node_without_nvidia_gpus_and_without_nvml_is_no_data(tmp_path: Path) 
     assert result.topology is None
     assert [s.state for s in result.sources] == [SourceState.NO_DATA, SourceState.NO_DATA]
     assert not result.degraded
+
+
+def _mig_machine(tmp_path: Path, spec: dict[str, object]) -> Machine:
+    data = yaml.safe_load(
+        (
+            Path(__file__).resolve().parent.parent
+            / "reporter/collect/simulate/profiles/dgx-a100.yaml"
+        ).read_text(encoding="utf-8")
+    )
+    data["gpus"] = [{"index": 1, **spec}]
+    path = tmp_path / "mig.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_machine(str(path))
+
+
+def test_a_mig_gpu_lists_its_mig_device_uuids_and_the_others_none(tmp_path: Path) -> None:
+    machine = _mig_machine(tmp_path, {"mig": True, "mig_devices": 3})
+    topology = NvmlCollector(FakeNvml(machine), memory_hostfs(machine)).collect()
+    assert topology is not None
+    assert topology.gpus[1].mig is True
+    assert topology.gpus[1].mig_devices == machine.gpus[1].mig_devices
+    assert len(set(topology.gpus[1].mig_devices)) == 3
+    assert all(d.startswith("MIG-") for d in topology.gpus[1].mig_devices)
+    assert [g.mig_devices for g in topology.gpus if g.index != 1] == [()] * 7
+
+
+def test_a_mig_gpu_without_mig_devices_yet_lists_none(tmp_path: Path) -> None:
+    machine = _mig_machine(tmp_path, {"mig": True})
+    nvml = FakeNvml(machine)
+    topology = NvmlCollector(nvml, memory_hostfs(machine)).collect()
+    assert topology is not None
+    assert topology.gpus[1].mig_devices == ()
+    assert nvml.calls.count("nvmlDeviceGetMigDeviceHandleByIndex") == 7
+
+
+def test_a_failing_mig_walk_fails_the_source_with_one_line(tmp_path: Path) -> None:
+    machine = _mig_machine(tmp_path, {"mig": True, "mig_devices": 2})
+    faults = Faults(calls={("nvmlDeviceGetMigDeviceHandleByIndex", 1): fake.NVML_ERROR_UNKNOWN})
+    with pytest.raises(CollectError, match=r"GetMigDeviceHandleByIndex.*GPU 1"):
+        NvmlCollector(FakeNvml(machine, faults), memory_hostfs(machine)).collect()
+
+
+def test_a_profile_with_mig_devices_but_mig_off_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mig_devices but not mig: true"):
+        _mig_machine(tmp_path, {"mig": False, "mig_devices": 2})

@@ -38,6 +38,17 @@ CASES = [
     ("a NIC gone", topology(nics=("mlx5_0",)), ("mlx5_1 gone",)),
     ("a NIC added", topology(nics=("mlx5_0", "mlx5_1", "mlx5_2")), ("mlx5_2 added",)),
     ("a driver upgrade", replace(BASE, driver="560.35.03"), ("driver 550.54.15 → 560.35.03",)),
+    (
+        "MIG devices created on a GPU, which moves what the device plugin hands out",
+        replace(
+            BASE,
+            gpus=tuple(
+                replace(g, mig=True, mig_devices=("MIG-a", "MIG-b")) if g.index == 2 else g
+                for g in BASE.gpus
+            ),
+        ),
+        ("GPU2 MIG on", "GPU2 MIG devices 0 → 2"),
+    ),
 ]
 
 

@@ -39,6 +39,8 @@ _NVSWITCH_CLASS = 0x0680
 # it for 4096 CPUs (or NUMA nodes), more than any machine we know.
 _FALLBACK_WORDS = 64
 _WORD_BITS = 64
+# NVML has no more than seven MIG devices per GPU today; the bound keeps a bad answer finite.
+_MAX_MIG_SLOTS = 64
 
 _INIT_HINT = (
     "check that the NVIDIA driver is loaded on the node (nvidia-smi works there), that the pod "
@@ -192,7 +194,34 @@ class NvmlCollector:
             mig=mig,
             gpu_numa=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
             clique=self._clique(index, handle),
+            mig_devices=self._mig_devices(index, handle) if mig else (),
         )
+
+    def _mig_devices(self, index: int, handle: Any) -> tuple[str, ...]:
+        """UUIDs of the MIG devices on a MIG-enabled GPU, the IDs device plugins advertise.
+
+        A MIG UUID (`MIG-<uuid>` since R470) does not name its parent, so the parent is recorded
+        here, where NVML still knows it. Empty slots answer NotFound.
+        """
+        n = self._nvml
+        count = self._call(index, "nvmlDeviceGetMaxMigDeviceCount", handle)
+        found: list[str] = []
+        for slot in range(min(int(count or 0), _MAX_MIG_SLOTS)):
+            try:
+                mig = n.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except n.NVMLError_NotFound:
+                continue
+            except n.NVMLError_GpuIsLost as e:
+                raise _GpuLostError("nvmlDeviceGetMigDeviceHandleByIndex") from e
+            except n.NVMLError as e:
+                raise CollectError(
+                    f"NVML nvmlDeviceGetMigDeviceHandleByIndex (slot {slot}) on GPU {index} "
+                    f"failed: {e}"
+                ) from e
+            uuid_ = self._call(index, "nvmlDeviceGetUUID", mig)
+            if uuid_ is not None:
+                found.append(str(uuid_))
+        return tuple(found)
 
     def _sysfs(self, pci: str | None, name: str, parse: Callable[[str], T]) -> T | None:
         """A PCI device's sysfs attribute, or None where it is absent or does not parse."""

@@ -96,6 +96,8 @@ def _gpu_document(gpu: Gpu) -> dict[str, Any]:
         doc["gpu_numa"] = gpu.gpu_numa
     if gpu.clique is not None:
         doc["clique"] = gpu.clique
+    if gpu.mig_devices:
+        doc["mig_devices"] = list(gpu.mig_devices)
     if gpu.lost:
         doc["lost"] = True
     return doc
@@ -246,6 +248,7 @@ def _gpu(doc: dict[str, Any], i: int) -> Gpu:
         mig=doc["mig"],
         gpu_numa=doc.get("gpu_numa"),
         clique=doc.get("clique"),
+        mig_devices=tuple(doc.get("mig_devices", ())),
         lost=doc.get("lost", False),
     )
 

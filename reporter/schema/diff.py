@@ -82,6 +82,10 @@ def changes(old: Topology, new: Topology) -> tuple[str, ...]:
             lines.append(f"GPU{gpu.index} NUMA {_numa(before)} → {_numa(gpu)}")
         if before.mig != gpu.mig:
             lines.append(f"GPU{gpu.index} MIG {'on' if gpu.mig else 'off'}")
+        if before.mig_devices != gpu.mig_devices:
+            lines.append(
+                f"GPU{gpu.index} MIG devices {len(before.mig_devices)} → {len(gpu.mig_devices)}"
+            )
         if before.model != gpu.model:
             lines.append(f"GPU{gpu.index} model {before.model} → {gpu.model}")
     lines.extend(f"GPU{gpu.index} added" for gpu in sorted(added, key=lambda g: g.index))

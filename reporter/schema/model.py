@@ -41,6 +41,9 @@ class Gpu:
     """The NUMA node that is the GPU's own memory (coherent Grace systems)."""
     clique: str | None = None
     """Multi-node NVLink fabric membership, `<clusterUuid>.<cliqueId>`."""
+    mig_devices: tuple[str, ...] = ()
+    """UUIDs (`MIG-…`) of the MIG devices carved from this GPU: the IDs a device plugin hands out
+    under MIG, which say nothing of their parent themselves."""
     lost: bool = False
     """NVML reported the GPU lost (fallen off the bus): published deliberately."""
 

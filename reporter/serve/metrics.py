@@ -6,11 +6,17 @@ kinds, link types, source names), never node or GPU identifiers, so cardinality 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reporter.collect import ScanResult, SourceState
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.schema.model import LinkKind, Topology
+
+if TYPE_CHECKING:
+    # Types only: importing the reader loads grpc, which an agent without availability never needs.
+    from reporter.collect.podresources import AllocationView, PodResourcesError
 
 
 def api_error_kind(error: PublishError) -> str:
@@ -80,6 +86,38 @@ class Metrics:
             ["source"],
             registry=r,
         )
+
+        self.podresources_reads = Counter(
+            "topo_reporter_podresources_reads",
+            "Reads of the kubelet's PodResources API by result: ok, or why it failed (missing, "
+            "unavailable, timeout, throttled, too_large, refused, no_devices, unmatched).",
+            ["result"],
+            registry=r,
+        )
+        self.podresources_gpus = Gauge(
+            "topo_reporter_podresources_gpus",
+            "GPUs by state in the last good PodResources read: free, allocated, unhealthy "
+            "(not offered by the kubelet).",
+            ["state"],
+            registry=r,
+        )
+        self.podresources_unknown = Gauge(
+            "topo_reporter_podresources_unknown_devices",
+            "Device IDs of a managed resource matching no GPU, in the last good read.",
+            registry=r,
+        )
+
+    def podresources_read(self, view: AllocationView) -> None:
+        """A good PodResources read: count it and show what it saw."""
+        self.podresources_reads.labels(result="ok").inc()
+        self.podresources_gpus.labels(state="free").set(len(view.free))
+        self.podresources_gpus.labels(state="allocated").set(len(view.allocated))
+        self.podresources_gpus.labels(state="unhealthy").set(len(view.unhealthy))
+        self.podresources_unknown.set(view.unknown_ids)
+
+    def podresources_failed(self, error: PodResourcesError) -> None:
+        """A failed read: the gauges keep the last good read, as the published value does."""
+        self.podresources_reads.labels(result=error.reason).inc()
 
     def scanned(self, result: ScanResult, duration_s: float) -> None:
         self.scan_duration.observe(duration_s)

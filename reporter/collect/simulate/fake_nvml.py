@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from reporter.collect.simulate.machine import Machine, PciFunction
+from reporter.collect.simulate.machine import MAX_MIG_DEVICES, Machine, PciFunction
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -195,6 +195,17 @@ class FakeHandle:
     index: int
 
 
+@dataclass(frozen=True)
+class FakeMigHandle:
+    """What `nvmlDeviceGetMigDeviceHandleByIndex` returns: the parent GPU's index and the slot.
+
+    It carries the parent's `index`, so a fault on the parent (lost, a failing call) hits it too.
+    """
+
+    index: int
+    slot: int
+
+
 def _nvml_bus_id(address: str) -> bytes:
     """NVML's spelling of a PCI address: 8-digit domain, upper case (`00000000:B7:00.0`)."""
     domain, bus, rest = address.split(":")
@@ -319,9 +330,12 @@ class FakeNvml:
         self._enter("nvmlDeviceGetHandleByIndex", handle)
         return handle
 
-    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:  # noqa: N802
-        self._enter("nvmlDeviceGetUUID", handle)
-        return str(self._gpu(handle)[0].uuid)
+    def nvmlDeviceGetUUID(self, handle: FakeHandle | FakeMigHandle) -> str:  # noqa: N802
+        self._enter("nvmlDeviceGetUUID", FakeHandle(handle.index))
+        gpu = self.machine.gpus[handle.index]
+        if isinstance(handle, FakeMigHandle):
+            return str(gpu.mig_devices[handle.slot])
+        return str(gpu.uuid)
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str:  # noqa: N802
         self._enter("nvmlDeviceGetName", handle)
@@ -343,6 +357,22 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         mode = NVML_DEVICE_MIG_ENABLE if mig else NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+        mig = self._gpu(handle)[0].mig
+        if mig is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return MAX_MIG_DEVICES if mig else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeHandle, index: int) -> FakeMigHandle:  # noqa: N802
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        gpu = self._gpu(device)[0]
+        if not gpu.mig or not 0 <= index < MAX_MIG_DEVICES:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig_devices):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)  # an empty slot, as NVML says for it
+        return FakeMigHandle(device.index, index)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeHandle, device2: FakeHandle) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetTopologyCommonAncestor", device1)

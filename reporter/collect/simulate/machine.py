@@ -27,6 +27,8 @@ from reporter.inputs import read_bounded
 PROFILE_SUFFIX = ".yaml"
 # The largest shipped profile is 3 KiB; a hand-written one is a few more.
 MAX_PROFILE_BYTES = 1024 * 1024
+# An A100 or H100 splits into at most seven MIG devices; NVML's GetMaxMigDeviceCount says 7.
+MAX_MIG_DEVICES = 7
 
 # PCI ids used for the devices a profile names; vendors matter (the sysfs collector filters on
 # them), device ids only make the tree look like a real one.
@@ -100,6 +102,8 @@ class GpuSpec:
     nvlinks: tuple[NvlinkEnd, ...]
     clique: tuple[str, int] | None
     """Fabric (cluster UUID, clique id) for multi-node NVLink systems."""
+    mig_devices: tuple[str, ...] = ()
+    """UUIDs of the MIG devices created on the GPU (profile `mig_devices: N`, with `mig: true`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +238,7 @@ def _build(name: str, data: Any) -> Machine:
                 clique=None
                 if fabric is None
                 else (str(fabric["cluster_uuid"]), int(fabric["clique"])),
+                mig_devices=_mig_devices(name, f.gpu, spec),
             )
         )
     return Machine(
@@ -245,6 +250,19 @@ def _build(name: str, data: Any) -> Machine:
         functions=functions,
         gpus=tuple(gpus),
         nvswitches=nvswitches,
+    )
+
+
+def _mig_devices(name: str, gpu: int, spec: dict[str, Any]) -> tuple[str, ...]:
+    """Stable UUIDs for the `mig_devices` MIG devices a profile asks for on one GPU."""
+    count = int(spec.get("mig_devices", 0))
+    if count and not spec.get("mig"):
+        raise ValueError(f"GPU {gpu} has mig_devices but not mig: true")
+    if not 0 <= count <= MAX_MIG_DEVICES:
+        raise ValueError(f"GPU {gpu}: mig_devices must be 0..{MAX_MIG_DEVICES}")
+    return tuple(
+        f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'topo-reporter/{name}/{gpu}/mig/{k}')}"
+        for k in range(count)
     )
 
 

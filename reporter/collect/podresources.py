@@ -1,0 +1,407 @@
+"""The kubelet's PodResources v1 API: which of this node's GPUs containers hold right now.
+
+One read asks the kubelet, over its unix socket, `GetAllocatableResources` (the healthy devices it
+offers) and then `List` (the device IDs each container holds), keeps the devices of the managed
+resource names, and maps every device ID to a GPU index of the topology through UUIDs:
+
+- `GPU-<uuid>`: a whole GPU (NVIDIA's device plugin advertises GPU UUIDs whatever its
+  `--device-id-strategy`, which changes only what the container runtime is told);
+- `GPU-<uuid>::<n>`: replica n of a shared GPU (time-slicing, MPS): the GPU itself;
+- `MIG-<uuid>`: a MIG device; its parent comes from the topology, which records each GPU's MIG
+  device UUIDs (NVML knows the parent, the UUID does not say it);
+- `MIG-GPU-<uuid>/<gi>/<ci>`: the MIG UUID of drivers before R470, which names its parent.
+
+A GPU is *free* when the kubelet offers it (at least one of its devices is allocatable, so healthy),
+no container holds any of its devices, and NVML has not reported it lost. Everything else that can
+go wrong has one rule: it is logged and counted, it never crashes the agent, and it never removes
+a GPU from the free set silently.
+
+- An ID that maps to no GPU is counted in `unknown_ids` and logged when the set changes; it changes
+  no GPU's state.
+- A GPU the kubelet does not offer (an unhealthy device, or one its plugin does not advertise
+  under a managed name) is not free, and is listed in `unhealthy`, logged when that set changes.
+- A failed call, a missing socket, a kubelet offering no managed device at all, or offering only
+  devices that match no GPU (a wrong resource name, a topology without UUIDs) raises
+  `PodResourcesError`: the caller keeps the last good view rather than publishing a guess.
+
+The socket's directory is mounted, not the socket: the kubelet replaces the socket when it restarts.
+gRPC reconnects a channel whose server went away (tested with a kubelet killed and restarted);
+the channel is also dropped after any failed call, so the next read starts afresh.
+
+This module is the only one that imports `grpc`; it never writes anything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+import structlog
+
+from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
+from reporter.errors import CollectError, ConfigError
+from reporter.schema.model import Topology
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+"""NVIDIA's whole GPUs, its shared-GPU name (`renameByDefault`), and its MIG names (`mixed`)."""
+DEFAULT_TIMEOUT_S = 10.0
+# The kubelet's own e2e clients and NFD use 16 MiB; a larger answer is refused, not read.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# sun_path holds 108 bytes with the terminating NUL.
+_MAX_SOCKET_PATH = 107
+_MAX_RESOURCE_PATTERNS = 32
+_MAX_EXAMPLES = 8
+_MAX_DETAIL = 200
+
+_Answer = tuple[api_pb2.AllocatableResourcesResponse, api_pb2.ListPodResourcesResponse]
+
+
+class PodResourcesError(CollectError):
+    """A read of the PodResources API failed; the caller keeps its last good view.
+
+    `reason` is a closed vocabulary, for metrics labels: `missing`, `unavailable`, `timeout`,
+    `throttled`, `too_large`, `refused`, `no_devices`, `unmatched`. `method` names the call.
+    """
+
+    def __init__(self, message: str, *, reason: str, method: str | None = None) -> None:
+        self.reason = reason
+        self.method = method
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationView:
+    """What the kubelet says of this node's GPUs, by GPU index."""
+
+    allocatable: frozenset[int]
+    """GPUs the kubelet offers: at least one of their devices is allocatable (healthy)."""
+    allocated: frozenset[int]
+    """GPUs of which some container holds at least one device (whole, replica or MIG)."""
+    unhealthy: tuple[int, ...]
+    """GPUs of the topology, not lost, that the kubelet does not offer, ascending."""
+    unknown_ids: int
+    """Distinct device IDs of a managed resource that match no GPU of the topology."""
+    unknown_examples: tuple[str, ...]
+    """A few of them (sorted, at most eight), for logs and `doctor`."""
+    lost: frozenset[int] = frozenset()
+    """GPUs NVML reports lost: never free, whatever the kubelet says."""
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        """Free GPU indexes, ascending: offered, held by no container, not lost."""
+        return tuple(sorted(self.allocatable - self.allocated - self.lost))
+
+
+def device_gpu_keys(topology: Topology) -> dict[str, int]:
+    """Every device ID a plugin may advertise for a GPU (its UUID, its MIG UUIDs) -> GPU index.
+
+    Keys are lower case: UUIDs are hex, and plugins copy NVML's spelling, but case is no identity.
+    """
+    keys: dict[str, int] = {}
+    for gpu in topology.gpus:
+        if gpu.uuid:
+            keys[gpu.uuid.lower()] = gpu.index
+        for mig in gpu.mig_devices:
+            keys[mig.lower()] = gpu.index
+    return keys
+
+
+def device_key(device_id: str) -> str:
+    """The identity a device ID names: replicas (`::n`) stripped, an old MIG UUID's parent."""
+    base = device_id.split("::", 1)[0]
+    if base.startswith("MIG-GPU-"):
+        # Before R470, MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>.
+        base = base[len("MIG-") :].split("/", 1)[0]
+    return base.lower()
+
+
+def allocation_view(
+    topology: Topology, offered: Iterable[str], held: Iterable[str]
+) -> AllocationView:
+    """The view of `topology` given the device IDs the kubelet offers and those containers hold.
+
+    Pure: the reader passes the IDs of the managed resources. Raises PodResourcesError
+    (`unmatched`) when IDs are offered but none is a GPU of the topology.
+    """
+    keys = device_gpu_keys(topology)
+    unknown: set[str] = set()
+
+    def gpus(ids: Iterable[str]) -> set[int]:
+        found: set[int] = set()
+        for device_id in ids:
+            index = keys.get(device_key(device_id))
+            if index is None:
+                unknown.add(device_id)
+            else:
+                found.add(index)
+        return found
+
+    offered_ids = list(offered)
+    allocatable = gpus(offered_ids)
+    if offered_ids and not allocatable and topology.gpus:
+        hint = (
+            "the topology has no GPU UUIDs (availability needs the NVML source)"
+            if not keys
+            else "are they another vendor's, or is this node's topology stale?"
+        )
+        raise PodResourcesError(
+            f"none of the {len(offered_ids)} devices the kubelet offers is a GPU of this "
+            f"node's topology: {hint}",
+            reason="unmatched",
+            method="GetAllocatableResources",
+        )
+    allocated = gpus(held)
+    lost = frozenset(g.index for g in topology.gpus if g.lost)
+    return AllocationView(
+        allocatable=frozenset(allocatable),
+        allocated=frozenset(allocated),
+        unhealthy=tuple(g.index for g in topology.gpus if g.index not in allocatable | lost),
+        unknown_ids=len(unknown),
+        unknown_examples=tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES]),
+        lost=lost,
+    )
+
+
+class PodResourcesReader:
+    """Reads which GPUs are allocated from the kubelet's PodResources socket; reconnects itself.
+
+    Not meant for concurrent readers: calls are serialised by a lock. `close()` (or a `with`
+    block) releases the connection.
+    """
+
+    def __init__(
+        self,
+        socket: Path = DEFAULT_SOCKET,
+        resources: Iterable[str] = DEFAULT_RESOURCES,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        """Raises ConfigError for a socket path too long for a unix socket, or bad resources."""
+        self.socket = socket
+        self.resources = tuple(resources)
+        if len(os.fsencode(socket)) > _MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"PodResources socket path {socket} is longer than {_MAX_SOCKET_PATH} bytes, "
+                "the limit of a unix socket: mount the kubelet's pod-resources directory higher up"
+            )
+        if not self.resources or len(self.resources) > _MAX_RESOURCE_PATTERNS:
+            raise ConfigError(
+                f"give 1 to {_MAX_RESOURCE_PATTERNS} PodResources resource names "
+                f"(got {len(self.resources)}), e.g. nvidia.com/gpu"
+            )
+        for pattern in self.resources:
+            if not pattern or len(pattern) > 253 or any(c.isspace() for c in pattern):
+                raise ConfigError(
+                    f"PodResources resource name {pattern!r} is not a resource name: use names "
+                    "such as nvidia.com/gpu, with * for a family (nvidia.com/mig-*)"
+                )
+        if not timeout_s > 0:
+            raise ConfigError(f"PodResources timeout must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.max_message_bytes = max_message_bytes
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._last_unknown: tuple[str, ...] = ()
+        self._last_unhealthy: tuple[int, ...] = ()
+        self._last_failure: str | None = None
+
+    def __enter__(self) -> PodResourcesReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the connection; the next read opens a new one."""
+        with self._lock:
+            self._drop()
+
+    def manages(self, resource_name: str) -> bool:
+        """Whether devices of `resource_name` are GPUs this reader accounts for."""
+        return any(fnmatch.fnmatchcase(resource_name, p) for p in self.resources)
+
+    def allocated(self, topology: Topology) -> AllocationView:
+        """Which GPUs of `topology` the kubelet offers and containers hold, right now.
+
+        Raises PodResourcesError when the socket is missing, a call fails, or the kubelet's
+        answer cannot say anything about this topology (see the module docstring).
+        """
+        with self._lock:
+            try:
+                allocatable, listed = self._read()
+                view = self._view(topology, allocatable, listed)
+            except PodResourcesError as e:
+                self._failed(e)
+                raise
+            if self._last_failure is not None:
+                log.info("podresources_recovered", previous=self._last_failure)
+                self._last_failure = None
+        return view
+
+    # --- the calls -----------------------------------------------------------------------------
+
+    def _read(self) -> _Answer:
+        self._check_socket()
+        stub = self._connect()
+        allocatable: api_pb2.AllocatableResourcesResponse = self._call(
+            "GetAllocatableResources",
+            lambda: stub.GetAllocatableResources(
+                api_pb2.AllocatableResourcesRequest(), timeout=self.timeout_s
+            ),
+        )
+        listed: api_pb2.ListPodResourcesResponse = self._call(
+            "List", lambda: stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
+        )
+        return allocatable, listed
+
+    def _check_socket(self) -> None:
+        try:
+            mode = os.stat(self.socket).st_mode
+        except OSError as e:
+            self._drop()
+            raise PodResourcesError(
+                f"no PodResources socket at {self.socket} ({e.strerror}): check that the kubelet "
+                "runs and that its pod-resources directory is mounted "
+                "(chart: availability.enabled)",
+                reason="missing",
+            ) from None
+        if not stat.S_ISSOCK(mode):
+            self._drop()
+            raise PodResourcesError(
+                f"{self.socket} is not a socket: point --podresources-socket at the kubelet's "
+                "pod-resources/kubelet.sock",
+                reason="missing",
+            )
+
+    def _connect(self) -> Any:
+        if self._channel is None:
+            # A larger answer fails the call (too_large) before it is read into memory.
+            options = [("grpc.max_receive_message_length", self.max_message_bytes)]
+            self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=options)
+            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    def _drop(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    def _call(self, method: str, call: Any) -> Any:
+        try:
+            return call()
+        except grpc.RpcError as e:
+            self._drop()
+            raise _rpc_error(method, e, self.socket) from None
+
+    # --- the answer ----------------------------------------------------------------------------
+
+    def _managed_ids(self, groups: Iterable[api_pb2.ContainerDevices]) -> Iterator[str]:
+        for group in groups:
+            if self.manages(group.resource_name):
+                yield from group.device_ids
+
+    def _view(
+        self,
+        topology: Topology,
+        allocatable: api_pb2.AllocatableResourcesResponse,
+        listed: api_pb2.ListPodResourcesResponse,
+    ) -> AllocationView:
+        offered = list(self._managed_ids(allocatable.devices))
+        if not offered:
+            raise PodResourcesError(
+                f"the kubelet offers no device named {', '.join(self.resources)}: is the device "
+                "plugin running, and do these names match the resources it advertises?",
+                reason="no_devices",
+                method="GetAllocatableResources",
+            )
+        held = (
+            device_id
+            for pod in listed.pod_resources
+            for container in pod.containers
+            for device_id in self._managed_ids(container.devices)
+        )
+        view = allocation_view(topology, offered, held)
+        self._note(view)
+        return view
+
+    # --- logs, once per change -------------------------------------------------------------------
+
+    def _note(self, view: AllocationView) -> None:
+        examples, unhealthy = view.unknown_examples, view.unhealthy
+        if examples != self._last_unknown:
+            if view.unknown_ids:
+                log.warning(
+                    "podresources_unknown_devices",
+                    count=view.unknown_ids,
+                    examples=list(examples),
+                    hint="these IDs match no GPU UUID or MIG UUID of the topology; no GPU changed",
+                )
+            self._last_unknown = examples
+        if unhealthy != self._last_unhealthy:
+            if unhealthy:
+                log.warning(
+                    "podresources_gpus_not_offered",
+                    gpus=list(unhealthy),
+                    hint="unhealthy, or not advertised under a managed resource name: not free",
+                )
+            self._last_unhealthy = unhealthy
+
+    def _failed(self, error: PodResourcesError) -> None:
+        if error.reason != self._last_failure:
+            log.warning(
+                "podresources_read_failed",
+                reason=error.reason,
+                method=error.method,
+                error=str(error),
+            )
+        self._last_failure = error.reason
+
+
+def _rpc_error(method: str, error: grpc.RpcError, socket: Path) -> PodResourcesError:
+    """One clear error for a failed call, with its reason."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    detail = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    detail = " ".join(detail.split())[:_MAX_DETAIL]
+    name = code.name if code is not None else "UNKNOWN"
+    where = f"PodResources {method} on {socket} failed ({name}: {detail})"
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return PodResourcesError(
+            f"{where}: the kubelet is not answering (restarting?); the next read reconnects",
+            reason="unavailable",
+            method=method,
+        )
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return PodResourcesError(f"{where}: no answer in time", reason="timeout", method=method)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "larger than max" in detail:
+            return PodResourcesError(
+                f"{where}: the answer exceeds the message limit", reason="too_large", method=method
+            )
+        return PodResourcesError(
+            f"{where}: over the kubelet's rate limit (100 per second)",
+            reason="throttled",
+            method=method,
+        )
+    hint = ""
+    if code is grpc.StatusCode.UNIMPLEMENTED or "disabled" in detail:
+        hint = ": GetAllocatableResources needs Kubernetes 1.23 or later (GA in 1.28)"
+    return PodResourcesError(f"{where}{hint}", reason="refused", method=method)
