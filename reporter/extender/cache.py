@@ -1,0 +1,148 @@
+"""The extender's own view of the Nodes: availability by node name, kept current by list + watch.
+
+With `nodeCacheCapable` the scheduler sends node names only; at 5,000 nodes whole Node objects
+would be megabytes per call. The cache decodes each node's availability annotation once, when the
+watch says the node changed (and only when the annotation's text changed), so that a scheduling
+call costs one dictionary lookup per node. A node it has not seen, or whose annotation is missing
+or damaged, reads as None: never filtered, neutral score.
+
+The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
+lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
+errors. It never writes anything.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from reporter.availability import AVAILABILITY_KEY, Availability, decode_availability
+from reporter.errors import PublishError, SchemaError
+from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent, WatchExpired
+
+
+class NodeCache:
+    """Availability by node name, shared between the watch thread and the request threads."""
+
+    def __init__(self, prefix: str) -> None:
+        self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
+        self._lock = threading.Lock()
+        self._text: dict[str, str | None] = {}
+        self._decoded: dict[str, Availability | None] = {}
+        self._synced = threading.Event()
+
+    def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
+        """Take a full list: nodes absent from it are gone."""
+        fresh = {n.name: n.value for n in nodes}
+        with self._lock:
+            decoded = {
+                name: self._decoded[name]
+                if self._text.get(name, ...) == text and name in self._decoded
+                else _decode(text)
+                for name, text in fresh.items()
+            }
+            self._text, self._decoded = fresh, decoded
+        self._synced.set()
+
+    def apply(self, event: WatchEvent) -> None:
+        """Take one watch event; a BOOKMARK changes nothing."""
+        node = event.node
+        if node is None:
+            return
+        with self._lock:
+            if event.type == "DELETED":
+                self._text.pop(node.name, None)
+                self._decoded.pop(node.name, None)
+            elif self._text.get(node.name, ...) != node.value or node.name not in self._decoded:
+                self._text[node.name] = node.value
+                self._decoded[node.name] = _decode(node.value)
+
+    def get(self, name: str) -> Availability | None:
+        """The node's availability; None when unknown, absent or damaged."""
+        return self._decoded.get(name)
+
+    @property
+    def synced(self) -> bool:
+        """True once a full list has been taken."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self._synced.wait(timeout_s)
+
+    def counts(self) -> tuple[int, int]:
+        """(nodes known, nodes whose availability is missing or damaged)."""
+        with self._lock:
+            return len(self._decoded), sum(a is None for a in self._decoded.values())
+
+
+def _decode(text: str | None) -> Availability | None:
+    if text is None:
+        return None
+    try:
+        return decode_availability(text)
+    except SchemaError:
+        # Someone edited it, or another version wrote it: neutral, never a crash.
+        return None
+
+
+class NodeWatcher:
+    """Keeps a NodeCache current: list, then watch from its resourceVersion, relist on 410."""
+
+    def __init__(
+        self,
+        client: NodeWatchClient,
+        cache: NodeCache,
+        *,
+        stop: threading.Event,
+        log: structlog.typing.FilteringBoundLogger,
+        on_error: Callable[[PublishError], None] = lambda e: None,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self._client = client
+        self._cache = cache
+        self._stop = stop
+        self._log = log
+        self._on_error = on_error
+        self._initial_s = backoff_initial_s
+        self._max_s = backoff_max_s
+        self._thread = threading.Thread(target=self.run, name="topo-reporter-watch", daemon=True)
+
+    def start(self) -> NodeWatcher:
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def run(self) -> None:
+        """List and watch until `stop` is set; errors are logged, counted and waited out."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                snapshot = self._client.list_nodes(self._cache.annotation)
+                self._cache.replace(snapshot.nodes)
+                self._log.info("nodes_listed", nodes=len(snapshot.nodes))
+                failures = 0
+                self._watch(snapshot.resource_version)
+            except WatchExpired:
+                self._log.info("watch_expired")
+            except PublishError as e:
+                self._on_error(e)
+                failures += 1
+                # Full jitter, so that replicas restarted together do not relist together.
+                wait = random.uniform(0, min(self._max_s, self._initial_s * 2 ** min(failures, 16)))
+                self._log.warning("watch_failed", error=str(e), wait_s=round(wait, 3))
+                self._stop.wait(wait)
+
+    def _watch(self, resource_version: str) -> None:
+        while not self._stop.is_set():
+            for event in self._client.watch_nodes(
+                self._cache.annotation, resource_version, self._stop
+            ):
+                self._cache.apply(event)
+                resource_version = event.resource_version or resource_version
