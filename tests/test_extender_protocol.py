@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reporter.availability import (
     NEUTRAL_SCORE,
     Availability,
+    can_fit,
     compute_availability,
     encode_availability,
     node_score,
@@ -20,12 +24,15 @@ from reporter.collect import build_scanner
 from reporter.errors import ConfigError
 from reporter.extender.protocol import (
     BadRequestError,
+    NodeRank,
     check_resource_name,
+    encode_priorities,
     filter_answer,
     gpus_requested,
     list_lookup,
     parse_args,
-    prioritize_answer,
+    prioritize_scores,
+    rank,
 )
 from reporter.schema.model import Topology
 
@@ -42,6 +49,15 @@ def profile(name: str) -> Topology:
 
 def availability(name: str, free: tuple[int, ...]) -> Availability:
     return compute_availability(profile(name), free)
+
+
+def ranked(name: str, free: tuple[int, ...]) -> NodeRank:
+    return NodeRank.of(availability(name, free))
+
+
+def prioritize_answer(raw: bytes, lookup: Callable[[str], NodeRank | None]) -> Any:
+    args = parse_args(raw)
+    return json.loads(encode_priorities(args.node_names, prioritize_scores(args, lookup)))
 
 
 def pod(*gpus: int | str, init: tuple[tuple[int, str | None], ...] = ()) -> dict[str, Any]:
@@ -164,9 +180,9 @@ def test_a_malformed_request_is_one_line_naming_the_problem(raw: bytes, reason: 
 
 def test_node_names_form_filters_by_free_gpus_and_answers_with_node_names() -> None:
     cached = {
-        "all-free": availability("dgx-a100", tuple(range(8))),
-        "two-free": availability("dgx-a100", (0, 1)),
-        "damaged": None,
+        "all-free": ranked("dgx-a100", tuple(range(8))),
+        "two-free": ranked("dgx-a100", (0, 1)),
+        "damaged": rank("1;0-3;not/the/format"),
     }
     args = parse_args(body(Pod=pod(4), NodeNames=["all-free", "two-free", "damaged", "unseen"]))
     answer = filter_answer(args, cached.get, GPU)
@@ -201,9 +217,9 @@ def test_prioritize_ranks_by_node_score_and_gives_unreadable_nodes_the_neutral_s
         "pcie-all-free": availability("pcie-8x", tuple(range(8))),
         "too-few": availability("dgx-a100", (0,)),
     }
+    ranks = {name: NodeRank.of(a) for name, a in free.items()}
     names = [*free, "no-annotation"]
-    args = parse_args(body(Pod=pod(2), NodeNames=names))
-    answer = prioritize_answer(args, free.get)
+    answer = prioritize_answer(body(Pod=pod(2), NodeNames=names), ranks.get)
     assert answer == [
         {"Host": "nvswitch-all-free", "Score": node_score(free["nvswitch-all-free"], 2)},
         {"Host": "pcie-all-free", "Score": node_score(free["pcie-all-free"], 2)},
@@ -214,10 +230,10 @@ def test_prioritize_ranks_by_node_score_and_gives_unreadable_nodes_the_neutral_s
 
 
 def test_a_pod_without_gpus_passes_every_node_with_no_opinion() -> None:
-    full = {"busy": availability("dgx-a100", ())}
-    args = parse_args(body(Pod=pod(), NodeNames=["busy", "other"]))
-    assert filter_answer(args, full.get, GPU)["NodeNames"] == ["busy", "other"]
-    assert prioritize_answer(args, full.get) == [
+    full = {"busy": ranked("dgx-a100", ())}
+    raw = body(Pod=pod(), NodeNames=["busy", "other"])
+    assert filter_answer(parse_args(raw), full.get, GPU)["NodeNames"] == ["busy", "other"]
+    assert prioritize_answer(raw, full.get) == [
         {"Host": "busy", "Score": 0},
         {"Host": "other", "Score": 0},
     ]
@@ -238,3 +254,30 @@ def test_resource_names_kubernetes_accepts_are_accepted(name: str) -> None:
 def test_a_resource_name_kubernetes_refuses_is_a_config_error(name: str) -> None:
     with pytest.raises(ConfigError, match="is not a resource name"):
         check_resource_name(name)
+
+
+@given(
+    machine=st.sampled_from(["dgx-a100", "pcie-8x", "dgx-1-v100", "workstation-nvlink-bridge"]),
+    data=st.data(),
+)
+def test_a_node_rank_answers_exactly_as_node_score_and_can_fit(
+    machine: str, data: st.DataObject
+) -> None:
+    n = len(profile(machine).gpus)
+    free = data.draw(st.sets(st.integers(0, n - 1)))
+    a = availability(machine, tuple(sorted(free)))
+    ranked_node = rank(encode_availability(a))
+    assert ranked_node is not None
+    for k in range(1, n + 3):
+        assert ranked_node.fits(k) == can_fit(a, k)
+        assert ranked_node.score(k) == node_score(a, k)
+
+
+@pytest.mark.parametrize(
+    "name", ["plain", 'with"quote', "back\\slash", "ünïcode", "tab\there", "</script>"]
+)
+def test_priorities_are_valid_json_whatever_the_node_names(name: str) -> None:
+    assert json.loads(encode_priorities([name, "b"], [3, 10])) == [
+        {"Host": name, "Score": 3},
+        {"Host": "b", "Score": 10},
+    ]

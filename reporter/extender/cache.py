@@ -19,32 +19,33 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from reporter.availability import AVAILABILITY_KEY, Availability, decode_availability
-from reporter.errors import PublishError, SchemaError
+from reporter.availability import AVAILABILITY_KEY
+from reporter.errors import PublishError
+from reporter.extender.protocol import NodeRank, rank
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent, WatchExpired
 
 
 class NodeCache:
-    """Availability by node name, shared between the watch thread and the request threads."""
+    """Each node's rank by name, shared between the watch thread and the request threads."""
 
     def __init__(self, prefix: str) -> None:
         self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
         self._lock = threading.Lock()
         self._text: dict[str, str | None] = {}
-        self._decoded: dict[str, Availability | None] = {}
+        self._ranks: dict[str, NodeRank | None] = {}
         self._synced = threading.Event()
 
     def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
         """Take a full list: nodes absent from it are gone."""
         fresh = {n.name: n.value for n in nodes}
         with self._lock:
-            decoded = {
-                name: self._decoded[name]
-                if self._text.get(name, ...) == text and name in self._decoded
-                else _decode(text)
+            ranks = {
+                name: self._ranks[name]
+                if self._text.get(name, ...) == text and name in self._ranks
+                else rank(text)
                 for name, text in fresh.items()
             }
-            self._text, self._decoded = fresh, decoded
+            self._text, self._ranks = fresh, ranks
         self._synced.set()
 
     def apply(self, event: WatchEvent) -> None:
@@ -55,37 +56,24 @@ class NodeCache:
         with self._lock:
             if event.type == "DELETED":
                 self._text.pop(node.name, None)
-                self._decoded.pop(node.name, None)
-            elif self._text.get(node.name, ...) != node.value or node.name not in self._decoded:
+                self._ranks.pop(node.name, None)
+            elif self._text.get(node.name, ...) != node.value or node.name not in self._ranks:
                 self._text[node.name] = node.value
-                self._decoded[node.name] = _decode(node.value)
+                self._ranks[node.name] = rank(node.value)
 
-    def get(self, name: str) -> Availability | None:
-        """The node's availability; None when unknown, absent or damaged."""
-        return self._decoded.get(name)
+    def get(self, name: str) -> NodeRank | None:
+        """The node's rank; None when unknown, or its availability is absent or damaged."""
+        return self._ranks.get(name)
 
     @property
     def synced(self) -> bool:
         """True once a full list has been taken."""
         return self._synced.is_set()
 
-    def wait_synced(self, timeout_s: float) -> bool:
-        return self._synced.wait(timeout_s)
-
     def counts(self) -> tuple[int, int]:
         """(nodes known, nodes whose availability is missing or damaged)."""
         with self._lock:
-            return len(self._decoded), sum(a is None for a in self._decoded.values())
-
-
-def _decode(text: str | None) -> Availability | None:
-    if text is None:
-        return None
-    try:
-        return decode_availability(text)
-    except SchemaError:
-        # Someone edited it, or another version wrote it: neutral, never a crash.
-        return None
+            return len(self._ranks), sum(a is None for a in self._ranks.values())
 
 
 class NodeWatcher:

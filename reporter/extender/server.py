@@ -141,7 +141,7 @@ class ExtenderServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def answer(self, verb: str, body: bytes) -> Any:
+    def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
         args = protocol.parse_args(body, self._resource)
         lookup = (
@@ -152,8 +152,9 @@ class ExtenderServer:
         if verb == "filter":
             result = protocol.filter_answer(args, lookup, self._resource)
             self._metrics.filtered.inc(len(result["FailedNodes"]))
-            return result
-        return protocol.prioritize_answer(args, lookup)
+            return json.dumps(result, separators=(",", ":")).encode()
+        scores = protocol.prioritize_scores(args, lookup)
+        return protocol.encode_priorities(args.node_names, scores)
 
     def _get(self, request: BaseHTTPRequestHandler) -> None:
         path = request.path.split("?", 1)[0]
@@ -199,7 +200,7 @@ class ExtenderServer:
             self._metrics.requests.labels(verb=verb, result="bad_request").inc()
             _text(request, 400, str(e))
             return
-        _send(request, 200, json.dumps(answer, separators=(",", ":")).encode(), "application/json")
+        _send(request, 200, answer, "application/json")
         self._metrics.requests.labels(verb=verb, result="ok").inc()
         self._metrics.duration.labels(verb=verb).observe(time.perf_counter() - started)
 
