@@ -9,7 +9,8 @@ a filter call then a prioritize call on the nodes filter kept, for a pod asking 
 from 1, 2, 4, 8); its time runs from sending the filter request to reading the prioritize answer
 (request bodies are encoded beforehand). Two forms: `NodeNames` (nodeCacheCapable: true) and, for
 comparison, the whole `Nodes` list (as the double serves them, about 3 KB each) that a scheduler
-without nodeCacheCapable sends, with fewer cycles (cycles x 100 / N, at least 20). The target is p99 <= 50 ms at 5,000 nodes with nodeCacheCapable.
+without nodeCacheCapable sends, with fewer cycles (cycles x 100 / N, at least 20). The
+target is p99 <= 50 ms at 5,000 nodes with nodeCacheCapable.
 
     python bench/extender.py [--cycles 300] [--sizes 100,1000,5000]
 """
