@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -158,6 +159,8 @@ def main() -> None:
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         rows.extend(measure(n, args.cycles, topologies, rng))
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"Load average at the end (1 / 5 / 15 min, {os.cpu_count()} CPUs): {load}\n")
     print(
         table(
             ["nodes", "request form", "filter body KiB", "p50 ms", "p99 ms", "max ms"],

@@ -260,17 +260,19 @@ def test_a_resource_name_kubernetes_refuses_is_a_config_error(name: str) -> None
     machine=st.sampled_from(["dgx-a100", "pcie-8x", "dgx-1-v100", "workstation-nvlink-bridge"]),
     data=st.data(),
 )
-def test_a_node_rank_answers_exactly_as_node_score_and_can_fit(
+def test_filter_and_prioritize_answer_exactly_as_can_fit_and_node_score(
     machine: str, data: st.DataObject
 ) -> None:
     n = len(profile(machine).gpus)
     free = data.draw(st.sets(st.integers(0, n - 1)))
     a = availability(machine, tuple(sorted(free)))
-    ranked_node = rank(encode_availability(a))
-    assert ranked_node is not None
+    ranks = {"node": rank(encode_availability(a))}
     for k in range(1, n + 3):
-        assert ranked_node.fits(k) == can_fit(a, k)
-        assert ranked_node.score(k) == node_score(a, k)
+        args = parse_args(body(Pod=pod(k), NodeNames=["node"]))
+        assert filter_answer(args, ranks.get, GPU)["NodeNames"] == (
+            ["node"] if can_fit(a, k) else []
+        )
+        assert prioritize_scores(args, ranks.get) == [node_score(a, k)]
 
 
 @pytest.mark.parametrize(

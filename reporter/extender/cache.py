@@ -65,6 +65,14 @@ class NodeCache:
         """The node's rank; None when unknown, or its availability is absent or damaged."""
         return self._ranks.get(name)
 
+    def lookup(self) -> Callable[[str], NodeRank | None]:
+        """`get` without a Python call per node: the ranks' own `get`, for one request.
+
+        A full relist replaces the mapping; a request that started before reads the old one,
+        which is what it would have read a moment earlier.
+        """
+        return self._ranks.get
+
     @property
     def synced(self) -> bool:
         """True once a full list has been taken."""

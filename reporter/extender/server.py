@@ -145,7 +145,7 @@ class ExtenderServer:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
         args = protocol.parse_args(body, self._resource)
         lookup = (
-            self._cache.get
+            self._cache.lookup()
             if args.node_list is None
             else protocol.list_lookup(args.node_list, self._cache.annotation)
         )
