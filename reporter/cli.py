@@ -39,6 +39,7 @@ from reporter.errors import (
 )
 from reporter.placement import best_gpu_set
 from reporter.publish.client import NodeClient
+from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import (
     NodeFeatureClient,
     NodeFeatureDryRunSink,
@@ -350,6 +351,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         interval_s=config.interval_s,
         resync_s=config.resync_s,
         kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        outputs=()
+        if config.koordinator_dir is None
+        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE
