@@ -1,0 +1,254 @@
+"""`reporter.availability`: the best free set per k, its compact annotation, labels and node score.
+
+The annotation is read back from the API server, where anyone who can edit a Node can change it:
+`decode_availability` must give back exactly what was encoded, or SchemaError, for any text.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reporter.availability import (
+    MAX_TEXT_CHARS,
+    NEUTRAL_SCORE,
+    Availability,
+    FreeSet,
+    availability_labels,
+    can_fit,
+    compute_availability,
+    decode_availability,
+    encode_availability,
+    free_set,
+    node_score,
+)
+from reporter.errors import PlacementError, SchemaError
+from reporter.schema.model import Topology
+from tests.fuzz import fuzz
+from tests.strategies import topologies
+from tests.test_placement_best_set import MACHINES, REAL, SIMULATED, brute_force, machine
+
+DGX_A100 = dict(REAL)["03-dgx-a100-nv12-mlx5"]
+PREFIX = "gpu.topology.io"
+
+
+@pytest.mark.parametrize(("name", "topology"), MACHINES, ids=[name for name, _ in MACHINES])
+def test_each_k_summarises_the_exhaustive_best_free_set(name: str, topology: Topology) -> None:
+    free = [i for i in range(len(topology.gpus)) if i % 3 != 1]
+    usable = [i for i in free if not topology.gpus[i].lost]
+    a = compute_availability(topology, free)
+    assert a.free == tuple(usable)
+    assert len(a.best) == len(usable)
+    for k, summary in enumerate(a.best, start=1):
+        assert summary == free_set(topology, brute_force(topology, k, usable), usable), k
+
+
+def test_a_dgx_a100_with_five_free_gpus() -> None:
+    a = compute_availability(DGX_A100, [6, 0, 1, 2, 3])
+    assert a.free == (0, 1, 2, 3, 6)
+    assert a.best[0] == FreeSet(links=0, connected=True, numa=1, nic=4, island=5)
+    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5)
+    assert a.best[4].links == 10 * 120
+    text = encode_availability(a)
+    assert text == "1;0-3,6;0.1.1.4.5/120.1.1.4.5/360.1.2.1.5/720.1.2.1.5/1200.1.3.1.5"
+    assert decode_availability(text) == a
+    assert availability_labels(a, PREFIX) == {
+        "gpu.topology.io/gpu-free": "5",
+        "gpu.topology.io/gpu-free-nvlink-max": "5",
+    }
+
+
+def test_a_pcie_machine_has_no_nvlink_set_and_islands_of_one_per_gpu() -> None:
+    topology = dict(SIMULATED)["simulated-pcie-8x"]
+    a = compute_availability(topology, range(8))
+    assert all(not s.connected for s in a.best[1:])
+    assert a.best[0].connected
+    assert [s.island for s in a.best] == list(range(1, 9))
+    assert availability_labels(a, "x.io") == {"x.io/gpu-free": "8", "x.io/gpu-free-nvlink-max": "0"}
+
+
+def test_the_island_is_the_free_nvlink_component_the_set_was_taken_from() -> None:
+    # 0-1 joined by NVLink, 2-3-4 a chain joined by NVLink, 5 alone.
+    topology = machine(
+        [
+            "X NV2 SYS SYS SYS SYS",
+            "NV2 X SYS SYS SYS SYS",
+            "SYS SYS X NV4 SYS SYS",
+            "SYS SYS NV4 X NV4 SYS",
+            "SYS SYS SYS NV4 X SYS",
+            "SYS SYS SYS SYS SYS X",
+        ]
+    )
+    a = compute_availability(topology, range(6))
+    assert a.best[1] == FreeSet(links=40, connected=True, numa=1, nic=0, island=3)
+    # With GPU 3 taken the chain breaks: the pair left on NVLink is 0-1, an island of exactly 2.
+    b = compute_availability(topology, [0, 1, 2, 4, 5])
+    assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2)
+    assert availability_labels(b, PREFIX)["gpu.topology.io/gpu-free-nvlink-max"] == "2"
+
+
+def test_lost_gpus_are_not_free_and_unknown_ones_are_an_error() -> None:
+    topology = machine(["X NV4 PIX", "NV4 X PIX", "PIX PIX X"], lost=[1])
+    assert compute_availability(topology, [0, 1, 2]).free == (0, 2)
+    with pytest.raises(PlacementError, match="free GPUs: GPU 3 is not on this node"):
+        compute_availability(topology, [0, 3])
+
+
+def test_no_free_gpu_encodes_and_decodes() -> None:
+    a = compute_availability(DGX_A100, [])
+    assert a == Availability(free=(), best=())
+    assert encode_availability(a) == "1;;"
+    assert decode_availability("1;;") == a
+    assert availability_labels(a, PREFIX) == {
+        "gpu.topology.io/gpu-free": "0",
+        "gpu.topology.io/gpu-free-nvlink-max": "0",
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), topology=topologies(max_gpus=7))
+def test_computed_availability_round_trips(data: st.DataObject, topology: Topology) -> None:
+    free = data.draw(
+        st.sets(st.sampled_from(range(len(topology.gpus))) if topology.gpus else st.nothing()),
+        "free",
+    )
+    a = compute_availability(topology, free)
+    assert decode_availability(encode_availability(a)) == a
+
+
+@st.composite
+def availabilities(draw: st.DrawFn) -> Availability:
+    """Any availability `decode_availability` must accept: consistent values, any sizes."""
+    free = tuple(sorted(draw(st.sets(st.integers(0, 255), max_size=24))))
+    best = []
+    for k in range(1, len(free) + 1):
+        pairs = k * (k - 1) // 2
+        connected = k == 1 or draw(st.booleans())
+        low = 10 * pairs if connected else pairs
+        best.append(
+            FreeSet(
+                links=draw(st.integers(low, max(low, 720 * pairs))),
+                connected=connected,
+                numa=draw(st.integers(1, k)),
+                nic=draw(st.integers(0, 5)),
+                island=draw(st.integers(k, len(free))),
+            )
+        )
+    return Availability(free=free, best=tuple(best))
+
+
+@settings(max_examples=200, deadline=None)
+@given(availabilities())
+def test_every_consistent_availability_round_trips(a: Availability) -> None:
+    text = encode_availability(a)
+    assert len(text) <= MAX_TEXT_CHARS
+    assert decode_availability(text) == a
+
+
+def _decodes_back_or_refuses(text: str) -> None:
+    try:
+        a = decode_availability(text)
+    except SchemaError as e:
+        message = str(e)
+    else:
+        assert encode_availability(a) == text
+        return
+    assert message.startswith("availability: ")
+    assert "\n" not in message
+    assert len(message) < 200
+
+
+@fuzz(300)
+@given(st.text(alphabet=st.sampled_from("0123456789.;/,-: 1x\n\x00é"), max_size=60))
+def test_hostile_text_decodes_back_exactly_or_raises_schema_error(text: str) -> None:
+    _decodes_back_or_refuses(text)
+
+
+@fuzz(300)
+@given(data=st.data(), a=availabilities())
+def test_edited_values_decode_back_exactly_or_raise_schema_error(
+    data: st.DataObject, a: Availability
+) -> None:
+    text = encode_availability(a)
+    at = data.draw(st.integers(0, len(text)), "at")
+    cut = data.draw(st.integers(0, 3), "cut")
+    insert = data.draw(st.text(alphabet="0123456789.;/,-", max_size=3), "insert")
+    _decodes_back_or_refuses(text[:at] + insert + text[at + cut :])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("", "is not version;free;best", id="empty"),
+        pytest.param("2;0;0.1.1.0.1", "version '2' is not 1", id="a future version"),
+        pytest.param("1;0;0.1.1.0.1;", "is not version;free;best", id="a third separator"),
+        pytest.param("1;0-1;0.1.1.0.1", "1 best sets for 2 free GPUs", id="a k missing"),
+        pytest.param("1;x;", "free GPUs: ", id="free not a list"),
+        pytest.param("1;0-999;", "free GPUs beyond the limit of 256", id="too many free"),
+        pytest.param("1;256;0.1.1.0.1", "free GPUs beyond the limit of 256", id="index too big"),
+        pytest.param("1;0;0.1.1.0", "is not links.c.numa.nic.island", id="four fields"),
+        pytest.param("1;0;00.1.1.0.1", "canonical form", id="leading zero"),
+        pytest.param("1;0,1;0.1.1.0.1/0.0.1.0.2", "0 link points is impossible", id="no pair"),
+        pytest.param("1;0,1;0.1.1.0.1/9.1.1.0.2", "cannot be NVLink-connected", id="nvlink"),
+        pytest.param("1;0,1;0.1.1.0.1/1.0.3.0.2", "3 NUMA nodes is impossible", id="numa"),
+        pytest.param("1;0;0.1.1.6.1", "6 NIC points", id="nic"),
+        pytest.param("1;0,1;0.1.1.0.1/1.0.1.0.3", "island of 3 is impossible", id="island"),
+        pytest.param("1;0;0.0.1.0.1", "one GPU is always connected", id="k=1 disconnected"),
+        pytest.param("1;1,0;0.1.1.0.1/1.0.1.0.2", "canonical form", id="free out of order"),
+        pytest.param("1;0;0.1.1.0.1 ", "is not links.c.numa.nic.island", id="trailing space"),
+        pytest.param("1;٣;", "holds non-ASCII characters", id="non-ascii digit"),
+        pytest.param("1;0;" + "0" * MAX_TEXT_CHARS, "too long", id="too long"),
+        pytest.param("1;[[[[[[[[0]]]]]]]];", "free GPUs", id="nesting"),
+    ],
+)
+def test_malformed_values_raise_a_clear_schema_error(text: str, message: str) -> None:
+    with pytest.raises(SchemaError, match=r"^availability: ") as info:
+        decode_availability(text)
+    assert message in str(info.value)
+
+
+def test_a_value_that_is_no_string_raises_schema_error() -> None:
+    with pytest.raises(SchemaError, match="is a int, not a string"):
+        decode_availability(7)  # type: ignore[arg-type]
+
+
+def summary(
+    links: int = 120, connected: bool = True, numa: int = 1, nic: int = 0, island: int = 2
+) -> Availability:
+    """A node whose best free pair is the one given (k=1 is a plain GPU)."""
+    single = FreeSet(links=0, connected=True, numa=1, nic=nic, island=1)
+    pair = FreeSet(links=links, connected=connected, numa=numa, nic=nic, island=island)
+    return Availability(free=tuple(range(max(island, 2))), best=(single, pair))
+
+
+# Each row is better than the next for a 2-GPU pod, by the rule its id names.
+RANKED = [
+    pytest.param(summary(numa=1, nic=5, island=2), 10, id="connected, one NUMA, PIX NIC, exact"),
+    pytest.param(summary(numa=1, nic=4, island=4), 9, id="a larger island loses"),
+    pytest.param(summary(numa=1, nic=1, island=2), 8, id="a far NIC loses to a close one"),
+    pytest.param(summary(numa=1, nic=0, island=4), 7, id="no NIC and a larger island"),
+    pytest.param(summary(numa=2, nic=5, island=2), 6, id="two NUMA nodes lose to one"),
+    pytest.param(summary(numa=2, nic=4, island=8), 5, id="two NUMA nodes, larger island"),
+    pytest.param(summary(numa=2, nic=2, island=2), 4, id="two NUMA nodes, far NIC, exact"),
+    pytest.param(summary(links=5, connected=False, nic=5), 3, id="not connected loses"),
+    pytest.param(summary(links=5, connected=False, nic=0), 2, id="not connected, no NIC"),
+    pytest.param(summary(links=1, connected=False, numa=2), 1, id="not connected, two NUMA"),
+]
+
+
+@pytest.mark.parametrize(("a", "score"), RANKED)
+def test_node_score_ranks_as_documented(a: Availability, score: int) -> None:
+    assert node_score(a, 2) == score
+
+
+def test_node_score_and_can_fit_at_the_edges() -> None:
+    a = summary()
+    assert (node_score(None, 4), can_fit(None, 4)) == (NEUTRAL_SCORE, True)
+    assert (node_score(a, 3), can_fit(a, 3)) == (0, False)
+    assert can_fit(a, 2)
+    assert node_score(a, 0) == NEUTRAL_SCORE
+    # One GPU: a GPU outside any island keeps the islands whole for the pods that need them.
+    alone = Availability(free=(0,), best=(FreeSet(0, True, 1, 0, 1),))
+    in_island = Availability(free=(0, 1), best=(FreeSet(0, True, 1, 0, 2), a.best[1]))
+    assert node_score(alone, 1) > node_score(in_island, 1)
