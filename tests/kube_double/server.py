@@ -29,8 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import nodefeatures
+from . import nodefeatures, nrt
 from .nodefeatures import ApiStatusError, NodeFeatureStore
+from .nrt import NrtStore
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .tls import Certificate
 from .validation import validate_metadata
@@ -239,9 +240,12 @@ class ApiServerDouble:
     """Node changes by resourceVersion, for `watch=1` requests."""
     nodefeatures: NodeFeatureStore = field(init=False)
     """NFD's NodeFeature objects; `nodefeatures.installed = False` serves a cluster without NFD."""
+    nrt: NrtStore = field(init=False)
+    """NodeResourceTopology objects; `nrt.installed = False` serves a cluster without the CRD."""
 
     def __post_init__(self) -> None:
         self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
+        self.nrt = NrtStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -808,6 +812,11 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any,
     ) -> tuple[int, Any]:
         owner = self.owner
+        if path.startswith(nrt.PREFIX):
+            try:
+                return owner.nrt.serve(method, path, body)
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
         if path.startswith(f"/apis/{nodefeatures.GROUP}/") or path == f"/apis/{nodefeatures.GROUP}":
             try:
                 return owner.nodefeatures.serve(method, path, query, content_type, body)
