@@ -16,10 +16,11 @@ import pytest
 import structlog
 
 from reporter.availability import compute_availability, encode_availability, node_score
+from reporter.errors import PublishError
 from reporter.extender.cache import NodeCache, NodeWatcher
 from reporter.extender.server import ExtenderMetrics, ExtenderServer
 from reporter.publish.rest import load_rest_config
-from reporter.publish.watch import RestNodeWatchClient
+from reporter.publish.watch import NodeAnnotation, NodeSnapshot, RestNodeWatchClient, WatchEvent
 from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
 from tests.test_extender_protocol import KEY, pod, profile
 
@@ -289,3 +290,40 @@ def test_metrics_count_calls_and_cached_nodes(
     ):
         assert line in text
     assert extender.call("GET", "/readyz") == (200, b"ok\n")
+
+
+class _ImpatientServer:
+    """A NodeWatchClient whose every watch ends at once with nothing in it."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    def list_nodes(self, annotation: str) -> NodeSnapshot:
+        return NodeSnapshot((NodeAnnotation("a", None),), "7")
+
+    def watch_nodes(
+        self, annotation: str, resource_version: str, stop: threading.Event
+    ) -> Iterator[WatchEvent]:
+        self.watches += 1
+        return iter(())
+
+
+def test_a_watch_that_ends_at_once_is_a_failure_with_backoff_not_a_loop() -> None:
+    errors: list[PublishError] = []
+    stop = threading.Event()
+    client = _ImpatientServer()
+    NodeWatcher(
+        client,
+        NodeCache("gpu.topology.io"),
+        stop=stop,
+        log=structlog.get_logger(),
+        on_error=errors.append,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.02,
+    ).start()
+    try:
+        eventually(lambda: len(errors) >= 2, "two failed watches")
+    finally:
+        stop.set()
+    assert "ended the watch at once" in str(errors[0])
+    assert client.watches <= len(errors) + 1

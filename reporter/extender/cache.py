@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import structlog
 
 from reporter.availability import AVAILABILITY_KEY
-from reporter.errors import PublishError
+from reporter.errors import ApiTransientError, PublishError
 from reporter.extender.protocol import NodeRank, rank
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent, WatchExpired
+
+QUICK_END_S = 1.0
+"""A watch that ends this soon with nothing in it counts as a failure (backoff), not progress."""
 
 
 class NodeCache:
@@ -137,8 +141,13 @@ class NodeWatcher:
 
     def _watch(self, resource_version: str) -> None:
         while not self._stop.is_set():
+            started, events = time.monotonic(), 0
             for event in self._client.watch_nodes(
                 self._cache.annotation, resource_version, self._stop
             ):
                 self._cache.apply(event)
                 resource_version = event.resource_version or resource_version
+                events += 1
+            if not events and time.monotonic() - started < QUICK_END_S:
+                # A server that ends every watch at once would otherwise be asked in a loop.
+                raise ApiTransientError("watch nodes: the API server ended the watch at once")
