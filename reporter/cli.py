@@ -427,6 +427,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             resource=args.resource,
             max_body_bytes=args.max_request_bytes,
             watching=lambda: watcher.alive,
+            problem=lambda: watcher.problem,
         )
     except OSError as e:
         raise ConfigError(f"cannot listen on {args.listen}: {e.strerror}") from e

@@ -97,7 +97,12 @@ def extender_factory(
             on_error=lambda e: metrics.api_errors.labels(kind="x").inc(),
         ).start()
         server = ExtenderServer(
-            ("127.0.0.1", 0), cache=cache, metrics=metrics, watching=lambda: watcher.alive, **kw
+            ("127.0.0.1", 0),
+            cache=cache,
+            metrics=metrics,
+            watching=lambda: watcher.alive,
+            problem=lambda: watcher.problem,
+            **kw,
         ).start()
 
         def finish() -> None:
@@ -192,12 +197,27 @@ def test_a_failing_api_server_is_retried_and_counted(
     assert b'topo_reporter_api_errors_total{kind="x"} 2.0' in extender.metrics.render()
 
 
-def test_without_permission_to_list_nodes_it_is_live_but_not_ready(
-    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+@pytest.mark.parametrize(
+    ("permissions", "reason"),
+    [
+        (frozenset({"get nodes"}), b"list nodes: forbidden (403)"),
+        (frozenset({"list nodes"}), b"watch nodes: forbidden (403)"),
+    ],
+    ids=["no list", "a list but no watch"],
+)
+def test_without_permission_it_is_live_but_not_ready_and_says_why(
+    apiserver: ApiServerDouble,
+    extender_factory: Callable[..., Extender],
+    permissions: frozenset[str],
+    reason: bytes,
 ) -> None:
-    extender = extender_factory(token="agent-token")  # get/patch nodes, but no watch
-    eventually(lambda: b"api_errors_total" in extender.metrics.render(), "a refused call")
-    assert extender.call("GET", "/readyz")[0] == 503
+    apiserver.tokens["limited"] = permissions
+    extender = extender_factory(token="limited")
+    eventually(lambda: b'api_errors_total{kind="x"}' in extender.metrics.render(), "a refusal")
+    status, text = extender.call("GET", "/readyz")
+    assert status == 503
+    assert reason in text
+    assert b"grant the extender's ClusterRole `list` and `watch` on `nodes`" in text
     assert extender.call("GET", "/healthz") == (200, b"ok\n")
 
 

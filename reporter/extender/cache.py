@@ -110,6 +110,7 @@ class NodeWatcher:
         self._initial_s = backoff_initial_s
         self._max_s = backoff_max_s
         self._thread = threading.Thread(target=self.run, name="topo-reporter-watch", daemon=True)
+        self._problem: str | None = "no list of Nodes yet"
 
     def start(self) -> NodeWatcher:
         self._thread.start()
@@ -118,6 +119,11 @@ class NodeWatcher:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def problem(self) -> str | None:
+        """Why the view of the Nodes may be stale (the last list or watch failed), or None."""
+        return self._problem
 
     def run(self) -> None:
         """List and watch until `stop` is set; errors are logged, counted and waited out."""
@@ -132,6 +138,7 @@ class NodeWatcher:
             except WatchExpired:
                 self._log.info("watch_expired")
             except PublishError as e:
+                self._problem = str(e)
                 self._on_error(e)
                 failures += 1
                 # Full jitter, so that replicas restarted together do not relist together.
@@ -142,9 +149,11 @@ class NodeWatcher:
     def _watch(self, resource_version: str) -> None:
         while not self._stop.is_set():
             started, events = time.monotonic(), 0
-            for event in self._client.watch_nodes(
-                self._cache.annotation, resource_version, self._stop
-            ):
+            watch = self._client.watch_nodes(self._cache.annotation, resource_version, self._stop)
+            # Listed and watching: the view is current (a list alone would flap with a refused
+            # watch).
+            self._problem = None
+            for event in watch:
                 self._cache.apply(event)
                 resource_version = event.resource_version or resource_version
                 events += 1

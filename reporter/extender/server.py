@@ -96,6 +96,7 @@ class ExtenderServer:
         resource: str = protocol.DEFAULT_RESOURCE,
         max_body_bytes: int = MAX_BODY_BYTES,
         watching: Callable[[], bool] = lambda: True,
+        problem: Callable[[], str | None] = lambda: None,
     ) -> None:
         owner = self
 
@@ -122,6 +123,7 @@ class ExtenderServer:
         self._resource = resource
         self._max_body_bytes = max_body_bytes
         self._watching = watching
+        self._problem = problem
         self._server = ThreadingHTTPServer(address, Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -164,8 +166,9 @@ class ExtenderServer:
             ok = self._watching()
             _text(request, 200 if ok else 503, "ok" if ok else "the Node watch stopped")
         elif path == "/readyz":
-            ok = self._cache.synced
-            _text(request, 200 if ok else 503, "ok" if ok else "no full list of Nodes yet")
+            # Ready while the Node view is current: listed, and the last list or watch worked.
+            reason = self._problem() or (None if self._cache.synced else "no list of Nodes yet")
+            _text(request, 503 if reason else 200, reason or "ok")
         elif path.lstrip("/") in VERBS:
             _text(request, 405, f"{path} takes POST with an ExtenderArgs body")
         else:

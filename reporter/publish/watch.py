@@ -75,9 +75,11 @@ class NodeWatchClient(Protocol):
     def watch_nodes(
         self, annotation: str, resource_version: str, stop: threading.Event
     ) -> Iterator[WatchEvent]:
-        """Events after `resource_version` until the server ends the watch or `stop` is set.
+        """Start a watch from `resource_version` (raising when it is refused) and return its
+        events, until the server ends it or `stop` is set.
 
-        Raises WatchExpired when the server no longer holds that resourceVersion.
+        Raises (at once, or while iterating) WatchExpired when the server no longer holds that
+        resourceVersion.
         """
         ...
 
@@ -189,7 +191,13 @@ class RestNodeWatchClient:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(self._watch_timeout_s),
         }
+        # Sent here, not at the first next(): a refused watch raises before any event is awaited.
         response = self._get(query, _WATCH_ACCEPT, watch=True)
+        return self._events(response, annotation, stop)
+
+    def _events(
+        self, response: urllib3.BaseHTTPResponse, annotation: str, stop: threading.Event
+    ) -> Iterator[WatchEvent]:
         try:
             for line in _lines(response, stop):
                 event = _event(line, annotation)
