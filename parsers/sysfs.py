@@ -1,9 +1,11 @@
-"""Values of single sysfs files, as text: ids, classes, `numa_node`, NUMA `distance` rows.
+"""Values of single sysfs files, as text: ids, classes, `numa_node`, `distance` rows, `meminfo`.
 
 The caller reads the file; these functions only judge the text. Unknown is None, never -1.
 """
 
 from __future__ import annotations
+
+import re
 
 from parsers.errors import ParseError, excerpt
 
@@ -54,3 +56,17 @@ def parse_distance_row(text: str, *, field: str = "distance") -> tuple[int, ...]
     if any(d < 0 or d > 255 for d in row):
         raise ParseError(f"{excerpt(text.strip())}: SLIT distances lie in 0..255", field=field)
     return row
+
+
+_MEMTOTAL = re.compile(r"^Node\s+\d+\s+MemTotal:\s+(\d{1,15})\s+kB\s*$", re.MULTILINE)
+
+
+def parse_node_memtotal(text: str, *, field: str = "meminfo") -> int:
+    """A NUMA node's `meminfo` file: its MemTotal in bytes (`Node 0 MemTotal: 263862504 kB`).
+
+    Raises ParseError naming `field` when the line is missing or not a number of kB.
+    """
+    match = _MEMTOTAL.search(text)
+    if match is None:
+        raise ParseError("no `Node N MemTotal: <n> kB` line", field=field)
+    return int(match.group(1)) * 1024

@@ -13,7 +13,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
@@ -116,6 +116,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
+        outputs: Sequence[Callable[[Topology], None]] = (),
     ) -> None:
         self._scanner = scanner
         self._sink = sink
@@ -138,6 +139,9 @@ class Agent:
         self._degraded_told = False
         self._read_refusal: str | None = None
         self._kubelet = kubelet
+        self._outputs = tuple(outputs)
+        """Outputs beside the sink (files for other schedulers): they take each chosen topology
+        and handle their own failures."""
         self._policies: KubeletPolicies | None = None
         self._kubelet_error: str | None = None
         self._findings_told: set[tuple[str, str]] | None = None
@@ -168,6 +172,8 @@ class Agent:
                 if not result.degraded:
                     self._state.published()
                 return not result.degraded
+            for output in self._outputs:
+                output(chosen)
             return self._publish(chosen) and not result.degraded
         except ApiPermanentError as e:
             if str(e) != self._read_refusal:

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -40,6 +41,7 @@ from reporter.errors import (
 from reporter.inputs import read_bounded
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.client import NodeClient
+from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import (
     NodeFeatureClient,
     NodeFeatureDryRunSink,
@@ -394,6 +396,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         interval_s=config.interval_s,
         resync_s=config.resync_s,
         kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        outputs=()
+        if config.koordinator_dir is None
+        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE
@@ -410,6 +415,75 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+    return EXIT_OK
+
+
+def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBoundLogger) -> None:
+    """Block until SIGTERM or SIGINT (or `stop`); must run on the main thread."""
+
+    def handle(signum: int, _: Any) -> None:
+        log.info("signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _cmd_extender(args: argparse.Namespace) -> int:
+    from reporter.extender import cache, protocol, server  # noqa: PLC0415  # extender-only imports
+    from reporter.publish.watch import RestNodeWatchClient  # noqa: PLC0415
+
+    logs.configure(log_format=args.log_format, level=args.log_level, node=None)
+    log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.extender")
+    address = settings.listen_address(args.listen)
+    if address is None:
+        raise ConfigError("the extender needs --listen HOST:PORT (e.g. 0.0.0.0:8888)")
+    if args.max_request_bytes < 1:
+        raise ConfigError("--max-request-bytes must be at least 1")
+    protocol.check_resource_name(args.resource)
+    try:
+        config = load_rest_config(args.kubeconfig)
+    except LeanClientUnsupportedError as e:
+        raise ConfigError(
+            f"the extender reads Nodes with the lean client only, which cannot use these "
+            f"credentials ({e}): run it in a pod, or pass a kubeconfig with a token or a client "
+            "certificate"
+        ) from None
+    stop = threading.Event()
+    nodes = cache.NodeCache(args.prefix)
+    metrics = server.ExtenderMetrics(nodes)
+    watcher = cache.NodeWatcher(
+        RestNodeWatchClient(config),
+        nodes,
+        stop=stop,
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    )
+    try:
+        http = server.ExtenderServer(
+            address,
+            cache=nodes,
+            metrics=metrics,
+            resource=args.resource,
+            max_body_bytes=args.max_request_bytes,
+            watching=lambda: watcher.alive,
+            problem=lambda: watcher.problem,
+        )
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {args.listen}: {e.strerror}") from e
+    watcher.start()
+    http.start()
+    log.info("serving", address=f"{http.address[0]}:{http.address[1]}", resource=args.resource)
+    try:
+        _wait_for_signal(stop, log)
+    finally:
+        stop.set()
+        http.stop()
     return EXIT_OK
 
 
@@ -595,6 +669,57 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"annotation prefix of a Node object (default: {keys.DEFAULT_PREFIX})",
     )
     best_set.set_defaults(handler=_cmd_best_set)
+
+    extender = commands.add_parser(
+        "extender",
+        help="serve kube-scheduler's extender verbs: filter and rank nodes by free GPUs",
+        description="A kube-scheduler extender (POST /filter, POST /prioritize; GET /healthz, "
+        "/readyz, /metrics). It drops nodes that cannot give a pod its GPUs and ranks the others "
+        "by their best free GPU set, from the availability the agents publish. It watches Nodes "
+        "itself, so the scheduler can send node names only (nodeCacheCapable: true).",
+    )
+    extender.add_argument(
+        "--listen",
+        default=os.environ.get("TOPO_REPORTER_LISTEN", "0.0.0.0:8888"),
+        metavar="HOST:PORT",
+        help="address to serve on (default: 0.0.0.0:8888; env TOPO_REPORTER_LISTEN)",
+    )
+    extender.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    extender.add_argument(
+        "--prefix",
+        default=os.environ.get("TOPO_REPORTER_PREFIX", keys.DEFAULT_PREFIX),
+        help=f"annotation prefix the agents publish under (default: {keys.DEFAULT_PREFIX})",
+    )
+    extender.add_argument(
+        "--resource",
+        default=os.environ.get("TOPO_REPORTER_GPU_RESOURCE", "nvidia.com/gpu"),
+        help="the extended resource whose pods it judges (default: nvidia.com/gpu; env "
+        "TOPO_REPORTER_GPU_RESOURCE); other pods pass with every node and score 0",
+    )
+    extender.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="largest request body it reads (default: 64 MiB); larger ones are answered 413",
+    )
+    extender.add_argument(
+        "--log-format",
+        choices=settings.LOG_FORMATS,
+        default=os.environ.get("TOPO_REPORTER_LOG_FORMAT", "auto"),
+        help="auto (JSON unless stderr is a terminal), json or console",
+    )
+    extender.add_argument(
+        "--log-level",
+        choices=settings.LOG_LEVELS,
+        default=os.environ.get("TOPO_REPORTER_LOG_LEVEL", "info"),
+        help="debug, info, warning or error (default: info)",
+    )
+    extender.set_defaults(handler=_cmd_extender)
     return parser
 
 

@@ -73,6 +73,8 @@ class Settings:
     """debug, info, warning or error."""
     kubelet_config: str = "/var/lib/kubelet/config.yaml"
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    koordinator_dir: str | None = None
+    """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
     once: bool = False
     """Scan and publish once, then exit (non-zero on failure)."""
     dry_run: bool = False
@@ -168,6 +170,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "log_format": (("TOPO_REPORTER_LOG_FORMAT",), str),
     "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
     "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
+    "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
 }
 _FLAG_NAMES = {"interval_s": "interval", "resync_s": "resync"}
 _FLAGS_ONLY = ("once", "dry_run")
@@ -266,5 +269,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-format", dest="log_format", help="auto, json or console (default auto)")
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
     add("--kubelet-config", dest="kubelet_config", help="kubelet config file")
+    add(
+        "--koordinator-dir",
+        dest="koordinator_dir",
+        metavar="DIR",
+        help="write Koordinator's device-info file (NVLink partitions) into koordlet's "
+        "xpu-device-infos DIR (default: off)",
+    )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

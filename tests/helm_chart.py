@@ -146,4 +146,15 @@ ALL_ON: dict[str, Any] = {
         "service": {"enabled": True, "annotations": {"prometheus.io/scrape": "true"}},
         "serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kps"}},
     },
+    "extender": {
+        "enabled": True,
+        "replicas": 3,
+        "port": 9888,
+        "resource": "nvidia.com/gpu",
+        "logLevel": "debug",
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        "priorityClassName": "system-cluster-critical",
+    },
 }

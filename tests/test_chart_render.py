@@ -52,6 +52,7 @@ RENDERS = {
     "every option on, newest": (ALL_ON, (VAP_API,), NEWEST),
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
     "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
+    "extender alone, oldest supported": ({"extender": {"enabled": True}}, (), chart_min_kube()),
 }
 
 
@@ -500,7 +501,9 @@ def test_probes_hit_health_endpoints_on_the_listen_port(all_on: Rendered) -> Non
 
 
 def test_servicemonitor_scrapes_metrics_through_the_headless_service(all_on: Rendered) -> None:
-    service = all_on.one("Service")
+    (service,) = [
+        s for s in all_on.of_kind("Service") if s["metadata"]["name"].endswith("-metrics")
+    ]
     monitor = all_on.one("ServiceMonitor")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"][0]["port"] == 9400
@@ -556,3 +559,69 @@ def test_simulated_machine_runs_anywhere_as_the_readme_shows() -> None:
     assert "affinity" not in pod
     assert "runtimeClassName" not in pod
     assert env(rendered)["TOPO_REPORTER_SIMULATE"] == "dgx-h100"
+
+
+# --- The scheduler extender ---------------------------------------------------------------------
+
+
+def test_the_extender_is_off_by_default(default: Rendered) -> None:
+    assert "Deployment" not in default.kinds()
+    assert "Service" not in default.kinds()
+
+
+def test_the_extender_serves_on_its_port_behind_a_service(all_on: Rendered) -> None:
+    deployment = all_on.one("Deployment")
+    name = f"{FULLNAME}-extender"
+    assert deployment["metadata"]["name"] == name
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["topo-reporter"]
+    assert c["args"] == ["extender", "--listen", "0.0.0.0:9888"]
+    environment = {e["name"]: e["value"] for e in c["env"]}
+    assert environment["TOPO_REPORTER_PREFIX"] == "topo.example.com"
+    assert environment["TOPO_REPORTER_GPU_RESOURCE"] == "nvidia.com/gpu"
+    assert environment["TOPO_REPORTER_LOG_LEVEL"] == "debug"
+    assert c["ports"] == [{"name": "http", "containerPort": 9888, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    (service,) = [s for s in all_on.of_kind("Service") if s["metadata"]["name"] == name]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 9888, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+
+
+def test_no_agent_selector_picks_an_extender_pod_nor_the_reverse(all_on: Rendered) -> None:
+    extender_pod = all_on.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    agent_pod = all_on.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    agent_selector = all_on.one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    extender_selector = all_on.one("Deployment")["spec"]["selector"]["matchLabels"]
+    assert not agent_selector.items() <= extender_pod.items()
+    assert not extender_selector.items() <= agent_pod.items()
+    for service in all_on.of_kind("Service"):
+        selector = service["spec"]["selector"].items()
+        assert (selector <= agent_pod.items()) != (selector <= extender_pod.items())
+
+
+def test_the_extender_may_only_list_and_watch_nodes(all_on: Rendered) -> None:
+    name = f"{FULLNAME}-extender"
+    (role,) = [r for r in all_on.of_kind("ClusterRole") if r["metadata"]["name"] == name]
+    assert _rules(role) == {("", "nodes", "list"), ("", "nodes", "watch")}
+    (binding,) = [b for b in all_on.of_kind("ClusterRoleBinding") if b["metadata"]["name"] == name]
+    assert binding["roleRef"]["name"] == name
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+    pod = all_on.one("Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name
+
+
+def test_the_extender_container_is_locked_down(all_on: Rendered) -> None:
+    pod = all_on.one("Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert not any("hostPath" in v for v in pod["volumes"])

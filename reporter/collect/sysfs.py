@@ -25,7 +25,7 @@ from parsers.cpulist import parse_cpulist
 from parsers.errors import ParseError
 from parsers.links import SELF, Link, LinkKind
 from parsers.pci import is_pci_address, normalize_pci_address
-from parsers.sysfs import parse_distance_row, parse_hex, parse_numa_node
+from parsers.sysfs import parse_distance_row, parse_hex, parse_node_memtotal, parse_numa_node
 from reporter.errors import CollectError
 from reporter.hostfs import HostFS
 from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
@@ -256,3 +256,23 @@ class SysfsCollector:
             distances = self._read(f"{base}/distance", parse_distance_row) or ()
             nodes.append(NumaNode(int(match.group(1)), cpus, distances))
         return tuple(sorted(nodes, key=lambda n: n.id))
+
+
+def numa_memory(hostfs: HostFS) -> dict[int, int]:
+    """MemTotal in bytes of each NUMA node whose `meminfo` reads; a node that does not is absent."""
+    try:
+        entries = hostfs.listdir("devices/system/node")
+    except OSError:
+        return {}
+    memory = {}
+    for entry in entries:
+        match = _NODE_DIR.fullmatch(entry)
+        if match is None:
+            continue
+        try:
+            memory[int(match.group(1))] = parse_node_memtotal(
+                hostfs.read_text(f"devices/system/node/{entry}/meminfo")
+            )
+        except (OSError, ParseError) as e:
+            log.debug("sysfs_attribute_unreadable", path=f"{entry}/meminfo", error=str(e))
+    return memory

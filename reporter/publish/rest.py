@@ -393,6 +393,34 @@ class RestTransport:
             raise on_status(response)
         return errors_map.answer_json(response.data, what)
 
+    def stream(
+        self, path: str, *, accept: str, read_timeout_s: float | None, what: str
+    ) -> urllib3.BaseHTTPResponse:
+        """A GET whose body is left unread (a watch, a large list), with its own Accept.
+
+        The caller reads the body and releases the connection; it maps an HTTP error status
+        itself. Raises the mapped transport error when no answer came.
+        """
+        headers = {"Accept": accept, "User-Agent": self._user_agent}
+        token = self._token.value(self._source)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        timeout = self._timeout
+        if read_timeout_s is not None:
+            timeout = urllib3.Timeout(connect=self._timeout.connect_timeout, read=read_timeout_s)
+        try:
+            return self._pool.request(
+                "GET",
+                self.host + path,
+                headers=headers,
+                timeout=timeout,
+                retries=False,
+                redirect=False,
+                preload_content=False,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise errors_map.transport_error(e, what, self.host) from e
+
 
 def node_metadata(data: Mapping[str, Any]) -> NodeMetadata:
     """The part of a Node the publisher reads."""

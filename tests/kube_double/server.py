@@ -29,17 +29,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import nodefeatures
+from . import nodefeatures, nrt
 from .nodefeatures import ApiStatusError, NodeFeatureStore
+from .nrt import NrtStore
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .tls import Certificate
 from .validation import validate_metadata
+from .watch import NodeWatchLog
 
 ALL = frozenset({"*"})
 """A token allowed every verb on every resource."""
 
 AGENT_PERMISSIONS = frozenset({"get nodes", "list nodes", "patch nodes", "create events"})
 """What the chart's ClusterRole grants the agent."""
+
+EXTENDER_PERMISSIONS = frozenset({"list nodes", "watch nodes"})
+"""What the chart's ClusterRole grants the scheduler extender."""
 
 _MERGE = "application/merge-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
@@ -214,7 +219,11 @@ class ApiServerDouble:
     """The double: start it, add nodes, point a kubeconfig at `url`, read `requests`."""
 
     tokens: dict[str, frozenset[str]] = field(
-        default_factory=lambda: {"agent-token": AGENT_PERMISSIONS, "admin-token": ALL}
+        default_factory=lambda: {
+            "agent-token": AGENT_PERMISSIONS,
+            "admin-token": ALL,
+            "extender-token": EXTENDER_PERMISSIONS,
+        }
     )
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -227,11 +236,16 @@ class ApiServerDouble:
     """Serve HTTPS with this certificate (kubectl sends tokens only over TLS); None: plain HTTP."""
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
+    watch_log: NodeWatchLog = field(default_factory=NodeWatchLog)
+    """Node changes by resourceVersion, for `watch=1` requests."""
     nodefeatures: NodeFeatureStore = field(init=False)
     """NFD's NodeFeature objects; `nodefeatures.installed = False` serves a cluster without NFD."""
+    nrt: NrtStore = field(init=False)
+    """NodeResourceTopology objects; `nrt.installed = False` serves a cluster without the CRD."""
 
     def __post_init__(self) -> None:
         self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
+        self.nrt = NrtStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -257,6 +271,7 @@ class ApiServerDouble:
         return self
 
     def stop(self) -> None:
+        self.watch_log.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -340,6 +355,7 @@ class ApiServerDouble:
         }
         with self._lock:
             self.nodes[name] = node
+            self.watch_log.record("ADDED", node)
         return copy.deepcopy(node)
 
     def add_pod(
@@ -400,6 +416,14 @@ class ApiServerDouble:
             node = merge_patch(self.nodes[name], patch)
             node["metadata"]["resourceVersion"] = str(next(self._revision))
             self.nodes[name] = node
+            self.watch_log.record("MODIFIED", node)
+
+    def delete_node(self, name: str) -> None:
+        """Remove a Node as a cluster admin would."""
+        with self._lock:
+            node = self.nodes.pop(name)
+            node["metadata"]["resourceVersion"] = str(next(self._revision))
+            self.watch_log.record("DELETED", node)
 
     def plan(self, *faults: Fault) -> None:
         """Queue planned responses; each is served once, in order, to the first match."""
@@ -462,16 +486,20 @@ class ApiServerDouble:
                 )
             return copy.deepcopy(self.nodes[name])
 
-    def list_nodes(self) -> dict[str, Any]:
+    def list_nodes(self, limit: int = 0, after: str = "") -> dict[str, Any]:
+        """All Nodes, or a page of `limit` after the name `after` (the continue token)."""
         with self._lock:
-            items = [copy.deepcopy(n) for _, n in sorted(self.nodes.items())]
-            revision = max((int(n["metadata"]["resourceVersion"]) for n in items), default=1)
-        return {
-            "kind": "NodeList",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(revision)},
-            "items": items,
-        }
+            items = [copy.deepcopy(n) for name, n in sorted(self.nodes.items()) if name > after]
+            revision = max(
+                [int(n["metadata"]["resourceVersion"]) for n in self.nodes.values()]
+                + [e[0] for e in self.watch_log.events],
+                default=1,
+            )
+        meta: dict[str, Any] = {"resourceVersion": str(revision)}
+        if limit and len(items) > limit:
+            items = items[:limit]
+            meta["continue"] = items[-1]["metadata"]["name"]
+        return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
 
     def patch_node(self, name: str, content_type: str, patch: Any) -> dict[str, Any]:
         with self._lock:
@@ -528,6 +556,7 @@ class ApiServerDouble:
             if updated != current:
                 updated["metadata"]["resourceVersion"] = str(next(self._revision))
                 self.nodes[name] = updated
+                self.watch_log.record("MODIFIED", updated)
             return copy.deepcopy(self.nodes[name])
 
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> dict[str, Any]:
@@ -734,9 +763,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.status:
                     retry_after = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                     raise _StatusError(fault.status, fault.message, headers=retry_after)
+            watch = path == "/api/v1/nodes" and (query.get("watch") or [""])[0] in ("1", "true")
+            verb, resource, name = self._verb_resource(method, path)
             self.owner.authorize(
-                self.headers.get("Authorization"), *self._verb_resource(method, path)
+                self.headers.get("Authorization"), "watch" if watch else verb, resource, name
             )
+            if watch:
+                self._record(
+                    method, path=path, query=query, content_type=content_type, body=body, status=200
+                )
+                self._watch(query)
+                return
             status, payload = self._route(method, path, query, content_type, body)
         except _StatusError as reply:
             status, payload, headers = reply.code, reply.body, reply.headers
@@ -790,6 +827,11 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any,
     ) -> tuple[int, Any]:
         owner = self.owner
+        if path.startswith(nrt.PREFIX):
+            try:
+                return owner.nrt.serve(method, path, body)
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
         if path.startswith(f"/apis/{nodefeatures.GROUP}/") or path == f"/apis/{nodefeatures.GROUP}":
             try:
                 return owner.nodefeatures.serve(method, path, query, content_type, body)
@@ -820,7 +862,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if path == f"/apis/{group}":
                     return 200, next(g for g in _group_list()["groups"] if g["name"] == group)
             if path == "/api/v1/nodes":
-                return 200, owner.list_nodes()
+                limit = (query.get("limit") or ["0"])[0]
+                return 200, owner.list_nodes(
+                    int(limit) if limit.isdigit() else 0, (query.get("continue") or [""])[0]
+                )
             if path.startswith("/api/v1/nodes/"):
                 return 200, owner.get_node(path.removeprefix("/api/v1/nodes/"))
             if path in ("/api/v1/pods", "/api/v1/events", "/apis/events.k8s.io/v1/events"):
@@ -872,6 +917,27 @@ class _Handler(BaseHTTPRequestHandler):
                 "items": [_event_from_core(e) for e in events],
             }
         return {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": events}
+
+    def _watch(self, query: Mapping[str, list[str]]) -> None:
+        """Stream Node events as chunked JSON lines, as the apiserver does."""
+        since = int((query.get("resourceVersion") or ["0"])[0] or 0)
+        timeout = float((query.get("timeoutSeconds") or ["60"])[0])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        bookmarks = (query.get("allowWatchBookmarks") or [""])[0] == "true"
+        try:
+            for event in self.owner.watch_log.stream(since, timeout):
+                if event["type"] == "BOOKMARK" and not bookmarks:
+                    continue
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # the client left
+        self.close_connection = True
 
     def _send(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()

@@ -81,3 +81,28 @@ upgrade, from --api-versions under `helm template`). The value may be a bool or 
 {{- define "topo-reporter.serviceAccountUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}
 {{- end }}
+
+{{/*
+The scheduler extender's objects: their own name and selector, so that neither the DaemonSet nor
+the agents' metrics Service ever selects an extender pod.
+*/}}
+{{- define "topo-reporter.extenderName" -}}
+{{- printf "%s-extender" (include "topo-reporter.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "topo-reporter.extenderSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-extender" (include "topo-reporter.name" . | trunc 54 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "topo-reporter.extenderLabels" -}}
+helm.sh/chart: {{ include "topo-reporter.chart" . }}
+{{ include "topo-reporter.extenderSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: scheduler-extender
+app.kubernetes.io/part-of: topo-reporter
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,349 @@
+"""The extender end to end in one process: the lean watch client against the API server double,
+the Node cache, and the HTTP server answering as kube-scheduler calls it."""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from reporter.availability import compute_availability, encode_availability, node_score
+from reporter.errors import PublishError
+from reporter.extender.cache import NodeCache, NodeWatcher
+from reporter.extender.server import ExtenderMetrics, ExtenderServer
+from reporter.publish.rest import load_rest_config
+from reporter.publish.watch import NodeAnnotation, NodeSnapshot, RestNodeWatchClient, WatchEvent
+from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
+from tests.test_extender_protocol import KEY, pod, profile
+
+WAIT_S = 10.0
+
+
+def eventually(condition: Callable[[], bool], what: str) -> None:
+    """Wait for a condition the watch makes true, within a bounded time."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@functools.cache
+def annotation(profile_name: str, free: tuple[int, ...]) -> str:
+    return encode_availability(compute_availability(profile(profile_name), free))
+
+
+class Extender:
+    """A running extender and a way to call it as kube-scheduler does."""
+
+    def __init__(self, server: ExtenderServer, cache: NodeCache, metrics: ExtenderMetrics) -> None:
+        self.server, self.cache, self.metrics = server, cache, metrics
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        host, port = self.server.address
+        connection = http.client.HTTPConnection(host, port, timeout=WAIT_S)
+        try:
+            connection.request(method, path, body=payload, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def post(self, verb: str, args: dict[str, Any]) -> Any:
+        status, data = self.call("POST", f"/{verb}", json.dumps(args).encode())
+        assert status == 200, data
+        return json.loads(data)
+
+
+@pytest.fixture
+def extender_factory(
+    apiserver: ApiServerDouble, apiserver_certificate: Certificate, tmp_path: Path
+) -> Iterator[Callable[..., Extender]]:
+    stops: list[Callable[[], None]] = []
+
+    def start(token: str = "extender-token", watch_timeout_s: int = 60, **kw: Any) -> Extender:
+        kubeconfig = write_kubeconfig(
+            tmp_path / f"{token}.kubeconfig",
+            apiserver.url,
+            token,
+            ca_cert=apiserver_certificate.cert,
+        )
+        stop = threading.Event()
+        cache = NodeCache("gpu.topology.io")
+        metrics = ExtenderMetrics(cache)
+        client = RestNodeWatchClient(
+            load_rest_config(str(kubeconfig)), watch_timeout_s=watch_timeout_s
+        )
+        watcher = NodeWatcher(
+            client,
+            cache,
+            stop=stop,
+            log=structlog.get_logger(),
+            backoff_initial_s=0.01,
+            backoff_max_s=0.05,
+            on_error=lambda e: metrics.api_errors.labels(kind="x").inc(),
+        ).start()
+        server = ExtenderServer(
+            ("127.0.0.1", 0),
+            cache=cache,
+            metrics=metrics,
+            watching=lambda: watcher.alive,
+            problem=lambda: watcher.problem,
+            **kw,
+        ).start()
+
+        def finish() -> None:
+            stop.set()
+            server.stop()
+
+        stops.append(finish)
+        return Extender(server, cache, metrics)
+
+    yield start
+    for finish in stops:
+        finish()
+
+
+def test_node_names_are_answered_from_the_watched_nodes(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("dgx-free", annotations={KEY: annotation("dgx-a100", tuple(range(8)))})
+    apiserver.add_node("pcie-free", annotations={KEY: annotation("pcie-8x", tuple(range(8)))})
+    apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (5,))})
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    names = ["dgx-free", "pcie-free", "dgx-busy", "gpu-node-1"]
+
+    filtered = extender.post("filter", {"Pod": pod(4), "NodeNames": names})
+    ranked = extender.post("prioritize", {"Pod": pod(4), "NodeNames": filtered["NodeNames"]})
+
+    assert filtered["NodeNames"] == ["dgx-free", "pcie-free", "gpu-node-1"]
+    assert set(filtered["FailedNodes"]) == {"dgx-busy"}
+    scores = {h["Host"]: h["Score"] for h in ranked}
+    assert scores["dgx-free"] > scores["pcie-free"]
+    assert scores["gpu-node-1"] == 5  # no annotation: neutral
+
+
+def test_a_change_on_a_node_reaches_the_next_call_through_the_watch(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("dgx", annotations={KEY: annotation("dgx-a100", tuple(range(8)))})
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    args = {"Pod": pod(4), "NodeNames": ["dgx"]}
+    assert extender.post("filter", args)["NodeNames"] == ["dgx"]
+
+    apiserver.edit_node("dgx", {"metadata": {"annotations": {KEY: annotation("dgx-a100", (0, 1))}}})
+    eventually(lambda: extender.post("filter", args)["NodeNames"] == [], "the edit to arrive")
+    apiserver.edit_node("dgx", {"metadata": {"annotations": {KEY: "damaged"}}})
+    eventually(lambda: extender.post("filter", args)["NodeNames"] == ["dgx"], "the damage")
+    assert extender.post("prioritize", args) == [{"Host": "dgx", "Score": 5}]
+    apiserver.delete_node("dgx")
+    eventually(lambda: extender.cache.counts()[0] == 1, "the delete")  # gpu-node-1 is left
+    assert [r.path for r in apiserver.requests if r.query.get("watch")] == ["/api/v1/nodes"]
+
+
+def test_an_expired_watch_lists_again(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    # The open watch falls behind compaction before it can send the new node: it ends with 410.
+    with apiserver.watch_log.paused():
+        apiserver.add_node("late", annotations={KEY: annotation("dgx-a100", (0,))})
+        apiserver.watch_log.compact()
+    eventually(lambda: extender.cache.get("late") is not None, "a relist after 410")
+    lists = [
+        r for r in apiserver.requests if r.path == "/api/v1/nodes" and not r.query.get("watch")
+    ]
+    assert len(lists) >= 2
+
+
+def test_lists_are_paged_and_ask_for_metadata_only(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    for i in range(1203):
+        apiserver.add_node(f"n{i:05d}", annotations={KEY: annotation("dgx-a100", (i % 8,))})
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    assert extender.cache.counts() == (1204, 1)
+    lists = [
+        r for r in apiserver.requests if r.path == "/api/v1/nodes" and not r.query.get("watch")
+    ]
+    # gpu-node-1 sorts first, so pages end at n00498 and n00998.
+    assert [r.query.get("continue", [""])[0] for r in lists] == ["", "n00498", "n00998"]
+    assert all("as=PartialObjectMetadataList" in (r.accept or "") for r in lists)
+
+
+def test_a_failing_api_server_is_retried_and_counted(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.plan(Fault(status=503, method="GET"), Fault(status=500, method="GET"))
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the list after two failures")
+    assert b'topo_reporter_api_errors_total{kind="x"} 2.0' in extender.metrics.render()
+
+
+@pytest.mark.parametrize(
+    ("permissions", "reason"),
+    [
+        (frozenset({"get nodes"}), b"list nodes: forbidden (403)"),
+        (frozenset({"list nodes"}), b"watch nodes: forbidden (403)"),
+    ],
+    ids=["no list", "a list but no watch"],
+)
+def test_without_permission_it_is_live_but_not_ready_and_says_why(
+    apiserver: ApiServerDouble,
+    extender_factory: Callable[..., Extender],
+    permissions: frozenset[str],
+    reason: bytes,
+) -> None:
+    apiserver.tokens["limited"] = permissions
+    extender = extender_factory(token="limited")
+    eventually(lambda: b'api_errors_total{kind="x"}' in extender.metrics.render(), "a refusal")
+    status, text = extender.call("GET", "/readyz")
+    assert status == 503
+    assert reason in text
+    assert b"grant the extender's ClusterRole `list` and `watch` on `nodes`" in text
+    assert extender.call("GET", "/healthz") == (200, b"ok\n")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "payload", "headers", "status", "reason"),
+    [
+        ("POST", "/filter", b"{", {}, 400, b"the body is not JSON"),
+        ("POST", "/prioritize", b'{"Pod": {}}', {}, 400, b"exactly one of Nodes"),
+        ("POST", "/filter", b"x" * 2048, {}, 413, b"nodeCacheCapable: true"),
+        ("POST", "/bind", b"{}", {}, 404, b"no verb 'bind'"),
+        ("GET", "/filter", None, {}, 405, b"takes POST"),
+        ("GET", "/nowhere", None, {}, 404, b"not found"),
+    ],
+    ids=[
+        "a body that is not JSON",
+        "a request without nodes",
+        "a body over the size limit",
+        "a verb it does not serve",
+        "a GET on a verb",
+        "an unknown path",
+    ],
+)
+def test_bad_requests_get_a_status_and_one_line(
+    extender_factory: Callable[..., Extender],
+    method: str,
+    path: str,
+    payload: bytes | None,
+    headers: dict[str, str],
+    status: int,
+    reason: bytes,
+) -> None:
+    extender = extender_factory(max_body_bytes=1024)
+    got, data = extender.call(method, path, payload, headers)
+    assert got == status
+    assert reason in data
+    assert data.count(b"\n") == 1
+
+
+def test_a_request_without_a_length_is_refused(extender_factory: Callable[..., Extender]) -> None:
+    extender = extender_factory()
+    host, port = extender.server.address
+    connection = http.client.HTTPConnection(host, port, timeout=WAIT_S)
+    connection.putrequest("POST", "/filter")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    response = connection.getresponse()
+    assert (response.status, response.read()) == (
+        411,
+        b"the request must state its Content-Length\n",
+    )
+    connection.close()
+
+
+def test_whole_nodes_are_read_from_the_request_not_the_cache(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    extender = extender_factory()
+    sent = {
+        "kind": "NodeList",
+        "items": [
+            {"metadata": {"name": "a", "annotations": {KEY: annotation("dgx-a100", (0, 1))}}},
+            {"metadata": {"name": "gpu-node-1", "annotations": {}}},
+        ],
+    }
+    filtered = extender.post("filter", {"Pod": pod(2), "Nodes": sent})
+    ranked = extender.post("prioritize", {"Pod": pod(2), "Nodes": sent})
+    assert filtered["Nodes"] == sent
+    assert filtered["NodeNames"] is None
+    a = compute_availability(profile("dgx-a100"), (0, 1))
+    assert ranked == [{"Host": "a", "Score": node_score(a, 2)}, {"Host": "gpu-node-1", "Score": 5}]
+
+
+def test_metrics_count_calls_and_cached_nodes(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("dgx", annotations={KEY: annotation("dgx-a100", (0,))})
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    extender.post("filter", {"Pod": pod(2), "NodeNames": ["dgx"]})
+    extender.call("POST", "/prioritize", b"{")
+    status, text = extender.call("GET", "/metrics")
+    assert status == 200
+    for line in (
+        b'topo_reporter_extender_requests_total{result="ok",verb="filter"} 1.0',
+        b'topo_reporter_extender_requests_total{result="bad_request",verb="prioritize"} 1.0',
+        b"topo_reporter_extender_filtered_nodes_total 1.0",
+        b'topo_reporter_extender_nodes{availability="readable"} 1.0',
+        b'topo_reporter_extender_nodes{availability="unreadable"} 1.0',
+        b"topo_reporter_extender_cache_synced 1.0",
+    ):
+        assert line in text
+    assert extender.call("GET", "/readyz") == (200, b"ok\n")
+
+
+class _ImpatientServer:
+    """A NodeWatchClient whose every watch ends at once with nothing in it."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    def list_nodes(self, annotation: str) -> NodeSnapshot:
+        return NodeSnapshot((NodeAnnotation("a", None),), "7")
+
+    def watch_nodes(
+        self, annotation: str, resource_version: str, stop: threading.Event
+    ) -> Iterator[WatchEvent]:
+        self.watches += 1
+        return iter(())
+
+
+def test_a_watch_that_ends_at_once_is_a_failure_with_backoff_not_a_loop() -> None:
+    errors: list[PublishError] = []
+    stop = threading.Event()
+    client = _ImpatientServer()
+    NodeWatcher(
+        client,
+        NodeCache("gpu.topology.io"),
+        stop=stop,
+        log=structlog.get_logger(),
+        on_error=errors.append,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.02,
+    ).start()
+    try:
+        eventually(lambda: len(errors) >= 2, "two failed watches")
+    finally:
+        stop.set()
+    assert "ended the watch at once" in str(errors[0])
+    assert client.watches <= len(errors) + 1
