@@ -55,6 +55,8 @@ NOT_RUN_TOOLS = {
     "python3 -m venv": "makes a virtual environment; the suite runs in one",
     ". .venv/bin/activate": "enters the virtual environment the suite already runs in",
     "git": "reads the repository's history",
+    "python -m grpc_tools.protoc": "rewrites the committed stubs; tests/test_podresources_proto.py "
+    "regenerates them into a scratch directory and compares",
 }
 """Commands that start with these are not run here, for the reason given."""
 
@@ -69,6 +71,9 @@ NOT_RUN = {
     ),
     "topo-reporter run --sink nodefeature --node gpu-node-1 --namespace gpu-topology": (
         "runs until stopped (the --dry-run form runs)"
+    ),
+    "topo-reporter extender --listen 0.0.0.0:8888 --kubeconfig ~/.kube/config": (
+        "serves until stopped; tests/test_extender_cli.py starts it on loopback"
     ),
 }
 """Commands of ours shown in the docs that cannot run here, with the reason."""
