@@ -199,7 +199,7 @@ CONFIG_DURATIONS = [
     ("resync: -.inf", "not -inf seconds"),
     ("interval: 1e309", "is not a duration"),
     ("interval: 1.0e+309", "not inf seconds"),
-    ("resync: " + "9" * 400, "not inf seconds"),
+    ("resync: " + "9" * 400, "an integer of 400 digits: at most 64"),
     ("resync: -1", "not -1 seconds"),
     ("interval: 0", "not 0 seconds"),
     ("interval: 86401", "not 86401 seconds"),
@@ -219,7 +219,7 @@ def test_non_finite_and_absurd_durations_are_refused_at_start_from_the_settings_
     err = capsys.readouterr().err
     assert status == 1
     assert err.count("\n") == 1, err
-    assert f"in {path}" in err
+    assert str(path) in err
     assert message in err
 
 
