@@ -18,7 +18,7 @@ import pytest
 import urllib3
 import yaml
 
-from reporter.errors import ApiPermanentError, ConfigError
+from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish.client import EventType
 from reporter.publish.kube import KubeNodeClient, load_configuration
 from reporter.publish.rest import (
@@ -363,15 +363,17 @@ def test_a_token_file_that_looks_unchanged_is_still_read_every_minute(
     assert client.get_node(NODE).name == NODE
 
 
-def test_an_unreadable_token_file_is_a_config_error_naming_the_mount(
+def test_an_unreadable_token_file_is_a_transient_error_naming_the_mount(
     apiserver: ApiServerDouble, service_account: Path
 ) -> None:
     client = lean(
         load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
     )
     (service_account / "token").unlink()
-    with pytest.raises(ConfigError, match="automountServiceAccountToken"):
+    with pytest.raises(ApiTransientError, match="automountServiceAccountToken"):
         client.get_node(NODE)
+    (service_account / "token").write_text("agent-token")
+    assert client.get_node(NODE).name == NODE
 
 
 # -- what goes on the wire ---------------------------------------------------------------------

@@ -31,19 +31,30 @@ MAX_ANSWER_DEPTH = 100
 _NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
 
 
+MAX_RETRY_AFTER_CHARS = 64
+"""Longer than any HTTP date (29 characters) or sensible number of seconds: not a Retry-After."""
+MAX_RETRY_AFTER_S = 86400.0
+"""A day: the retry policy caps what it honours lower still; this only keeps the float finite."""
+
+
 def retry_after(headers: Mapping[str, str] | None) -> float | None:
     """Seconds the server asked us to wait (a number or an HTTP date), or None."""
     value = (headers or {}).get("Retry-After")
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if len(value) > MAX_RETRY_AFTER_CHARS:
+        return None
+    # str.isdigit() also takes '²' and other non-ASCII digits, which float() refuses.
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    if when.tzinfo is None:
+        return None
+    return min(max(0.0, (when - datetime.now(UTC)).total_seconds()), MAX_RETRY_AFTER_S)
 
 
 def answer_json(data: str | bytes, what: str) -> Any:

@@ -261,7 +261,11 @@ class _BearerToken:
         self._value: str | None = None
 
     def value(self, source: str) -> str | None:
-        """Raises ConfigError when the token file cannot be read."""
+        """Raises ApiTransientError when the token file cannot be read.
+
+        The kubelet rewrites a projected token file atomically, and a remount can briefly hide
+        it: the agent stays up, not ready, and retries like any other failed API call.
+        """
         if self._path is None:
             return self._fixed
         with self._lock:
@@ -274,7 +278,7 @@ class _BearerToken:
                     self._seen, self._read_at = stamp, self._clock()
             except (OSError, InputError) as e:
                 why = type(e).__name__ if isinstance(e, OSError) else str(e)
-                raise ConfigError(
+                raise ApiTransientError(
                     f"cannot read the bearer token file of {source} ({why}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
