@@ -276,8 +276,14 @@ class _BearerToken:
                     token = read_bounded(self._path, limit=MAX_TOKEN_BYTES, what="token file")
                     self._value = token.strip()
                     self._seen, self._read_at = stamp, self._clock()
-            except (OSError, InputError) as e:
-                why = type(e).__name__ if isinstance(e, OSError) else str(e)
+            except InputError as e:
+                # A file that never ends is the wrong file: no retry cures it.
+                raise ConfigError(
+                    f"cannot read the bearer token file of {source} ({e}): check "
+                    "the service account token mount (automountServiceAccountToken) or tokenFile"
+                ) from e
+            except OSError as e:
+                why = type(e).__name__
                 raise ApiTransientError(
                     f"cannot read the bearer token file of {source} ({why}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
