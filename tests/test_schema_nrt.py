@@ -39,13 +39,17 @@ def go_module(module: str, version: str) -> Path:
     Go or the module is not there: the inline vectors below still run everywhere."""
     go = shutil.which("go")
     if go is None:
-        pytest.fail("no Go toolchain: install Go 1.26 (the tests read upstream files from its module cache)")
+        pytest.fail(
+            "no Go toolchain: install Go 1.26 (the tests read upstream files from its module cache)"
+        )
     cache = subprocess.run(
         [go, "env", "GOMODCACHE"], capture_output=True, text=True, check=True, timeout=60
     ).stdout.strip()
     path = Path(cache) / f"{module}@{version}"
     if not path.is_dir():
-        pytest.fail(f"{module}@{version} could not be put in the Go module cache (go mod download it)")
+        pytest.fail(
+            f"{module}@{version} could not be put in the Go module cache (go mod download it)"
+        )
     return path
 
 
