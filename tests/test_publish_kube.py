@@ -8,12 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.publish.client import EventType, NodeClient
 from reporter.publish.kube import load_configuration
 from tests.agent_support import NodeClientFactory
-from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
+from tests.kube_double import AGENT_PERMISSIONS, ApiServerDouble, Fault, write_kubeconfig
 from tests.kube_double.tls import Certificate
 
 NODE = "gpu-node-1"
@@ -209,3 +210,66 @@ def test_an_unreadable_kubeconfig_is_a_config_error_naming_the_path(tmp_path: Pa
     path = tmp_path / "absent.kubeconfig"
     with pytest.raises(ConfigError, match=f"from {path}"):
         load_configuration(str(path))
+
+
+# -- a kubeconfig user with both `token` and `tokenFile` ------------------------------------------
+
+
+def token_and_file(kubeconfig: Path, apiserver: ApiServerDouble) -> Path:
+    """Give the kubeconfig's user an inline token and a token file, each known to the double."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["users"][0]["user"] = {"token": "inline-token", "tokenFile": "token"}
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    token_file = kubeconfig.parent / "token"
+    token_file.write_text("file-token\n")
+    apiserver.tokens["file-token"] = AGENT_PERMISSIONS
+    apiserver.tokens["inline-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["agent-token"]
+    return token_file
+
+
+def rotate(token_file: Path, token: str) -> None:
+    """As the kubelet swaps a projected token: a new file renamed over the old one."""
+    new = token_file.with_name("token.new")
+    new.write_text(token)
+    new.replace(token_file)
+
+
+def test_with_a_token_and_a_token_file_the_file_wins_and_is_read_again_as_in_client_go(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["inline-token"]
+    assert kube.get_node(NODE).name == NODE
+    rotate(token_file, "rotated-token")
+    apiserver.tokens["rotated-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["file-token"]
+    assert kube.get_node(NODE).name == NODE
+
+
+def test_a_token_file_that_cannot_be_read_leaves_its_last_good_token_in_use(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["inline-token"]
+    assert kube.get_node(NODE).name == NODE
+    token_file.unlink()
+    assert kube.get_node(NODE).name == NODE
+    rotate(token_file, "")
+    assert kube.get_node(NODE).name == NODE  # client-go refuses an empty token file too
+
+
+def test_the_inline_token_stands_in_until_the_token_file_can_be_read(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    token_file.unlink()
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["file-token"]
+    assert kube.get_node(NODE).name == NODE
+    rotate(token_file, "file-token")
+    apiserver.tokens["file-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["inline-token"]
+    assert kube.get_node(NODE).name == NODE

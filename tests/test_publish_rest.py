@@ -186,12 +186,9 @@ def test_where_a_file_and_its_data_are_both_given_the_file_wins_as_in_the_offici
         str(tmp_path / "ca.crt"),
         str(tmp_path / "token"),
     )
-    assert (config.ca_data, config.token, config.client_cert_data, config.client_key_data) == (
-        None,
-        None,
-        None,
-        None,
-    )
+    assert (config.ca_data, config.client_cert_data, config.client_key_data) == (None, None, None)
+    # The token stays beside its file: client-go sends it while the file cannot be read.
+    assert config.token == "inline"
 
 
 CONFIG_ERRORS = [
@@ -366,10 +363,10 @@ def test_a_token_file_that_looks_unchanged_is_still_read_every_minute(
 def test_an_unreadable_token_file_is_a_transient_error_naming_the_mount(
     apiserver: ApiServerDouble, service_account: Path
 ) -> None:
-    client = lean(
-        load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
-    )
+    config = load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
+    # Before any good read: once one was read, it stands in (as in client-go).
     (service_account / "token").unlink()
+    client = lean(config)
     with pytest.raises(ApiTransientError, match="automountServiceAccountToken"):
         client.get_node(NODE)
     (service_account / "token").write_text("agent-token")

@@ -10,7 +10,7 @@ put into a message a token or kubeconfig content.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import incluster_config, kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from reporter.doctor import AGENT_POD_SELECTOR
@@ -25,7 +26,13 @@ from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, P
 from reporter.publish import errors_map, nodefeature
 from reporter.publish.client import EventType
 from reporter.publish.patch import NodeMetadata
-from reporter.publish.rest import COMPONENT, MERGE_PATCH, node_metadata, read_kubeconfig
+from reporter.publish.rest import (
+    COMPONENT,
+    MERGE_PATCH,
+    BearerToken,
+    node_metadata,
+    read_kubeconfig,
+)
 
 
 def load_configuration(kubeconfig: str | None, context: str | None = None) -> client.Configuration:
@@ -38,11 +45,21 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
     try:
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
+            source = "in-cluster"
+            token: BearerToken | None = BearerToken(None, incluster_config.SERVICE_TOKEN_FILENAME)
         else:
             _check_kubeconfigs(kubeconfig)
-            config.load_kube_config(  # type: ignore[no-untyped-call]  # as above
-                config_file=kubeconfig, context=context, client_configuration=configuration
+            source = kubeconfig or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+            merged = kube_config.KubeConfigMerger(source)  # type: ignore[no-untyped-call]  # as above
+            if merged.config is None:
+                raise ConfigException("no configuration found")
+            loader = kube_config.KubeConfigLoader(  # type: ignore[no-untyped-call]  # as above
+                config_dict=merged.config,
+                active_context=context,
+                config_persister=merged.save_changes,
             )
+            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]  # as above
+            token = _kubeconfig_token(loader)
     except (ConfigException, OSError) as e:
         where = kubeconfig or "in-cluster service account or KUBECONFIG or ~/.kube/config"
         if context is not None:
@@ -52,9 +69,36 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
             "--kubeconfig or set KUBECONFIG to a readable kubeconfig"
             + (" that has that context" if context is not None else ", or run in a pod")
         ) from e
+    if token is not None:
+        configuration.refresh_api_key_hook = _refresh_token(token, source)  # type: ignore[assignment]  # typed None, meant for a hook
     # Retries are reraised to our tenacity policy; urllib3's own would multiply them.
     configuration.retries = False
     return configuration
+
+
+def _kubeconfig_token(loader: Any) -> BearerToken | None:
+    """The kubeconfig user's token file, read as the lean client reads it; None without one.
+
+    The official loader prefers an inline `token` to `tokenFile` and reads the file once, with
+    no size limit; client-go sends the file's last good content and re-reads it (it rotates).
+    """
+    user = loader._user  # the loader keeps the context's user only here
+    if not user or not user.safe_get("tokenFile"):
+        return None
+    base = os.path.dirname(os.path.abspath(user.path)) if user.path else ""
+    path = os.path.normpath(os.path.join(base, str(user["tokenFile"])))
+    return BearerToken(str(user.safe_get("token") or "") or None, path)
+
+
+def _refresh_token(token: BearerToken, source: str) -> Callable[[client.Configuration], None]:
+    """The client's hook before each request: the token as the lean client would send it."""
+
+    def refresh(configuration: client.Configuration) -> None:
+        value = token.value(source)
+        if value:
+            configuration.api_key["BearerToken"] = f"Bearer {value}"
+
+    return refresh
 
 
 def _check_kubeconfigs(kubeconfig: str | None) -> None:

@@ -11,8 +11,10 @@ Credentials come from the pod's service account or from a kubeconfig that uses o
 module understands (`load_rest_config`); a kubeconfig needing an `exec` or `auth-provider`
 plugin (EKS, GKE, OIDC), a proxy or anything else is refused with `LeanClientUnsupportedError`,
 and the caller falls back to the official client. A token file is re-read when it changes or
-every minute (bound service-account tokens rotate). This module must never import `kubernetes`,
-and never log or put into a message a token, a key or a kubeconfig's content.
+every minute (bound service-account tokens rotate); as in client-go, its last good content wins
+over an inline `token`, which is used only until the file can first be read. This module must
+never import `kubernetes`, and never log or put into a message a token, a key or a kubeconfig's
+content.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class RestConfig:
     ca_data: str | None = None
     """PEM text of the cluster CA; with ca_file None and both None, the system's trust store."""
     token: str | None = None
+    """The inline token: with a token_file too, used only until the file can first be read."""
     token_file: str | None = None
     """Read for each request when changed, and every TOKEN_REFRESH_S (it rotates)."""
     client_cert_file: str | None = None
@@ -214,8 +217,9 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         except (binascii.Error, ValueError) as e:
             raise _unloadable(where, f"{key} is not base64") from e
 
-    # Where both a file and its `-data` (or `token`) are given, the file wins, as in the
-    # official client: the same kubeconfig means the same credentials with either.
+    # Where both a file and its `-data` are given, the file wins, as in the official client: the
+    # same kubeconfig means the same credentials with either. A `token` is kept beside its
+    # `tokenFile`: client-go sends it while the file cannot be read (see BearerToken).
     ca_file = file(cluster, "certificate-authority")
     ca_data = None if ca_file else data(cluster, "certificate-authority-data")
     token_file = file(user, "tokenFile")
@@ -225,7 +229,7 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         source=where,
         ca_file=ca_file,
         ca_data=ca_data.decode("ascii", "replace") if ca_data else None,
-        token=None if token_file or not user.get("token") else str(user["token"]),
+        token=str(user["token"]) if user.get("token") else None,
         token_file=token_file,
         client_cert_file=cert_file,
         client_key_file=key_file,
@@ -246,8 +250,15 @@ def _refuse_proxy(server: str) -> None:
 # -- the connection --------------------------------------------------------------------------
 
 
-class _BearerToken:
-    """The token to send: fixed, or a file re-read when it changes or every TOKEN_REFRESH_S."""
+class BearerToken:
+    """The token to send, as client-go's bearer round tripper picks it.
+
+    Without a file, the fixed token. With one, the file's content, re-read when the file changes
+    and at least every TOKEN_REFRESH_S; when it cannot be read, its last good content, else the
+    inline token (client-go's cached file token source and `BearerToken` fallback). Only when
+    there is neither is the failure raised. Both clients use this, so one kubeconfig means one
+    token whichever client runs.
+    """
 
     def __init__(
         self, token: str | None, path: str | None, clock: Callable[[], float] = time.monotonic
@@ -261,7 +272,8 @@ class _BearerToken:
         self._value: str | None = None
 
     def value(self, source: str) -> str | None:
-        """Raises ApiTransientError when the token file cannot be read.
+        """Raises ConfigError for a file too large to be a token, ApiTransientError for one that
+        cannot be read, when no earlier content or inline token can stand in.
 
         The kubelet rewrites a projected token file atomically, and a remount can briefly hide
         it: the agent stays up, not ready, and retries like any other failed API call.
@@ -270,25 +282,34 @@ class _BearerToken:
             return self._fixed
         with self._lock:
             try:
-                st = os.stat(self._path)
-                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-                if stamp != self._seen or self._clock() - self._read_at >= TOKEN_REFRESH_S:
-                    token = read_bounded(self._path, limit=MAX_TOKEN_BYTES, what="token file")
-                    self._value = token.strip()
-                    self._seen, self._read_at = stamp, self._clock()
+                self._refresh(self._path)
             except InputError as e:
+                if self._value or self._fixed:
+                    return self._value or self._fixed
                 # A file that never ends is the wrong file: no retry cures it.
                 raise ConfigError(
                     f"cannot read the bearer token file of {source} ({e}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
             except OSError as e:
+                if self._value or self._fixed:
+                    return self._value or self._fixed
                 why = type(e).__name__
                 raise ApiTransientError(
                     f"cannot read the bearer token file of {source} ({why}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
-            return self._value
+            return self._value or self._fixed
+
+    def _refresh(self, path: str) -> None:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._seen or self._clock() - self._read_at >= TOKEN_REFRESH_S:
+            token = read_bounded(path, limit=MAX_TOKEN_BYTES, what="token file").strip()
+            # client-go refuses an empty token file; the last good token stays.
+            if token:
+                self._value = token
+            self._seen, self._read_at = stamp, self._clock()
 
 
 def _ssl_context(config: RestConfig) -> ssl.SSLContext:
@@ -363,7 +384,7 @@ class RestTransport:
             {"cert_reqs": ssl.CERT_NONE, "assert_hostname": False} if config.insecure else {}
         )
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=2, ssl_context=context, **verify)
-        self._token = _BearerToken(config.token, config.token_file, clock)
+        self._token = BearerToken(config.token, config.token_file, clock)
         self._timeout = urllib3.Timeout(connect=request_timeout_s[0], read=request_timeout_s[1])
         self._user_agent = _user_agent()
 
