@@ -13,8 +13,8 @@ import structlog
 
 from parsers.kubelet import KubeletPolicies
 from reporter.errors import ApiPermanentError, PublishError
-from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtSink, RestNrtClient
-from reporter.publish.rest import load_rest_config
+from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtSink
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
 from tests.agent_support import FAST, topology
 from tests.kube_double import ApiServerDouble, Fault
@@ -38,7 +38,7 @@ def sink(
     def make(
         token: str = "admin-token", on_error: Callable[[PublishError], None] = lambda e: None
     ) -> NrtSink:
-        client = RestNrtClient(load_rest_config(str(kubeconfig_with_token(token))))
+        client = RestApiClient(load_rest_config(str(kubeconfig_with_token(token))))
         return NrtSink(
             client,
             stop=threading.Event(),
