@@ -361,9 +361,7 @@ class ApiClusterReader:
         self._namespace = namespace
         self._tool = tool
 
-    def _forbidden(self, e: ApiPermanentError, what: str, resource: Resource) -> ApiPermanentError:
-        if e.status != 403:
-            return e
+    def _forbidden(self, what: str, resource: Resource) -> ApiPermanentError:
         return ApiPermanentError(
             f"{what}: forbidden (403): `{self._tool}` needs get and list on `{resource.plural}` "
             "(the built-in `view` ClusterRole does not cover nodes: bind one that does)",
@@ -374,13 +372,17 @@ class ApiClusterReader:
         try:
             return list(self._api.list(NODES)["items"])
         except ApiPermanentError as e:
-            raise self._forbidden(e, "list nodes", NODES) from e
+            if e.status == 403:
+                raise self._forbidden("list nodes", NODES) from e
+            raise
 
     def get_node(self, name: str) -> dict[str, Any]:
         try:
             node = self._api.get(NODES, name)
         except ApiPermanentError as e:
-            raise self._forbidden(e, f"node {name}", NODES) from e
+            if e.status == 403:
+                raise self._forbidden(f"node {name}", NODES) from e
+            raise
         if node is None:
             raise ApiPermanentError(f"node {name}: not found (404)", status=404)
         return node

@@ -17,6 +17,7 @@ documents stay in the object, under the attribute feature `gputopology.annotatio
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -237,23 +238,17 @@ class NodeFeatureSink:
         self._name = object_name(node)
         self._prefix = prefix
         self._namespace = namespace
-        self._stop = stop
-        self._backoff = backoff
         self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
         self._on_error = on_error
-        self._on_wait = on_wait
-        self._known: _Read | None = None
-
-    def _retrying(self, what: str, operation: Any) -> Any:
-        return retry.call(
-            operation,
-            what=what,
-            stop=self._stop,
-            backoff=self._backoff,
+        self._retry = functools.partial(
+            retry.call,
+            stop=stop,
+            backoff=backoff,
             log=self._log,
-            on_error=self._on_error,
-            on_wait=self._on_wait,
+            on_error=on_error,
+            on_wait=on_wait,
         )
+        self._known: _Read | None = None
 
     def _current(self) -> dict[str, Any] | None:
         if self._known is None:
@@ -269,7 +264,7 @@ class NodeFeatureSink:
         return self._known.obj
 
     def published(self) -> Desired:
-        return read_back(self._retrying("read nodefeature", self._current), self._prefix)
+        return read_back(self._retry(self._current, what="read nodefeature"), self._prefix)
 
     def publish(self, want: Desired) -> bool:
         def attempt() -> bool:
@@ -303,7 +298,7 @@ class NodeFeatureSink:
             return True
 
         try:
-            return bool(self._retrying("write nodefeature", attempt))
+            return bool(self._retry(attempt, what="write nodefeature"))
         except PublishError:
             self._known = None
             raise

@@ -11,6 +11,7 @@ client.
 
 from __future__ import annotations
 
+import functools
 import threading
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -63,23 +64,12 @@ class NodePatchSink:
         self._api = api
         self._node = node
         self._prefix = prefix
-        self._stop = stop
-        self._backoff = backoff
         self._log = log
         self._on_error = on_error
-        self._on_wait = on_wait
-        self._known: NodeMetadata | None = None
-
-    def _retrying(self, what: str, operation: Any) -> Any:
-        return retry.call(
-            operation,
-            what=what,
-            stop=self._stop,
-            backoff=self._backoff,
-            log=self._log,
-            on_error=self._on_error,
-            on_wait=self._on_wait,
+        self._retry = functools.partial(
+            retry.call, stop=stop, backoff=backoff, log=log, on_error=on_error, on_wait=on_wait
         )
+        self._known: NodeMetadata | None = None
 
     def _read(self) -> NodeMetadata:
         node = self._api.get(NODES, self._node)
@@ -94,7 +84,7 @@ class NodePatchSink:
         return self._known
 
     def published(self) -> Desired:
-        return node_patch.ours(self._retrying("read node", self._current), self._prefix)
+        return node_patch.ours(self._retry(self._current, what="read node"), self._prefix)
 
     def publish(self, want: Desired) -> bool:
         def attempt() -> bool:
@@ -118,7 +108,7 @@ class NodePatchSink:
             return True
 
         try:
-            return bool(self._retrying("patch node", attempt))
+            return bool(self._retry(attempt, what="patch node"))
         except PublishError:
             self._known = None
             raise

@@ -77,10 +77,8 @@ class NodeWatchClient(Protocol):
         ...
 
 
-def _for_extender(e: ApiPermanentError) -> ApiPermanentError:
-    """A 403 says which grant the extender needs; other errors are as mapped."""
-    if e.status != 403:
-        return e
+def _forbidden(e: ApiPermanentError) -> ApiPermanentError:
+    """A 403 that says which grant the extender needs."""
     what = str(e).partition(":")[0]
     return ApiPermanentError(
         f"{what}: forbidden (403): grant the extender's ClusterRole `list` and `watch` on "
@@ -112,7 +110,9 @@ class NodeWatch:
             try:
                 page = self._api.list(NODES, query=query, metadata_only=True)
             except ApiPermanentError as e:
-                raise _for_extender(e) from e
+                if e.status == 403:
+                    raise _forbidden(e) from e
+                raise
             nodes.extend(_annotation(item, annotation) for item in page["items"])
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
@@ -132,7 +132,9 @@ class NodeWatch:
                 metadata_only=True,
             )
         except ApiPermanentError as e:
-            raise _for_extender(e) from e
+            if e.status == 403:
+                raise _forbidden(e) from e
+            raise
         return (_event(event, annotation) for event in events)
 
 
