@@ -96,16 +96,9 @@ def status_details(body: str | bytes | None) -> Mapping[str, Any]:
     return details if isinstance(details, dict) else {}
 
 
-VERBS = {
-    "get": "read",
-    "create": "create",
-    "replace": "replace",
-    "merge_patch": "patch",
-    "list": "list",
-    "watch": "watch",
-}
-"""Each ApiClient call and the word messages use for it."""
-_RBAC_VERBS = {"get": "get", "replace": "update", "merge_patch": "patch"}
+_ACTIONS = {"get": "read", "merge_patch": "patch"}
+"""The word messages use for an ApiClient call, where it is not the call's name."""
+_RBAC_VERBS = {"replace": "update", "merge_patch": "patch"}
 
 
 def _label(resource: Resource) -> str:
@@ -127,9 +120,9 @@ def describe(
         involved = body.get("involvedObject") or {}
         return f"post event on {str(involved.get('kind', '')).lower()} {involved.get('name')}"
     if name is None:
-        return f"{VERBS[verb]} {resource.plural}"
+        return f"{_ACTIONS.get(verb, verb)} {resource.plural}"
     where = f"{namespace}/{name}" if resource.namespaced and namespace else name
-    return f"{VERBS[verb]} {_label(resource)} {where}"
+    return f"{_ACTIONS.get(verb, verb)} {_label(resource)} {where}"
 
 
 def names_object(body: str | bytes | None, resource: Resource, name: str) -> bool:
