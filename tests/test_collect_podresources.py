@@ -34,6 +34,7 @@ from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.errors import ConfigError
 from reporter.schema.model import Topology
+from reporter.schema.nrt import PodRef
 from reporter.serve.metrics import Metrics
 from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 
@@ -104,6 +105,27 @@ def test_whole_gpus_held_by_containers_are_allocated_and_the_rest_free(
     assert view.unhealthy == ()
     assert view.unknown_ids == 0
     assert kubelet.servicer.calls == ["GetAllocatableResources", "List"]
+
+
+def test_every_listed_pod_is_in_the_view_for_the_nrt_fingerprint_with_or_without_devices(
+    kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
+) -> None:
+    ids = uuids(topology)
+    kubelet.state = {
+        "devices": devices_state(GPU, ids),
+        "pods": [
+            pod_state("web", "example.com/other", ["dev-1"], namespace="shop"),
+            pod_state("train", GPU, [ids[0]], namespace="ml"),
+            {"namespace": "kube-system", "name": "coredns", "containers": [{"name": "c"}]},
+        ],
+    }
+    view = reader.allocated(topology)
+    assert view.pods == (
+        PodRef("kube-system", "coredns"),
+        PodRef("ml", "train"),
+        PodRef("shop", "web"),
+    )
+    assert view.allocated == {0}
 
 
 def test_a_time_sliced_replica_in_use_makes_its_whole_gpu_allocated(
