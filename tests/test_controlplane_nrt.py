@@ -1,0 +1,280 @@
+"""The NodeResourceTopology sink and the agent's NRT output on the real kube-apiserver, with the
+real CRD (`manifests/crd.yaml` of the NodeResourceTopology API module that NFD v0.17.3 and
+scheduler-plugins pin, taken from Go's module cache): the API server's own structural-schema
+validation judges every object written, the fingerprint attribute included. Writes happen only on
+change, and another producer's object is never touched."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import pytest
+import structlog
+from kubernetes import client as k8s
+from structlog.testing import capture_logs
+
+from parsers.kubelet import KubeletPolicies
+from reporter.collect.podresources import allocation_view
+from reporter.errors import ApiPermanentError
+from reporter.publish.nrt import ForeignProducerError, NrtOutput, NrtSink, RestNrtClient
+from reporter.publish.rest import load_rest_config
+from reporter.schema import nrt
+from reporter.schema.nrt import NodeState, PodRef, node_resource_topology, pods_fingerprint
+from tests.agent_support import FAST, topology
+from tests.controlplane_fixtures import NodeFactory, RealApiServer
+
+pytestmark = pytest.mark.controlplane
+
+MEMORY = {0: 1 << 38, 1: 1 << 38}
+POLICIES = KubeletPolicies("single-numa-node", "pod")
+PODS = (PodRef("ml", "train-0"), PodRef("kube-system", "coredns-7db6d8ff4d-x2x9l"))
+
+
+class Store:
+    """The NodeResourceTopology objects as the real server holds them (the admin's client)."""
+
+    def __init__(self, server: RealApiServer) -> None:
+        self._api = k8s.CustomObjectsApi(server.api())
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self._api.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name)
+        except k8s.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], found)
+
+    def version(self, name: str) -> str:
+        obj = self.get(name)
+        assert obj is not None, f"no NodeResourceTopology {name}"
+        return str(obj["metadata"]["resourceVersion"])
+
+    def create(self, body: dict[str, Any], *, field_manager: str) -> None:
+        self._api.create_cluster_custom_object(
+            nrt.GROUP, nrt.VERSION, nrt.PLURAL, body, field_manager=field_manager
+        )
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(k8s.ApiException):
+            self._api.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name)
+
+
+@pytest.fixture
+def store(real_apiserver: RealApiServer, real_nrt_crd: str) -> Store:
+    return Store(real_apiserver)
+
+
+@pytest.fixture
+def node(store: Store, real_node_factory: NodeFactory) -> Iterator[str]:
+    """A fresh Node; its NodeResourceTopology, if any, is deleted after the test."""
+    name = real_node_factory()
+    yield name
+    store.delete(name)
+
+
+@pytest.fixture
+def sink(real_apiserver: RealApiServer) -> Callable[[], NrtSink]:
+    """A new sink over the lean client at each call: what a restarted agent has."""
+
+    def make() -> NrtSink:
+        client = RestNrtClient(load_rest_config(str(real_apiserver.kubeconfig)))
+        return NrtSink(client, stop=threading.Event(), backoff=FAST, log=structlog.get_logger())
+
+    return make
+
+
+def desired(node: str, free: frozenset[int], pods: tuple[PodRef, ...] = PODS) -> dict[str, Any]:
+    state = NodeState(pods=pods, free_gpus=free)
+    return node_resource_topology(node, topology(8), state, MEMORY, policies=POLICIES)
+
+
+def test_the_real_crd_takes_the_object_as_built_fingerprint_and_policies_included(
+    store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    want = desired(node, frozenset({0, 1, 5}))
+    assert sink().publish(want) is True
+    held = store.get(node)
+    assert held is not None
+    # Nothing pruned or defaulted by the structural schema: what we built is what is stored.
+    assert held["zones"] == want["zones"]
+    assert held["attributes"] == want["attributes"]
+    attributes = {a["name"]: a["value"] for a in held["attributes"]}
+    assert attributes == {
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerScope": "pod",
+        nrt.FINGERPRINT: pods_fingerprint(PODS),
+        nrt.FINGERPRINT_METHOD: "all",
+    }
+    gpus = {
+        z["name"]: next(r for r in z["resources"] if r["name"] == nrt.GPU_RESOURCE)
+        for z in held["zones"]
+    }
+    assert {z: (r["allocatable"], r["available"]) for z, r in gpus.items()} == {
+        "node-0": ("4", "2"),
+        "node-1": ("4", "1"),
+    }
+    assert held["metadata"]["labels"] == {nrt.MANAGED_BY: nrt.MANAGER}
+
+
+def test_an_unchanged_object_is_never_written_again_not_even_after_a_restart(
+    store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    running = sink()
+    running.publish(desired(node, frozenset({0})))
+    version = store.version(node)
+    assert running.publish(desired(node, frozenset({0}))) is False
+    assert sink().publish(desired(node, frozenset({0}))) is False
+    assert store.version(node) == version
+
+
+@pytest.mark.parametrize(
+    ("free", "pods"),
+    [
+        (frozenset({0}), PODS),
+        (frozenset({0, 1}), PODS[:1]),
+    ],
+    ids=["a GPU taken", "a GPU freed as its pod left (the fingerprint moves too)"],
+)
+def test_a_change_of_allocation_replaces_the_object(
+    store: Store,
+    node: str,
+    sink: Callable[[], NrtSink],
+    free: frozenset[int],
+    pods: tuple[PodRef, ...],
+) -> None:
+    running = sink()
+    running.publish(desired(node, frozenset({0, 1})))
+    version = store.version(node)
+    assert running.publish(desired(node, free, pods)) is True
+    held = store.get(node)
+    assert held is not None
+    assert held["metadata"]["resourceVersion"] != version
+    assert held["zones"] == desired(node, free, pods)["zones"]
+    assert held["attributes"] == desired(node, free, pods)["attributes"]
+
+
+def foreign(node: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Another producer's object, as NFD's topology-updater or RTE would have written it."""
+    return {
+        "apiVersion": f"{nrt.GROUP}/{nrt.VERSION}",
+        "kind": nrt.KIND,
+        "metadata": {"name": node, "labels": labels},
+        "zones": [
+            {
+                "name": "node-0",
+                "type": "Node",
+                "resources": [
+                    {"name": "cpu", "capacity": "8", "allocatable": "8", "available": "8"}
+                ],
+            }
+        ],
+        "attributes": [{"name": "topologyManagerPolicy", "value": "best-effort"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("manager", "labels", "named"),
+    [
+        ("nfd-topology-updater", {}, "field manager nfd-topology-updater"),
+        (
+            "resource-topology-exporter",
+            {nrt.MANAGED_BY: "resource-topology-exporter"},
+            f"{nrt.MANAGED_BY}=resource-topology-exporter",
+        ),
+    ],
+    ids=["NFD's topology-updater", "resource-topology-exporter"],
+)
+def test_another_producers_object_is_refused_in_one_line_and_left_untouched(
+    store: Store,
+    node: str,
+    sink: Callable[[], NrtSink],
+    manager: str,
+    labels: dict[str, str],
+    named: str,
+) -> None:
+    store.create(foreign(node, labels), field_manager=manager)
+    before = store.get(node)
+    assert before is not None
+    with pytest.raises(ForeignProducerError) as refused:
+        sink().publish(desired(node, frozenset({0})))
+    message = str(refused.value)
+    assert named in message
+    assert "turn that producer off on this node, or turn --nrt off" in message
+    assert "\n" not in message
+    after = store.get(node)
+    assert after == before
+
+
+def test_the_real_crd_refuses_a_broken_object_in_one_line(
+    store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    broken = desired(node, frozenset({0}))
+    del broken["zones"][0]["resources"][0]["available"]
+    with pytest.raises(ApiPermanentError) as refused:
+        sink().publish(broken)
+    assert "the API server refused the object (422)" in str(refused.value)
+    assert "available" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert store.get(node) is None
+
+
+def test_the_agents_output_publishes_each_allocation_view_and_counts_what_it_did(
+    store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    machine = topology(8)
+    uuids = [g.uuid or "" for g in machine.gpus]
+    results: list[str] = []
+    output = NrtOutput(
+        sink(),
+        node=node,
+        memory=lambda: MEMORY,
+        policies=lambda: POLICIES,
+        log=structlog.get_logger(),
+        on_result=results.append,
+    )
+    view = allocation_view(
+        machine, uuids, [uuids[0], f"{uuids[4]}::1"], [PodRef("ml", "a"), PodRef("ml", "b")]
+    )
+    output(machine, view)
+    output(machine, view)
+    held = store.get(node)
+    assert held is not None
+    assert held["zones"] == desired(node, frozenset(view.free), view.pods)["zones"]
+    attributes = {a["name"]: a["value"] for a in held["attributes"]}
+    assert attributes[nrt.FINGERPRINT] == pods_fingerprint(view.pods)
+    version = held["metadata"]["resourceVersion"]
+    freed = allocation_view(machine, uuids, [uuids[0]], [PodRef("ml", "a")])
+    output(machine, freed)
+    assert store.version(node) != version
+    assert results == ["written", "unchanged", "written"]
+
+
+def test_the_agents_output_never_raises_over_a_foreign_object_and_says_so_once(
+    store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    store.create(foreign(node, {}), field_manager="nfd-topology-updater")
+    before = store.get(node)
+    machine = topology(8)
+    uuids = [g.uuid or "" for g in machine.gpus]
+    results: list[str] = []
+    output = NrtOutput(
+        sink(),
+        node=node,
+        memory=lambda: MEMORY,
+        policies=lambda: POLICIES,
+        log=structlog.get_logger(),
+        on_result=results.append,
+    )
+    view = allocation_view(machine, uuids, [], [PodRef("ml", "a")])
+    with capture_logs() as logs:
+        output(machine, view)
+        output(machine, view)
+    assert results == ["refused", "refused"]
+    errors = [e for e in logs if e["event"] == "nrt_publish_failed"]
+    assert len(errors) == 1
+    assert "field manager nfd-topology-updater" in errors[0]["error"]
+    assert store.get(node) == before
