@@ -2,18 +2,25 @@
 real CRD (`manifests/crd.yaml` of the NodeResourceTopology API module that NFD v0.17.3 and
 scheduler-plugins pin, taken from Go's module cache): the API server's own structural-schema
 validation judges every object written, the fingerprint attribute included. Writes happen only on
-change, and another producer's object is never touched."""
+change, and another producer's object is never touched. Last, the chart's RBAC and admission
+policy with a DaemonSet pod's own token: its node's object is written, no other node's."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import structlog
+import yaml
 from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
@@ -25,6 +32,10 @@ from reporter.schema import nrt
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology, pods_fingerprint
 from tests.agent_support import FAST, topology
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
+from tests.helm_chart import NAMESPACE, VAP_API, render
+from tests.kube_double import write_kubeconfig
+from tests.test_agent_kubectl import kubectl
+from tests.test_controlplane_identity import pod_token
 
 pytestmark = pytest.mark.controlplane
 
@@ -278,3 +289,117 @@ def test_the_agents_output_never_raises_over_a_foreign_object_and_says_so_once(
     assert len(errors) == 1
     assert "field manager nfd-topology-updater" in errors[0]["error"]
     assert store.get(node) == before
+
+
+# --- the chart's RBAC and admission policy, with a DaemonSet pod's own token -------------------
+
+NRT_CHART = {
+    "availability": {"enabled": True},
+    "nrt": {"enabled": True},
+    "admissionPolicy": {"enabled": True},
+}
+POLICY_TIMEOUT_S = 60.0
+
+
+def kubectl_objects(server: RealApiServer, verb: list[str], objects: list[dict[str, Any]]) -> None:
+    done = subprocess.run(
+        [kubectl(), "--kubeconfig", str(server.kubeconfig), *verb, "-f", "-"],
+        input=yaml.safe_dump_all(objects),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 or verb[0] == "delete", done.stderr
+
+
+@pytest.fixture(scope="module")
+def nrt_chart(real_apiserver: RealApiServer, real_nrt_crd: str) -> Iterator[None]:
+    """The chart's objects with nrt.enabled and the admission policies, applied to the server."""
+    rendered = render(NRT_CHART, api_versions=(VAP_API,))
+    with contextlib.suppress(k8s.ApiException):
+        real_apiserver.core().create_namespace(
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE))
+        )
+    objects = list(rendered.objects)
+    kubectl_objects(real_apiserver, ["apply"], objects)
+    yield
+    kubectl_objects(real_apiserver, ["delete", "--ignore-not-found", "--wait=false"], objects)
+
+
+def agent_kubeconfig(server: RealApiServer, node: str, directory: Path) -> Path:
+    """A kubeconfig holding the token of the agent's pod bound to `node` (its node-name claim)."""
+    token = pod_token(server, node, f"topo-reporter-{node}")
+    cluster = yaml.safe_load(server.kubeconfig.read_text())["clusters"][0]["cluster"]
+    ca = directory / "ca.crt"
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    return write_kubeconfig(directory / "agent.kubeconfig", cluster["server"], token, ca_cert=ca)
+
+
+def wait_for_nrt_policy(kubeconfig: Path, other_node: str) -> None:
+    """The apiserver enforces a new policy once its informer has it: a dry-run create of another
+    node's object (admission runs, nothing is stored) is denied from then on."""
+    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        objects = k8s.CustomObjectsApi(api)
+        deadline = time.monotonic() + POLICY_TIMEOUT_S
+        while True:
+            try:
+                objects.create_cluster_custom_object(
+                    nrt.GROUP,
+                    nrt.VERSION,
+                    nrt.PLURAL,
+                    desired(other_node, frozenset()),
+                    dry_run="All",
+                )
+            except k8s.ApiException as e:
+                if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                    return
+                raise
+            assert time.monotonic() < deadline, f"not enforced within {POLICY_TIMEOUT_S:.0f} s"
+            time.sleep(0.1)
+    finally:
+        api.close()
+
+
+def test_the_agents_own_token_writes_its_nodes_object_and_no_other(
+    real_apiserver: RealApiServer,
+    nrt_chart: None,
+    store: Store,
+    real_node_factory: NodeFactory,
+    tmp_path: Path,
+) -> None:
+    own, other = real_node_factory(), real_node_factory()
+    kubeconfig = agent_kubeconfig(real_apiserver, own, tmp_path)
+    try:
+        wait_for_nrt_policy(kubeconfig, other)
+        client = RestNrtClient(load_rest_config(str(kubeconfig)))
+
+        def sink() -> NrtSink:
+            return NrtSink(client, stop=threading.Event(), backoff=FAST, log=structlog.get_logger())
+
+        # Created, then replaced: RBAC's get, create and update, and the policy, let both through.
+        running = sink()
+        assert running.publish(desired(own, frozenset({0}))) is True
+        assert running.publish(desired(own, frozenset())) is True
+        held = store.get(own)
+        assert held is not None
+        assert held["zones"] == desired(own, frozenset())["zones"]
+
+        with pytest.raises(ApiPermanentError) as denied:
+            sink().publish(desired(other, frozenset({0})))
+        assert "forbidden (403)" in str(denied.value)
+        assert "only the NodeResourceTopology of the Node its pod runs on" in str(denied.value)
+        assert store.get(other) is None
+
+        # An object of ours on the other node (a previous pod there) cannot be replaced either.
+        store.create(desired(other, frozenset({0})), field_manager="topo-reporter")
+        before = store.get(other)
+        with pytest.raises(ApiPermanentError) as denied:
+            sink().publish(desired(other, frozenset()))
+        assert "only the NodeResourceTopology of the Node its pod runs on" in str(denied.value)
+        assert store.get(other) == before
+    finally:
+        real_apiserver.core().delete_namespaced_pod(f"topo-reporter-{own}", NAMESPACE)
+        store.delete(own)
+        store.delete(other)
