@@ -278,3 +278,13 @@ def test_the_duration_bounds_themselves_are_accepted(text: str, seconds: float) 
 def test_settings_built_in_code_are_checked_the_same(field: str, seconds: float) -> None:
     with pytest.raises(ConfigError, match="from 1s to 24h"):
         Settings(node="n", **{field: seconds}).validate()  # type: ignore[arg-type]
+
+
+def test_run_nrt_without_availability_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", "--nrt"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1, err
+    assert "--nrt needs --availability" in err

@@ -13,6 +13,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
+from reporter.cli import nrt_client, nrt_output
 from reporter.collect.podresources import AllocationView, allocation_view
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.publish.nrt import (
@@ -24,6 +25,8 @@ from reporter.publish.nrt import (
 )
 from reporter.publish.rest import load_rest_config
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
+from reporter.serve.metrics import Metrics
+from reporter.settings import Settings
 from tests.agent_support import FAST, topology
 from tests.kube_double import ApiServerDouble, Fault
 
@@ -295,3 +298,43 @@ def test_a_failure_is_counted_never_raised_and_the_next_read_recovers(
         "nrt_created",
         "nrt_recovered",
     ]
+
+
+def test_the_agents_factory_reads_numa_memory_and_the_kubelet_policies_and_counts_results(
+    apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path], tmp_path: Path
+) -> None:
+    for numa in (0, 1):
+        meminfo = tmp_path / "sys" / "devices" / "system" / "node" / f"node{numa}" / "meminfo"
+        meminfo.parent.mkdir(parents=True)
+        meminfo.write_text(f"Node {numa} MemTotal:       1048576 kB\n")
+    kubelet = tmp_path / "kubelet.yaml"
+    kubelet.write_text(
+        "kind: KubeletConfiguration\ntopologyManagerPolicy: single-numa-node\n"
+        "topologyManagerScope: pod\n"
+    )
+    config = Settings(
+        node=NODE,
+        sysfs_root=str(tmp_path / "sys"),
+        kubelet_config=str(kubelet),
+        availability=True,
+        nrt=True,
+    ).validate()
+    metrics = Metrics()
+    log = structlog.get_logger()
+    client = nrt_client(str(kubeconfig_with_token("admin-token")), log)
+    publish = nrt_output(config, client, log, stop=threading.Event(), metrics=metrics)
+    publish(topology(8), view(held=(2,)))
+    publish(topology(8), view(held=(2,)))
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    memory = {
+        z["name"]: next(r["capacity"] for r in z["resources"] if r["name"] == "memory")
+        for z in stored["zones"]
+    }
+    assert memory == {"node-0": str(1 << 30), "node-1": str(1 << 30)}
+    assert {a["name"]: a["value"] for a in stored["attributes"]}["topologyManagerPolicy"] == (
+        "single-numa-node"
+    )
+    rendered = metrics.render().decode()
+    assert 'topo_reporter_nrt_publishes_total{result="written"} 1.0' in rendered
+    assert 'topo_reporter_nrt_publishes_total{result="unchanged"} 1.0' in rendered
