@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +26,7 @@ from kubernetes import config as k8s_config
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
-from reporter.collect.podresources import allocation_view
+from reporter.collect.podresources import PodResourcesReader, allocation_view
 from reporter.errors import ApiPermanentError
 from reporter.publish.nrt import ForeignProducerError, NrtOutput, NrtSink, RestNrtClient
 from reporter.publish.rest import load_rest_config
@@ -34,7 +36,10 @@ from tests.agent_support import FAST, topology
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
+from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_kubectl import kubectl
+from tests.test_collect_podresources import GPU, uuids
+from tests.test_collect_podresources_kubelet import KubeletPodResources, converge
 from tests.test_controlplane_identity import pod_token
 
 pytestmark = pytest.mark.controlplane
@@ -403,3 +408,55 @@ def test_the_agents_own_token_writes_its_nodes_object_and_no_other(
         real_apiserver.core().delete_namespaced_pod(f"topo-reporter-{own}", NAMESPACE)
         store.delete(own)
         store.delete(other)
+
+
+# --- end to end: the kubelet's PodResources server, the reader, the output, the API server -------
+
+
+def test_what_the_kubelet_lists_reaches_the_object_the_scheduler_reads(
+    controlplane_bin: Path, store: Store, node: str, sink: Callable[[], NrtSink]
+) -> None:
+    machine = topology(8)
+    ids = uuids(machine)
+    directory = Path(tempfile.mkdtemp(prefix="podres-n-", dir="/tmp"))
+    kubelet = KubeletPodResources(
+        controlplane_bin, directory / "kubelet.sock", directory / "state.json"
+    )
+    pods = [
+        pod_state("train", GPU, [ids[0], ids[1]], namespace="ml"),
+        pod_state("infer", GPU, [ids[6]], namespace="ml"),
+        {"namespace": "kube-system", "name": "coredns", "containers": [{"name": "c"}]},
+    ]
+    kubelet.write({"devices": devices_state(GPU, ids), "pods": pods})
+    kubelet.start()
+    try:
+        with PodResourcesReader(kubelet.socket) as reader:
+            view = converge(lambda: reader.allocated(machine), lambda v: len(v.pods) == 3)
+    finally:
+        kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    results: list[str] = []
+    output = NrtOutput(
+        sink(),
+        node=node,
+        memory=lambda: MEMORY,
+        policies=lambda: POLICIES,
+        log=structlog.get_logger(),
+        on_result=results.append,
+    )
+    output(machine, view)
+    assert results == ["written"]
+    held = store.get(node)
+    assert held is not None
+    attributes = {a["name"]: a["value"] for a in held["attributes"]}
+    # Every pod the kubelet listed, the one without devices too, as the scheduler recomputes it.
+    assert attributes[nrt.FINGERPRINT] == pods_fingerprint(
+        (PodRef("ml", "train"), PodRef("ml", "infer"), PodRef("kube-system", "coredns"))
+    )
+    available = sum(
+        int(r["available"])
+        for z in held["zones"]
+        for r in z["resources"]
+        if r["name"] == nrt.GPU_RESOURCE
+    )
+    assert available == len(ids) - 3
