@@ -128,6 +128,31 @@ def test_every_listed_pod_is_in_the_view_for_the_nrt_fingerprint_with_or_without
     assert view.allocated == {0}
 
 
+def test_exclusive_cpus_of_every_container_are_in_the_view(
+    kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
+) -> None:
+    ids = uuids(topology)
+    kubelet.state = {
+        "devices": devices_state(GPU, ids),
+        "pods": [
+            {
+                "namespace": "ml",
+                "name": "train",
+                "containers": [
+                    {
+                        "name": "main",
+                        "cpus": [2, 3],
+                        "devices": [{"resource": GPU, "ids": [ids[0]]}],
+                    },
+                    {"name": "sidecar", "cpus": [60]},
+                ],
+            },
+            pod_state("shared-pool", GPU, [ids[1]]),
+        ],
+    }
+    assert reader.allocated(topology).exclusive_cpus == {2, 3, 60}
+
+
 def test_a_time_sliced_replica_in_use_makes_its_whole_gpu_allocated(
     kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
 ) -> None:

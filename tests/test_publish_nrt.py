@@ -244,6 +244,26 @@ def test_the_output_publishes_the_view_and_writes_only_when_it_changes(
     assert stored["attributes"] == want["attributes"]
 
 
+def test_the_output_counts_exclusive_cpus_out_of_their_zones_available_cpu(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, _, _ = output()
+    machine = topology(8)
+    uuids = [g.uuid or "" for g in machine.gpus]
+    publish(machine, allocation_view(machine, uuids, [], [PodRef("ml", "p")], [0, 1, 50]))
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    cpu = {
+        z["name"]: next(
+            (r["capacity"], r["available"]) for r in z["resources"] if r["name"] == "cpu"
+        )
+        for z in stored["zones"]
+    }
+    numa0 = len(machine.numa_nodes[0].cpus)
+    numa1 = len(machine.numa_nodes[1].cpus)
+    assert cpu == {"node-0": (str(numa0), str(numa0 - 2)), "node-1": (str(numa1), str(numa1 - 1))}
+
+
 def test_a_refusal_is_logged_once_and_not_asked_again_until_the_object_changes_or_resync(
     apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
 ) -> None:

@@ -101,6 +101,9 @@ class AllocationView:
     """Every pod `List` returned, sorted, whatever it holds: the NodeResourceTopology's pods
     fingerprint covers them all, as NFD's topology-updater computes it (method `all`), so that
     it equals what scheduler-plugins recomputes from the pods it placed on the node."""
+    exclusive_cpus: frozenset[int] = frozenset()
+    """CPUs containers hold exclusively (the CPU manager's `static` policy; `List` names no
+    shared-pool CPU): not available in the NodeResourceTopology's zones."""
 
     @property
     def free(self) -> tuple[int, ...]:
@@ -136,6 +139,7 @@ def allocation_view(
     offered: Iterable[str],
     held: Iterable[str],
     pods: Iterable[PodRef] = (),
+    exclusive_cpus: Iterable[int] = (),
 ) -> AllocationView:
     """The view of `topology` given the device IDs the kubelet offers, those containers hold,
     and the pods the kubelet lists.
@@ -180,6 +184,7 @@ def allocation_view(
         unknown_examples=tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES]),
         lost=lost,
         pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
+        exclusive_cpus=frozenset(exclusive_cpus),
     )
 
 
@@ -350,7 +355,13 @@ class PodResourcesReader:
             for device_id in self._managed_ids(container.devices)
         )
         pods = (PodRef(pod.namespace, pod.name) for pod in listed.pod_resources)
-        view = allocation_view(topology, offered, held, pods)
+        cpus = (
+            cpu
+            for pod in listed.pod_resources
+            for container in pod.containers
+            for cpu in container.cpu_ids
+        )
+        view = allocation_view(topology, offered, held, pods, cpus)
         self._note(view)
         return view
 

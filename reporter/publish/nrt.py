@@ -294,7 +294,9 @@ class NrtOutput:
         self._error: str | None = None
 
     def __call__(self, topology: Topology, view: AllocationView) -> None:
-        state = nrt.NodeState(pods=view.pods, free_gpus=frozenset(view.free))
+        state = nrt.NodeState(
+            pods=view.pods, free_gpus=frozenset(view.free), exclusive_cpus=view.exclusive_cpus
+        )
         try:
             want = nrt.node_resource_topology(
                 self._node,
