@@ -252,19 +252,18 @@ class NrtSink:
         return True
 
 
-NRT_RESULTS = ("written", "unchanged", "failed", "refused")
-"""What one NrtOutput call ends in: the closed vocabulary of its metric."""
-
-
 class NrtOutput:
     """The agent's NodeResourceTopology, a live output: called with the topology and the kubelet's
     allocation view after each availability read, it publishes the node's object through the
     sink, which writes only on change.
 
-    Never raises. A failure (the API, a NUMA node without memory, another producer's object) is
-    logged once per distinct error and counted through `on_result`; a permanent refusal is not
-    asked again until the object it was refused changes or `resync_s` passes, when the sink also
-    reads the object again to repair drift (ours edited or deleted by hand).
+    Each call ends in one `on_result`: `written`, `unchanged`, `failed` (the API, after the sink's
+    retries) or `refused` (a permanent refusal, another producer's object, or an object that
+    cannot be built: no NUMA node, a NUMA node without memory, an unreadable kubelet config).
+    A failure is logged once per distinct error, never raised; only `retry.Interrupted` passes
+    through, the loop's own shutdown request. A permanent refusal is not asked again until the
+    object it was refused changes or `resync_s` passes, when the sink also reads the object
+    again to repair drift (ours edited or deleted by hand).
     """
 
     def __init__(
