@@ -30,6 +30,9 @@ from reporter import doctor, logs, settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.sysfs_tree import memory_hostfs
+from reporter.collect.sysfs import numa_memory
 from reporter.errors import (
     CollectError,
     ConfigError,
@@ -38,11 +41,13 @@ from reporter.errors import (
     SchemaError,
     TopoReporterError,
 )
+from reporter.hostfs import DirHostFS, HostFS
 from reporter.inputs import read_bounded
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
+from reporter.publish.nrt import NrtOutput, NrtSink
 from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
@@ -296,6 +301,41 @@ def _api_client(kubeconfig: str | None, log: structlog.typing.FilteringBoundLogg
         return kube.KubeApiClient(kube.load_configuration(kubeconfig))
     log.info("api_client", api_client="lean", server=config.server)
     return RestApiClient(config)
+
+
+def nrt_output(
+    config: settings.Settings,
+    client: ApiClient,
+    log: structlog.typing.FilteringBoundLogger,
+    *,
+    stop: threading.Event,
+    metrics: Metrics,
+) -> NrtOutput:
+    """The live output of `run --nrt`: the node's NodeResourceTopology, from each allocation
+    view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
+    Manager policies from its config file. API errors and results go to `metrics`."""
+    node = config.node or socket.gethostname().lower()
+    hostfs: HostFS = (
+        DirHostFS(Path(config.sysfs_root))
+        if config.simulate is None
+        else memory_hostfs(load_machine(config.simulate))
+    )
+    sink = NrtSink(
+        client,
+        stop=stop,
+        backoff=Backoff(),
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    )
+    return NrtOutput(
+        sink,
+        node=node,
+        memory=lambda: numa_memory(hostfs),
+        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        log=log,
+        resync_s=config.resync_s,
+        on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

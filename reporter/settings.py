@@ -75,6 +75,11 @@ class Settings:
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
     koordinator_dir: str | None = None
     """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
+    availability: bool = False
+    """Read which GPUs are free from the kubelet's PodResources socket."""
+    nrt: bool = False
+    """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
+    from each availability read; needs `availability`."""
     once: bool = False
     """Scan and publish once, then exit (non-zero on failure)."""
     dry_run: bool = False
@@ -115,6 +120,12 @@ class Settings:
             if value not in allowed:
                 raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
         listen_address(self.listen)
+        if self.nrt and not self.availability:
+            raise ConfigError(
+                "--nrt needs --availability: the NodeResourceTopology's free GPUs and pods "
+                "fingerprint come from the kubelet's PodResources socket (chart: "
+                "availability.enabled)"
+            )
         return self
 
 
@@ -171,7 +182,10 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
     "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
     "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
+    "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
+    "nrt": (("TOPO_REPORTER_NRT",), "bool"),
 }
+_BOOLEANS = {"true": True, "false": False}
 _FLAG_NAMES = {"interval_s": "interval", "resync_s": "resync"}
 _FLAGS_ONLY = ("once", "dry_run")
 
@@ -190,6 +204,13 @@ def _convert(name: str, raw: object, origin: str) -> object:
         else:
             seconds = parse_duration(str(raw), name=where)
         return check_duration(seconds, name=where)
+    if kind == "bool":
+        # A flag says True; a file says a YAML boolean; the environment says true or false.
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in _BOOLEANS:
+            return _BOOLEANS[raw.strip().lower()]
+        raise ConfigError(f"{_flag(name)} ({origin}) must be true or false, not {excerpt(raw)}")
     if not isinstance(raw, str):
         raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {excerpt(raw)}")
     return raw
@@ -275,6 +296,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write Koordinator's device-info file (NVLink partitions) into koordlet's "
         "xpu-device-infos DIR (default: off)",
+    )
+    add(
+        "--availability",
+        action="store_true",
+        default=None,
+        help="publish which GPUs are free, read from the kubelet's PodResources socket",
+    )
+    add(
+        "--nrt",
+        action="store_true",
+        default=None,
+        help="publish the node's NodeResourceTopology (needs --availability; the sole producer: "
+        "refuses to write over NFD's topology-updater or resource-topology-exporter)",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

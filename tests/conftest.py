@@ -14,6 +14,7 @@ from tests.controlplane_fixtures import (
     real_namespace,
     real_nfd_crds,
     real_node_factory,
+    real_nrt_crd,
 )
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
@@ -35,6 +36,7 @@ __all__ = [
     "real_namespace",
     "real_nfd_crds",
     "real_node_factory",
+    "real_nrt_crd",
     "wire",
 ]
 

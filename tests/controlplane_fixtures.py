@@ -309,10 +309,17 @@ NFD_CRDS = "deployment/base/nfd-crds/nfd-api-crds.yaml"
 ESTABLISH_TIMEOUT_S = 60.0
 
 
-def nfd_crds() -> list[dict[str, Any]]:
-    """NFD's own CRD manifests, from the NFD Go module (`go mod download`, cached by Go)."""
+NRT_API_MODULE = "github.com/k8stopologyawareschedwg/noderesourcetopology-api"
+NRT_API_VERSION = "v0.1.2"
+"""The NodeResourceTopology API that NFD v0.17.3 and scheduler-plugins pin in their go.mod; its
+`manifests/crd.yaml` is the CRD NFD ships (byte for byte) and the NRT tests install."""
+NRT_CRD = "manifests/crd.yaml"
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """A Go module's directory in Go's module cache (`go mod download`, cached by Go)."""
     result = subprocess.run(
-        [go_binary(), "mod", "download", "-json", f"{NFD_MODULE}@{NFD_VERSION}"],
+        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
         cwd=HARNESS,
         env={**os.environ, "GOTOOLCHAIN": "local"},
         capture_output=True,
@@ -322,20 +329,32 @@ def nfd_crds() -> list[dict[str, Any]]:
     )
     if result.returncode != 0:
         pytest.fail(
-            f"`go mod download {NFD_MODULE}@{NFD_VERSION}` failed: " + _tail(result.stdout),
+            f"`go mod download {module}@{version}` failed: " + _tail(result.stdout),
             pytrace=False,
         )
-    directory = Path(json.loads(result.stdout)["Dir"])
-    docs = yaml.safe_load_all((directory / NFD_CRDS).read_text())
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+def _crds(path: Path) -> list[dict[str, Any]]:
+    docs = yaml.safe_load_all(path.read_text())
     return [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
 
 
-@pytest.fixture(scope="session")
-def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
-    """NFD's CRDs installed on the real server and Established; their names."""
-    ext = k8s.ApiextensionsV1Api(real_apiserver.api())
+def nfd_crds() -> list[dict[str, Any]]:
+    """NFD's own CRD manifests, from the NFD Go module."""
+    return _crds(go_module_dir(NFD_MODULE, NFD_VERSION) / NFD_CRDS)
+
+
+def nrt_crds() -> list[dict[str, Any]]:
+    """The NodeResourceTopology CRD, from the NodeResourceTopology API Go module."""
+    return _crds(go_module_dir(NRT_API_MODULE, NRT_API_VERSION) / NRT_CRD)
+
+
+def install_crds(server: RealApiServer, crds: list[dict[str, Any]]) -> list[str]:
+    """Create `crds` on the real server (once per run) and wait until each is Established."""
+    ext = k8s.ApiextensionsV1Api(server.api())
     names = []
-    for crd in nfd_crds():
+    for crd in crds:
         try:
             ext.create_custom_resource_definition(crd)
         except k8s.ApiException as e:
@@ -352,3 +371,16 @@ def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
                 pytest.fail(f"CRD {name} not Established within {ESTABLISH_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
     return names
+
+
+@pytest.fixture(scope="session")
+def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
+    """NFD's CRDs installed on the real server and Established; their names."""
+    return install_crds(real_apiserver, nfd_crds())
+
+
+@pytest.fixture(scope="session")
+def real_nrt_crd(real_apiserver: RealApiServer) -> str:
+    """The NodeResourceTopology CRD installed on the real server and Established; its name."""
+    (name,) = install_crds(real_apiserver, nrt_crds())
+    return name

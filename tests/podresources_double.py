@@ -7,7 +7,9 @@ It serves on a unix socket from a state in the same JSON shape as the Go harness
      "pods": [{"namespace": "ns", "name": "p", "containers": [
          {"name": "c", "devices": [{"resource": "nvidia.com/gpu", "ids": ["GPU-…"]}]}]}]}
 
-Like the kubelet, GetAllocatableResources answers only healthy devices, one entry per device.
+A container may also name `"cpus": [2, 3]`, its exclusive CPUs (the harness serves none: it has no
+CPU manager). Like the kubelet, GetAllocatableResources answers only healthy devices, one entry
+per device.
 Faults: `fail[method] = StatusCode` aborts that method; `hang` holds methods until `stop()`;
 `padding` pads List with a pod of that many bytes of names, for the message size limit.
 """
@@ -105,6 +107,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
                             )
                             for d in c.get("devices", [])
                         ],
+                        cpu_ids=c.get("cpus", []),
                     )
                     for c in p.get("containers", [])
                 ],

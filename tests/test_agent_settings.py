@@ -126,6 +126,24 @@ BAD = [
         {"TOPO_REPORTER_RESYNC": "soon"},
         "from TOPO_REPORTER_RESYNC",
     ),
+    (
+        "nrt without availability",
+        ["--node", "n", "--nrt"],
+        {},
+        "--nrt needs --availability",
+    ),
+    (
+        "nrt from the environment without availability",
+        ["--node", "n"],
+        {"TOPO_REPORTER_NRT": "true", "TOPO_REPORTER_AVAILABILITY": "false"},
+        "--nrt needs --availability",
+    ),
+    (
+        "a boolean that is neither true nor false",
+        ["--node", "n"],
+        {"TOPO_REPORTER_NRT": "yes please"},
+        "nrt (from TOPO_REPORTER_NRT) must be true or false, not 'yes please'",
+    ),
 ]
 
 
@@ -135,6 +153,26 @@ def test_bad_values_are_one_clear_line(argv: list[str], env: dict[str, str], mes
         resolve(flags(*argv), env)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file"),
+    [
+        (["--availability", "--nrt"], {}, ""),
+        ([], {"TOPO_REPORTER_AVAILABILITY": "true", "TOPO_REPORTER_NRT": "True"}, ""),
+        ([], {}, "availability: true\nnrt: true\n"),
+        (["--nrt"], {"TOPO_REPORTER_AVAILABILITY": "true"}, "nrt: false\n"),
+    ],
+    ids=["flags", "the environment (the chart)", "the settings file", "a flag over the file"],
+)
+def test_nrt_with_availability_from_every_source(
+    tmp_path: Path, argv: list[str], env: dict[str, str], file: str
+) -> None:
+    if file:
+        (tmp_path / "s.yaml").write_text(file)
+        argv = [*argv, "--config", str(tmp_path / "s.yaml")]
+    s = resolve(flags("--node", "n", *argv), env)
+    assert (s.availability, s.nrt) == (True, True)
 
 
 def test_dry_run_needs_no_node() -> None:
@@ -240,3 +278,13 @@ def test_the_duration_bounds_themselves_are_accepted(text: str, seconds: float) 
 def test_settings_built_in_code_are_checked_the_same(field: str, seconds: float) -> None:
     with pytest.raises(ConfigError, match="from 1s to 24h"):
         Settings(node="n", **{field: seconds}).validate()  # type: ignore[arg-type]
+
+
+def test_run_nrt_without_availability_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", "--nrt"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1, err
+    assert "--nrt needs --availability" in err

@@ -466,3 +466,85 @@ def test_a_prefix_that_only_ends_like_a_reserved_domain_is_not_reserved(
     evaluator = _reserved_prefix_policy("kubernetes.io.example.com")
     old, new = changed(publish("kubernetes.io.example.com"))
     assert evaluator.admit(request(old, new)).allowed
+
+
+# --- The NodeResourceTopology policy (nrt.enabled) ----------------------------------------------
+
+NRT_VALUES = {"availability": {"enabled": True}, "nrt": {"enabled": True}}
+
+
+@pytest.fixture(scope="module")
+def nrt_policy() -> PolicyEvaluator:
+    rendered = render(NRT_VALUES, api_versions=(VAP_API,))
+    (policy,) = [
+        p
+        for p in rendered.of_kind("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == f"{FULLNAME}-own-nrt"
+    ]
+    return PolicyEvaluator(policy)
+
+
+def nrt_request(
+    operation: str, name: str, *, username: str = AGENT, claim: list[str] | None = None
+) -> dict[str, Any]:
+    """A create or update of the NodeResourceTopology `name` (oldObject null on a create)."""
+    obj = {
+        "apiVersion": "topology.node.k8s.io/v1alpha2",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": name},
+        "zones": [],
+    }
+    return {
+        "operation": operation,
+        "name": name,
+        "resource": {
+            "group": "topology.node.k8s.io",
+            "version": "v1alpha2",
+            "resource": "noderesourcetopologies",
+        },
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"] if claim is None else claim},
+        },
+        "object": obj,
+        "oldObject": copy.deepcopy(obj) if operation == "UPDATE" else None,
+    }
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_the_agent_may_write_the_nrt_of_its_own_node(
+    nrt_policy: PolicyEvaluator, operation: str
+) -> None:
+    assert nrt_policy.admit(nrt_request(operation, "gpu-node-1")) == Decision(True, True)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    ("name", "claim"),
+    [("gpu-node-2", None), ("gpu-node-1", []), ("gpu-node-1", ["gpu-node-1", "gpu-node-2"])],
+    ids=["another node's", "a token without the node claim", "a token naming two nodes"],
+)
+def test_the_agent_may_not_write_any_other_nrt(
+    nrt_policy: PolicyEvaluator, operation: str, name: str, claim: list[str] | None
+) -> None:
+    decision = nrt_policy.admit(nrt_request(operation, name, claim=claim))
+    assert decision.applies
+    assert not decision.allowed
+    assert "only the NodeResourceTopology of the Node its pod runs on" in decision.message
+
+
+def test_other_producers_are_not_judged_by_the_nrt_policy(nrt_policy: PolicyEvaluator) -> None:
+    other = "system:serviceaccount:node-feature-discovery:nfd-topology-updater"
+    decision = nrt_policy.admit(nrt_request("UPDATE", "gpu-node-2", username=other))
+    assert decision == Decision(allowed=True, applies=False)
+
+
+def test_nrt_policy_expressions_use_only_standard_cel_and_admission_variables(
+    nrt_policy: PolicyEvaluator,
+) -> None:
+    env = celpy.Environment()
+    for expression in nrt_policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

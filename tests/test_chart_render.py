@@ -15,6 +15,7 @@ import yaml
 
 from reporter.publish.client import NODE_EVENT_NAMESPACE
 from reporter.publish.nodefeature import RBAC_VERBS
+from reporter.publish.nrt import RBAC_VERBS as NRT_RBAC_VERBS
 from tests.helm_chart import (
     ALL_ON,
     CHART_DIR,
@@ -43,6 +44,11 @@ def chart_min_kube() -> str:
     return ".".join(constraint[2:].split(".")[:2])
 
 
+NRT_KOORD: dict[str, Any] = {
+    "availability": {"enabled": True},
+    "nrt": {"enabled": True},
+    "koordinator": {"enabled": True, "hostPath": "/var/run/koordlet/xpu-device-infos"},
+}
 # (values, the cluster's API versions, Kubernetes version): each rendered and validated.
 RENDERS = {
     "defaults, cluster without the policy API, oldest supported": ({}, (), chart_min_kube()),
@@ -52,6 +58,12 @@ RENDERS = {
     "every option on, newest": (ALL_ON, (VAP_API,), NEWEST),
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
     "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
+    "nrt and koordinator on, newest": (NRT_KOORD, (VAP_API,), NEWEST),
+    "nrt with the nodefeature sink, oldest supported": (
+        {**NRT_KOORD, "agent": {"sink": "nodefeature"}},
+        (),
+        chart_min_kube(),
+    ),
     "extender alone, oldest supported": ({"extender": {"enabled": True}}, (), chart_min_kube()),
 }
 
@@ -81,8 +93,13 @@ def test_default_image_tag_is_the_package_version(default: Rendered) -> None:
 
 @pytest.mark.parametrize(
     ("values", "kube"),
-    [({}, KUBE_1_30), (ALL_ON, KUBE_1_30), ({}, NEWEST)],
-    ids=["defaults lint clean", "every option on lints clean", "defaults lint clean on newest"],
+    [({}, KUBE_1_30), (ALL_ON, KUBE_1_30), ({}, NEWEST), ({**ALL_ON, **NRT_KOORD}, NEWEST)],
+    ids=[
+        "defaults lint clean",
+        "every option on lints clean",
+        "defaults lint clean on newest",
+        "nrt and koordinator on lint clean",
+    ],
 )
 def test_lint_reports_no_warning_or_error(values: dict[str, Any], kube: str) -> None:
     report = helm.lint(CHART_DIR, values, strict=True, kube_version=f"v{kube}.0")
@@ -625,3 +642,95 @@ def test_the_extender_container_is_locked_down(all_on: Rendered) -> None:
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not any("hostPath" in v for v in pod["volumes"])
+
+
+# --- NodeResourceTopology and Koordinator -------------------------------------------------------
+
+
+def test_nrt_and_koordinator_are_off_by_default(default: Rendered) -> None:
+    assert not {"TOPO_REPORTER_NRT", "TOPO_REPORTER_KOORDINATOR_DIR"} & set(env(default))
+    assert all(not r["metadata"]["name"].endswith("-nrt") for r in default.of_kind("ClusterRole"))
+    pod = default.one("DaemonSet")["spec"]["template"]["spec"]
+    assert all(v["name"] != "koordlet-device-infos" for v in pod["volumes"])
+
+
+def test_nrt_without_availability_fails_the_render_in_one_line() -> None:
+    with pytest.raises(helm.HelmError) as failed:
+        render({"nrt": {"enabled": True}})
+    assert "nrt.enabled needs availability.enabled" in str(failed.value)
+
+
+@pytest.mark.parametrize("sink", ["node", "nodefeature"])
+def test_nrt_turns_the_agent_on_and_grants_exactly_the_sinks_verbs(sink: str) -> None:
+    rendered = render({**NRT_KOORD, "agent": {"sink": sink}}, api_versions=(VAP_API,))
+    assert env(rendered)["TOPO_REPORTER_NRT"] == "true"
+    assert env(rendered)["TOPO_REPORTER_AVAILABILITY"] == "true"
+    role = _named(rendered, "ClusterRole", "-nrt")
+    # Exactly the verbs the sink uses (tests/test_publish_nrt.py checks it uses these).
+    assert _rules(role) == {
+        ("topology.node.k8s.io", "noderesourcetopologies", v) for v in NRT_RBAC_VERBS
+    }
+    binding = _named(rendered, "ClusterRoleBinding", "-nrt")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "cluster_serves_policy_api", "installed"),
+    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+    ids=["auto, with the API", "auto, without the API", "forced on", "forced off"],
+)
+def test_the_own_nrt_policy_follows_the_admission_policy_switch(
+    mode: object, cluster_serves_policy_api: bool, installed: bool
+) -> None:
+    apis = (VAP_API,) if cluster_serves_policy_api else ()
+    rendered = render({**NRT_KOORD, "admissionPolicy": {"enabled": mode}}, api_versions=apis)
+    policies = [p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")]
+    bindings = [
+        b["spec"]["policyName"] for b in rendered.of_kind("ValidatingAdmissionPolicyBinding")
+    ]
+    assert (f"{FULLNAME}-own-nrt" in policies) is installed
+    assert (f"{FULLNAME}-own-nrt" in bindings) is installed
+
+
+def test_the_own_nrt_policy_covers_create_and_update_of_noderesourcetopologies() -> None:
+    rendered = render(NRT_KOORD, api_versions=(VAP_API,))
+    policy = _named(rendered, "ValidatingAdmissionPolicy", "-own-nrt")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["topology.node.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["noderesourcetopologies"],
+        }
+    ]
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
+    binding = _named(rendered, "ValidatingAdmissionPolicyBinding", "-own-nrt")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_koordinator_mounts_koordlets_directory_writable_and_points_the_agent_at_it() -> None:
+    rendered = render(
+        {"koordinator": {"enabled": True, "hostPath": "/run/koordlet/xpu"}},
+        api_versions=(VAP_API,),
+    )
+    pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "koordlet-device-infos")
+    assert volume["hostPath"] == {"path": "/run/koordlet/xpu", "type": "DirectoryOrCreate"}
+    mount = next(
+        m for m in container(rendered)["volumeMounts"] if m["name"] == "koordlet-device-infos"
+    )
+    assert mount.get("readOnly") is not True
+    assert env(rendered)["TOPO_REPORTER_KOORDINATOR_DIR"] == mount["mountPath"]
+    sc = container(rendered)["securityContext"]
+    assert (sc["runAsUser"], sc["runAsNonRoot"], sc["capabilities"]) == (
+        0,
+        False,
+        {"drop": ["ALL"]},
+    )
+    assert sc["readOnlyRootFilesystem"] is True
+    # Writing the file takes no API right.
+    assert "TOPO_REPORTER_NRT" not in env(rendered)

@@ -123,6 +123,12 @@ def test_defaults_satisfy_the_schema() -> None:
             {"metrics": {"serviceMonitor": {"enabled": "on"}}},
             "at '/metrics/serviceMonitor/enabled'",
         ),
+        ({"nrt": {"enabled": "true"}}, "at '/nrt/enabled': got string, want boolean"),
+        ({"nrt": {"enable": True}}, "at '/nrt': additional properties 'enable' not allowed"),
+        (
+            {"koordinator": {"hostPath": "var/run/koordlet/xpu-device-infos"}},
+            "at '/koordinator/hostPath'",
+        ),
     ],
     ids=[
         "a misspelt top-level key",
@@ -146,6 +152,9 @@ def test_defaults_satisfy_the_schema() -> None:
         "a node selector value that is not a string",
         "an unknown pull policy",
         "a service monitor switch that is not a bool",
+        "an nrt switch given as a string",
+        "a misspelt nrt key",
+        "a relative koordlet directory",
     ],
 )
 def test_schema_rejects_bad_values_naming_the_key(values: dict[str, Any], message: str) -> None:

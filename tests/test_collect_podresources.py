@@ -34,6 +34,7 @@ from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.errors import ConfigError
 from reporter.schema.model import Topology
+from reporter.schema.nrt import PodRef
 from reporter.serve.metrics import Metrics
 from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 
@@ -104,6 +105,52 @@ def test_whole_gpus_held_by_containers_are_allocated_and_the_rest_free(
     assert view.unhealthy == ()
     assert view.unknown_ids == 0
     assert kubelet.servicer.calls == ["GetAllocatableResources", "List"]
+
+
+def test_every_listed_pod_is_in_the_view_for_the_nrt_fingerprint_with_or_without_devices(
+    kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
+) -> None:
+    ids = uuids(topology)
+    kubelet.state = {
+        "devices": devices_state(GPU, ids),
+        "pods": [
+            pod_state("web", "example.com/other", ["dev-1"], namespace="shop"),
+            pod_state("train", GPU, [ids[0]], namespace="ml"),
+            {"namespace": "kube-system", "name": "coredns", "containers": [{"name": "c"}]},
+        ],
+    }
+    view = reader.allocated(topology)
+    assert view.pods == (
+        PodRef("kube-system", "coredns"),
+        PodRef("ml", "train"),
+        PodRef("shop", "web"),
+    )
+    assert view.allocated == {0}
+
+
+def test_exclusive_cpus_of_every_container_are_in_the_view(
+    kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
+) -> None:
+    ids = uuids(topology)
+    kubelet.state = {
+        "devices": devices_state(GPU, ids),
+        "pods": [
+            {
+                "namespace": "ml",
+                "name": "train",
+                "containers": [
+                    {
+                        "name": "main",
+                        "cpus": [2, 3],
+                        "devices": [{"resource": GPU, "ids": [ids[0]]}],
+                    },
+                    {"name": "sidecar", "cpus": [60]},
+                ],
+            },
+            pod_state("shared-pool", GPU, [ids[1]]),
+        ],
+    }
+    assert reader.allocated(topology).exclusive_cpus == {2, 3, 60}
 
 
 def test_a_time_sliced_replica_in_use_makes_its_whole_gpu_allocated(

@@ -26,6 +26,7 @@ import pytest
 
 from reporter.collect.podresources import AllocationView, PodResourcesError, PodResourcesReader
 from reporter.schema.model import Topology
+from reporter.schema.nrt import PodRef
 from tests.podresources_double import devices_state, pod_state
 from tests.test_collect_podresources import GPU, MIG_1G, a100_topology, uuids
 
@@ -156,6 +157,11 @@ def test_the_kubelets_server_answers_whole_gpus_replicas_and_mig(
     assert view.free == (0, 3, 4)
     assert view.unhealthy == (7,)
     assert view.unknown_ids == 0
+    assert view.pods == (
+        PodRef("default", "infer"),
+        PodRef("default", "notebook"),
+        PodRef("ml", "train"),
+    )
 
 
 def test_a_device_on_two_numa_nodes_is_one_device(

@@ -10,11 +10,16 @@ from typing import Any
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
+from reporter.cli import nrt_output
+from reporter.collect.podresources import AllocationView, allocation_view
 from reporter.errors import ApiPermanentError, PublishError
-from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtSink
+from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtOutput, NrtSink
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
+from reporter.serve.metrics import Metrics
+from reporter.settings import Settings
 from tests.agent_support import FAST, ApiClientFactory, topology
 from tests.kube_double import ApiServerDouble, Fault
 
@@ -172,3 +177,184 @@ def test_transient_failures_are_retried(
     errors: list[PublishError] = []
     assert sink(on_error=errors.append).publish(desired()) is True
     assert [e.status for e in errors] == [503]
+
+
+# --- the agent's live output --------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def view(held: tuple[int, ...] = (), pods: int = 1) -> AllocationView:
+    machine = topology(8)
+    uuids = [g.uuid or "" for g in machine.gpus]
+    refs = [PodRef("ml", f"p{i}") for i in range(pods)]
+    return allocation_view(machine, uuids, [uuids[i] for i in held], refs)
+
+
+@pytest.fixture
+def output(
+    sink: Callable[..., NrtSink],
+) -> Callable[..., tuple[NrtOutput, list[str], Clock]]:
+    def make(memory: dict[int, int] = MEMORY) -> tuple[NrtOutput, list[str], Clock]:
+        results: list[str] = []
+        clock = Clock()
+        made = NrtOutput(
+            sink(),
+            node=NODE,
+            memory=lambda: memory,
+            policies=lambda: KubeletPolicies("single-numa-node", "pod"),
+            log=structlog.get_logger(),
+            resync_s=300.0,
+            clock=clock,
+            on_result=results.append,
+        )
+        return made, results, clock
+
+    return make
+
+
+def test_the_output_publishes_the_view_and_writes_only_when_it_changes(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, results, _ = output()
+    publish(topology(8), view(held=(0, 5), pods=2))
+    publish(topology(8), view(held=(0, 5), pods=2))
+    publish(topology(8), view(held=(0,), pods=1))
+    assert results == ["written", "unchanged", "written"]
+    assert writes(apiserver) == ["POST", "PUT"]
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    want = node_resource_topology(
+        NODE,
+        topology(8),
+        NodeState(pods=(PodRef("ml", "p0"),), free_gpus=frozenset(range(1, 8))),
+        MEMORY,
+        policies=KubeletPolicies("single-numa-node", "pod"),
+    )
+    assert stored["zones"] == want["zones"]
+    assert stored["attributes"] == want["attributes"]
+
+
+def test_the_output_counts_exclusive_cpus_out_of_their_zones_available_cpu(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, _, _ = output()
+    machine = topology(8)
+    uuids = [g.uuid or "" for g in machine.gpus]
+    publish(machine, allocation_view(machine, uuids, [], [PodRef("ml", "p")], [0, 1, 50]))
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    cpu = {
+        z["name"]: next(
+            (r["capacity"], r["available"]) for r in z["resources"] if r["name"] == "cpu"
+        )
+        for z in stored["zones"]
+    }
+    numa0 = len(machine.numa_nodes[0].cpus)
+    numa1 = len(machine.numa_nodes[1].cpus)
+    assert cpu == {"node-0": (str(numa0), str(numa0 - 2)), "node-1": (str(numa1), str(numa1 - 1))}
+
+
+def test_a_refusal_is_logged_once_and_not_asked_again_until_the_object_changes_or_resync(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    apiserver.nrt.put(
+        {
+            "apiVersion": "topology.node.k8s.io/v1alpha2",
+            "kind": "NodeResourceTopology",
+            "metadata": {"name": NODE, "managedFields": [{"manager": "nfd-topology-updater"}]},
+            "zones": [],
+        }
+    )
+    publish, results, clock = output()
+    with capture_logs() as logs:
+        publish(topology(8), view())
+        publish(topology(8), view())
+        assert len(apiserver.reads(NRT_PATH)) == 1
+        publish(topology(8), view(held=(1,)))
+        assert len(apiserver.reads(NRT_PATH)) == 2
+        clock.now = 301.0
+        publish(topology(8), view(held=(1,)))
+        assert len(apiserver.reads(NRT_PATH)) == 3
+    assert results == ["refused"] * 4
+    assert [e["event"] for e in logs] == ["nrt_publish_failed"]
+    assert "field manager nfd-topology-updater" in logs[0]["error"]
+    assert writes(apiserver) == []
+
+
+def test_an_object_that_cannot_be_built_is_refused_without_a_request(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, results, _ = output(memory={0: 1 << 30})
+    with capture_logs() as logs:
+        publish(topology(8), view())
+        publish(topology(8), view())
+    assert results == ["refused", "refused"]
+    assert len(logs) == 1
+    assert "the memory of NUMA node 1 is unknown" in logs[0]["error"]
+    assert apiserver.reads(NRT_PATH) == []
+
+
+def test_a_failure_is_counted_never_raised_and_the_next_read_recovers(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    apiserver.plan(*[Fault(status=503, method="GET", path=NRT_PATH)] * FAST.attempts)
+    publish, results, _ = output()
+    with capture_logs() as logs:
+        publish(topology(8), view())
+        publish(topology(8), view())
+    assert results == ["failed", "written"]
+    assert [e["event"] for e in logs if e["event"].startswith("nrt_")] == [
+        "nrt_publish_failed",
+        "nrt_created",
+        "nrt_recovered",
+    ]
+
+
+def test_the_agents_factory_reads_numa_memory_and_the_kubelet_policies_and_counts_results(
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    node_client: ApiClientFactory,
+    tmp_path: Path,
+) -> None:
+    for numa in (0, 1):
+        meminfo = tmp_path / "sys" / "devices" / "system" / "node" / f"node{numa}" / "meminfo"
+        meminfo.parent.mkdir(parents=True)
+        meminfo.write_text(f"Node {numa} MemTotal:       1048576 kB\n")
+    kubelet = tmp_path / "kubelet.yaml"
+    kubelet.write_text(
+        "kind: KubeletConfiguration\ntopologyManagerPolicy: single-numa-node\n"
+        "topologyManagerScope: pod\n"
+    )
+    config = Settings(
+        node=NODE,
+        sysfs_root=str(tmp_path / "sys"),
+        kubelet_config=str(kubelet),
+        availability=True,
+        nrt=True,
+    ).validate()
+    metrics = Metrics()
+    log = structlog.get_logger()
+    client = node_client(kubeconfig_with_token("admin-token"), (2.0, 2.0))
+    publish = nrt_output(config, client, log, stop=threading.Event(), metrics=metrics)
+    publish(topology(8), view(held=(2,)))
+    publish(topology(8), view(held=(2,)))
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    memory = {
+        z["name"]: next(r["capacity"] for r in z["resources"] if r["name"] == "memory")
+        for z in stored["zones"]
+    }
+    assert memory == {"node-0": str(1 << 30), "node-1": str(1 << 30)}
+    assert {a["name"]: a["value"] for a in stored["attributes"]}["topologyManagerPolicy"] == (
+        "single-numa-node"
+    )
+    rendered = metrics.render().decode()
+    assert 'topo_reporter_nrt_publishes_total{result="written"} 1.0' in rendered
+    assert 'topo_reporter_nrt_publishes_total{result="unchanged"} 1.0' in rendered

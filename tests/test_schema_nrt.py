@@ -4,10 +4,7 @@ upstream CRD's schema and podfingerprint's test vectors (both from the Go module
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -27,34 +24,16 @@ from reporter.schema.nrt import (
     pods_fingerprint,
 )
 from tests.agent_support import topology
+from tests.controlplane_fixtures import NRT_API_MODULE, NRT_API_VERSION, NRT_CRD, go_module_dir
 
-NRT_API = ("github.com/k8stopologyawareschedwg/noderesourcetopology-api", "v0.1.3")
+NRT_API = (NRT_API_MODULE, NRT_API_VERSION)
 PODFINGERPRINT = ("github.com/k8stopologyawareschedwg/podfingerprint", "v0.2.2")
 GIB = 1 << 30
 MEMORY = {0: 256 * GIB, 1: 256 * GIB}
 
 
-def go_module(module: str, version: str) -> Path:
-    """A module's directory in the Go module cache (the control-plane tests fill it); skip when
-    Go or the module is not there: the inline vectors below still run everywhere."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail(
-            "no Go toolchain: install Go 1.26 (the tests read upstream files from its module cache)"
-        )
-    cache = subprocess.run(
-        [go, "env", "GOMODCACHE"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.strip()
-    path = Path(cache) / f"{module}@{version}"
-    if not path.is_dir():
-        pytest.fail(
-            f"{module}@{version} could not be put in the Go module cache (go mod download it)"
-        )
-    return path
-
-
 def crd_schema() -> dict[str, Any]:
-    crd = yaml.safe_load((go_module(*NRT_API) / "manifests" / "crd.yaml").read_text())
+    crd = yaml.safe_load((go_module_dir(*NRT_API) / NRT_CRD).read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return schema
@@ -94,7 +73,7 @@ def test_pods_fingerprint_matches_upstream_vectors(pods: tuple[PodRef, ...], exp
 
 
 def test_pods_fingerprint_matches_the_upstream_259_pod_vector() -> None:
-    data = json.loads((go_module(*PODFINGERPRINT) / "testdata" / "pods.json").read_text())
+    data = json.loads((go_module_dir(*PODFINGERPRINT) / "testdata" / "pods.json").read_text())
     pods = [PodRef(p["namespace"], p["name"]) for p in data]
     assert len(pods) == 259
     # podfingerprint_test.go, "correct fingerprint": precomputed and validated upstream.

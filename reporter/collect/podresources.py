@@ -49,6 +49,7 @@ import structlog
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
 from reporter.schema.model import Topology
+from reporter.schema.nrt import PodRef
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +97,13 @@ class AllocationView:
     """A few of them (sorted, at most eight), for logs and `doctor`."""
     lost: frozenset[int] = frozenset()
     """GPUs NVML reports lost: never free, whatever the kubelet says."""
+    pods: tuple[PodRef, ...] = ()
+    """Every pod `List` returned, sorted, whatever it holds: the NodeResourceTopology's pods
+    fingerprint covers them all, as NFD's topology-updater computes it (method `all`), so that
+    it equals what scheduler-plugins recomputes from the pods it placed on the node."""
+    exclusive_cpus: frozenset[int] = frozenset()
+    """CPUs containers hold exclusively (the CPU manager's `static` policy; `List` names no
+    shared-pool CPU): not available in the NodeResourceTopology's zones."""
 
     @property
     def free(self) -> tuple[int, ...]:
@@ -127,9 +135,14 @@ def device_key(device_id: str) -> str:
 
 
 def allocation_view(
-    topology: Topology, offered: Iterable[str], held: Iterable[str]
+    topology: Topology,
+    offered: Iterable[str],
+    held: Iterable[str],
+    pods: Iterable[PodRef] = (),
+    exclusive_cpus: Iterable[int] = (),
 ) -> AllocationView:
-    """The view of `topology` given the device IDs the kubelet offers and those containers hold.
+    """The view of `topology` given the device IDs the kubelet offers, those containers hold,
+    and the pods the kubelet lists.
 
     Pure: the reader passes the IDs of the managed resources. Raises PodResourcesError
     (`unmatched`) when IDs are offered but none is a GPU of the topology.
@@ -170,6 +183,8 @@ def allocation_view(
         unknown_ids=len(unknown),
         unknown_examples=tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES]),
         lost=lost,
+        pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
+        exclusive_cpus=frozenset(exclusive_cpus),
     )
 
 
@@ -339,7 +354,14 @@ class PodResourcesReader:
             for container in pod.containers
             for device_id in self._managed_ids(container.devices)
         )
-        view = allocation_view(topology, offered, held)
+        pods = (PodRef(pod.namespace, pod.name) for pod in listed.pod_resources)
+        cpus = (
+            cpu
+            for pod in listed.pod_resources
+            for container in pod.containers
+            for cpu in container.cpu_ids
+        )
+        view = allocation_view(topology, offered, held, pods, cpus)
         self._note(view)
         return view
 

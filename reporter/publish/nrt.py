@@ -8,21 +8,29 @@ anything without our `app.kubernetes.io/managed-by` label): NodeResourceTopology
 so writing over one would silently take it from its owner. That refusal is permanent and says
 which producer to turn off.
 
-It writes through `reporter.publish.api.ApiClient`, as every sink does.
+It writes through `reporter.publish.api.ApiClient`, as every sink does. `NrtOutput` is the
+agent's live output: it builds the object from each allocation view.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
+from parsers.kubelet import KubeletPolicies
+from reporter.errors import ApiPermanentError, ApiTransientError, InputError, PublishError
 from reporter.publish import retry
 from reporter.publish.api import NODE_RESOURCE_TOPOLOGIES, ApiClient
 from reporter.schema import nrt
+from reporter.schema.model import Topology
+
+if TYPE_CHECKING:
+    # Types only: importing the reader loads grpc, which an agent without availability never needs.
+    from reporter.collect.podresources import AllocationView
 
 RBAC_VERBS = ("get", "create", "update")
 """Exactly the verbs the sink uses on noderesourcetopologies."""
@@ -129,3 +137,89 @@ class NrtSink:
         self._known = self._api.replace(NODE_RESOURCE_TOPOLOGIES, name, body)
         self._log.info("nrt_replaced", name=name)
         return True
+
+
+class NrtOutput:
+    """The agent's NodeResourceTopology, a live output: called with the topology and the kubelet's
+    allocation view after each availability read, it publishes the node's object through the
+    sink, which writes only on change.
+
+    Each call ends in one `on_result`: `written`, `unchanged`, `failed` (the API, after the sink's
+    retries) or `refused` (a permanent refusal, another producer's object, or an object that
+    cannot be built: no NUMA node, a NUMA node without memory, an unreadable kubelet config).
+    A failure is logged once per distinct error, never raised; only `retry.Interrupted` passes
+    through, the loop's own shutdown request. A permanent refusal is not asked again until the
+    object it was refused changes or `resync_s` passes, when the sink also reads the object
+    again to repair drift (ours edited or deleted by hand).
+    """
+
+    def __init__(
+        self,
+        sink: NrtSink,
+        *,
+        node: str,
+        memory: Callable[[], Mapping[int, int]],
+        policies: Callable[[], KubeletPolicies | None],
+        log: structlog.typing.FilteringBoundLogger,
+        resource: str = nrt.GPU_RESOURCE,
+        resync_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_result: Callable[[str], None] = lambda result: None,
+    ) -> None:
+        self._sink = sink
+        self._node = node
+        self._memory = memory
+        self._policies = policies
+        self._log = log
+        self._resource = resource
+        self._resync_s = resync_s
+        self._clock = clock
+        self._on_result = on_result
+        self._last_read = clock()
+        self._refused: Mapping[str, Any] | None = None
+        self._error: str | None = None
+
+    def __call__(self, topology: Topology, view: AllocationView) -> None:
+        state = nrt.NodeState(
+            pods=view.pods, free_gpus=frozenset(view.free), exclusive_cpus=view.exclusive_cpus
+        )
+        try:
+            want = nrt.node_resource_topology(
+                self._node,
+                topology,
+                state,
+                self._memory(),
+                policies=self._policies(),
+                resource=self._resource,
+            )
+        except InputError as e:
+            self._failed("refused", str(e))
+            return
+        if self._clock() - self._last_read >= self._resync_s:
+            self._sink.forget()
+            self._last_read = self._clock()
+            self._refused = None
+        if want == self._refused:
+            self._on_result("refused")
+            return
+        try:
+            wrote = self._sink.publish(want)
+        except ApiPermanentError as e:
+            self._refused = want
+            self._failed("refused", str(e))
+            return
+        except PublishError as e:
+            self._failed("failed", str(e))
+            return
+        self._refused = None
+        if self._error is not None:
+            self._log.info("nrt_recovered", previous=self._error)
+            self._error = None
+        self._on_result("written" if wrote else "unchanged")
+
+    def _failed(self, result: str, error: str) -> None:
+        if error != self._error:
+            # Once per distinct error: the output is called every availability interval.
+            self._log.error("nrt_publish_failed", result=result, error=error)
+        self._error = error
+        self._on_result(result)

@@ -106,6 +106,14 @@ class Metrics:
             "Device IDs of a managed resource matching no GPU, in the last good read.",
             registry=r,
         )
+        self.nrt_publishes = Counter(
+            "topo_reporter_nrt_publishes",
+            "NodeResourceTopology publishes by result: written, unchanged, failed (the API, "
+            "retried at the next read), refused (another producer's object, the API's refusal, "
+            "or an object that cannot be built).",
+            ["result"],
+            registry=r,
+        )
 
     def podresources_read(self, view: AllocationView) -> None:
         """A good PodResources read: count it and show what it saw."""

@@ -77,6 +77,19 @@ upgrade, from --api-versions under `helm template`). The value may be a bool or 
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the policy confining the agent to its own NodeResourceTopology is rendered: with
+nrt.enabled, whatever the sink, under the same admissionPolicy.enabled switch.
+*/}}
+{{- define "topo-reporter.nrtPolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if .Values.nrt.enabled }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The agent's Kubernetes username, as the API server sees its service account token. */}}
 {{- define "topo-reporter.serviceAccountUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}
