@@ -30,6 +30,7 @@ from reporter import doctor, logs, settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.simulate.machine import load_machine
 from reporter.errors import (
     CollectError,
     ConfigError,
@@ -39,7 +40,9 @@ from reporter.errors import (
     TopoReporterError,
 )
 from reporter.inputs import read_bounded
+from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
+from reporter.publish.availability import AvailabilitySink, PrintingNodeClient
 from reporter.publish.client import NodeClient
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import (
@@ -328,6 +331,18 @@ def _node_feature_client(
     return kube.KubeNodeFeatureClient(kube.load_configuration(kubeconfig))
 
 
+def _free_source(config: settings.Settings) -> FreeSource:
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+    if config.simulate_used is not None:
+        assert config.simulate is not None  # validate() requires it
+        machine = load_machine(config.simulate)
+        check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
+        return SimulatedFreeSource(config.simulate_used)
+    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+
+    return PodResourcesReader(Path(config.pod_resources_socket))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = settings.resolve(vars(args), os.environ)
     # validate() lets only a dry run go without a node name; it prints the patch for this host's
@@ -345,6 +360,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
     )
     sink: Sink
+    # The availability keys go on the Node whichever way the topology does (validate() allows
+    # availability with the node sink only); None: no Node to keep them off (nodefeature sink).
+    node_writer: NodeClient | PrintingNodeClient | None = None
 
     def on_error(e: PublishError) -> None:
         metrics.api_errors.labels(kind=api_error_kind(e)).inc()
@@ -359,10 +377,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     elif config.dry_run:
         sink = DryRunSink(node=node, prefix=config.prefix, out=sys.stdout, log=log)
+        node_writer = PrintingNodeClient(sys.stdout) if config.availability else None
     elif config.sink == "node":
         assert config.node is not None  # validate() requires it unless dry-run
+        node_writer = _node_client(config.kubeconfig, log)
         sink = NodePatchSink(
-            _node_client(config.kubeconfig, log),
+            node_writer,
             node=config.node,
             prefix=config.prefix,
             stop=stop,
@@ -385,6 +405,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_error=on_error,
             on_wait=state.waiting,
         )
+    live = None
+    if node_writer is not None:
+        live = AvailabilityLoop(
+            # Off: the loop only takes our keys off the Node, where an earlier run left them.
+            source=_free_source(config) if config.availability else None,
+            sink=AvailabilitySink(node_writer, node=node, prefix=config.prefix, log=log),
+            state=state,
+            metrics=metrics,
+            log=log,
+            interval_s=config.availability_interval_s if config.availability else config.interval_s,
+            resync_s=config.resync_s,
+        )
     agent = Agent(
         scanner=scanner,
         sink=sink,
@@ -399,6 +431,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         outputs=()
         if config.koordinator_dir is None
         else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        live=live,
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE
