@@ -410,7 +410,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         live = AvailabilityLoop(
             # Off: the loop only takes our keys off the Node, where an earlier run left them.
             source=_free_source(config) if config.availability else None,
-            sink=AvailabilitySink(node_writer, node=node, prefix=config.prefix, log=log),
+            sink=AvailabilitySink(
+                node_writer,
+                node=node,
+                prefix=config.prefix,
+                log=log,
+                on_written=sink.observe if isinstance(sink, NodePatchSink) else lambda n: None,
+            ),
             state=state,
             metrics=metrics,
             log=log,

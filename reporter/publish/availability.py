@@ -13,7 +13,7 @@ is sooner than a retry schedule would be useful.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TextIO
 
 import structlog
@@ -101,8 +101,11 @@ class AvailabilitySink:
         node: str,
         prefix: str,
         log: structlog.typing.FilteringBoundLogger,
+        on_written: Callable[[NodeMetadata], None] = lambda node: None,
     ) -> None:
+        """`on_written` hears of the Node each patch returns (NodePatchSink.observe)."""
         self._client = client
+        self._on_written = on_written
         self._node = node
         self._prefix = prefix
         self._log = log
@@ -134,6 +137,7 @@ class AvailabilitySink:
             self._known = None
             raise
         self._known = carried(node.labels, node.annotations, self._prefix)
+        self._on_written(node)
         self._log.info(
             "availability_patched",
             free=want.labels.get(keys.key(self._prefix, GPU_FREE_LABEL)),

@@ -1,0 +1,175 @@
+"""`run --availability` as a user starts it: flags, environment and settings file, each bad value in
+one line, `--simulate-used`, and what a dry run prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reporter.availability import compute_availability, decode_availability
+from reporter.cli import main
+from reporter.collect import build_scanner
+from reporter.errors import ConfigError
+from reporter.settings import DEFAULT_POD_RESOURCES_SOCKET, Settings, add_arguments, resolve
+from tests.test_agent_cli import CLI, env
+
+PREFIX = "gpu.topology.io"
+
+
+def flags(*argv: str) -> dict[str, object]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return vars(parser.parse_args(list(argv)))
+
+
+def test_availability_is_off_by_default_with_the_agreed_defaults() -> None:
+    s = resolve(flags("--node", "n"), {})
+    assert (s.availability, s.availability_interval_s, s.simulate_used) == (False, 10.0, None)
+    assert s.pod_resources_socket == DEFAULT_POD_RESOURCES_SOCKET
+    assert DEFAULT_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
+    config = tmp_path / "s.yaml"
+    config.write_text(
+        "availability: true\navailability-interval: 30s\npod-resources-socket: /f.sock\n"
+        "simulate: dgx-h100\nsimulate-used: [3, 1]\n"
+    )
+    from_file = resolve(flags("--config", str(config), "--node", "n"), {})
+    assert from_file.availability
+    assert from_file.availability_interval_s == 30.0
+    assert from_file.pod_resources_socket == "/f.sock"
+    assert from_file.simulate_used == (1, 3)
+    environ = {
+        "TOPO_REPORTER_CONFIG": str(config),
+        "TOPO_REPORTER_AVAILABILITY_INTERVAL": "1m",
+        "TOPO_REPORTER_SIMULATE_USED": "0,2,2",
+    }
+    from_env = resolve(flags("--node", "n"), environ)
+    assert (from_env.availability_interval_s, from_env.simulate_used) == (60.0, (0, 2))
+    from_flags = resolve(
+        flags("--node", "n", "--availability-interval", "5s", "--simulate-used", ""), environ
+    )
+    assert (from_flags.availability_interval_s, from_flags.simulate_used) == (5.0, ())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("true", True), ("1", True), ("yes", True), ("false", False), ("0", False), ("off", False)],
+)
+def test_the_environment_turns_availability_on_and_off(text: str, expected: bool) -> None:
+    s = resolve(flags("--node", "n"), {"TOPO_REPORTER_AVAILABILITY": text})
+    assert s.availability is expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["--simulate-used", "0,1"], {}, "--simulate-used needs --simulate PROFILE"),
+        (["--simulate", "dgx-h100", "--simulate-used", "0"], {}, "needs --availability"),
+        (
+            ["--availability", "--simulate", "dgx-h100", "--simulate-used", "0,x"],
+            {},
+            "is not a comma-separated list of GPU indexes",
+        ),
+        (
+            ["--availability", "--simulate", "dgx-h100", "--simulate-used", "-1"],
+            {},
+            "is not a comma-separated list of GPU indexes",
+        ),
+        (["--availability", "--sink", "nodefeature"], {}, "it needs --sink node"),
+        (["--availability-interval", "0.5s"], {}, "availability-interval (--availability-interval)"),
+        (["--availability-interval", "soon"], {}, "is not a duration"),
+        ([], {"TOPO_REPORTER_AVAILABILITY": "maybe"}, "is not true or false"),
+        (["--availability", "--pod-resources-socket", ""], {}, "pod-resources-socket is empty"),
+    ],
+)
+def test_bad_values_are_one_clear_line(
+    argv: list[str], environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        resolve(flags("--node", "n", *argv), environ)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_settings_built_in_code_are_checked_the_same() -> None:
+    with pytest.raises(ConfigError, match="from 1s to 24h"):
+        Settings(node="n", availability_interval_s=0.1).validate()
+
+
+def test_an_index_not_in_the_profile_is_refused_in_one_line_before_anything_is_published(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--simulate", "dgx-h100", "--availability", "--simulate-used", "1,8,9"]
+    status = main([*argv, "--once", "--dry-run", "--listen", ""])
+    out, err = capsys.readouterr()
+    assert status == 1
+    assert out == ""
+    assert err == (
+        "topo-reporter: error: --simulate-used: GPU 8 is not in profile dgx-h100, which has "
+        "GPUs 0 to 7\n"
+    )
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--dry-run", "--listen", "", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(TOPO_REPORTER_LOG_FORMAT="json"),
+        check=False,
+    )
+
+
+def patches(stdout: str) -> list[dict[str, dict[str, dict[str, str]]]]:
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while at < len(stdout.rstrip()):
+        doc, at = decoder.raw_decode(stdout, at)
+        out.append(doc)
+        at += 1
+    return out
+
+
+def test_a_dry_run_prints_the_topology_patch_then_the_availability_patch() -> None:
+    result = dry_run("--availability", "--simulate-used", "0,1,2")
+    assert result.returncode == 0, result.stderr
+    topology_patch, availability_patch = patches(result.stdout)
+    assert f"{PREFIX}/topology" in topology_patch["metadata"]["annotations"]
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    assert scan.topology is not None
+    text = availability_patch["metadata"]["annotations"][f"{PREFIX}/availability"]
+    assert decode_availability(text) == compute_availability(scan.topology, range(3, 8))
+    assert availability_patch["metadata"]["labels"] == {
+        f"{PREFIX}/gpu-free": "5",
+        f"{PREFIX}/gpu-free-nvlink-max": "5",
+    }
+    assert "availability_patched" in result.stderr
+
+
+def test_without_availability_a_dry_run_prints_no_availability_and_loads_no_grpc() -> None:
+    result = dry_run()
+    assert result.returncode == 0, result.stderr
+    (only,) = patches(result.stdout)
+    assert f"{PREFIX}/availability" not in only["metadata"]["annotations"]
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, reporter.cli; "
+            "reporter.cli.main(['run', '--simulate', 'dgx-h100', '--once', '--dry-run', "
+            "'--listen', '']); print('grpc' in sys.modules, file=sys.stderr)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(TOPO_REPORTER_LOG_LEVEL="error"),
+        check=True,
+    )
+    assert probe.stderr.strip().splitlines()[-1] == "False"
