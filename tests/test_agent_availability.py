@@ -172,7 +172,8 @@ def test_the_first_step_publishes_topology_then_availability_outside_the_owned_l
     assert labels[FREE] == "5"
     assert labels[NVLINK_MAX] == "5"
     owned = annotations[OWNED].split(",")
-    assert "availability" not in owned and "gpu-free" not in owned
+    assert "availability" not in owned
+    assert "gpu-free" not in owned
     (body,) = availability_writes(apiserver)
     # Our three keys only, and no resourceVersion: a kubelet status update must not make it 409.
     assert body == {
@@ -198,7 +199,8 @@ def test_an_idle_hour_writes_nothing_and_reads_only_at_resync(
     # At most one read per resync for each sink, and nothing else.
     assert {r.method for r in apiserver.requests} == {"GET"}
     assert 2 * (3600 / RESYNC_S - 1) <= len(apiserver.requests) <= 2 * 3600 / RESYNC_S
-    assert w.source is not None and w.source.reads >= hour
+    assert w.source is not None
+    assert w.source.reads >= hour
     assert all(v == Verdict(True, "ok") for v in w.stop.seen)
     assert sample(w.metrics, "topo_reporter_availability_writes_total", {"result": "written"}) == 1
 
@@ -382,9 +384,15 @@ def test_availability_off_takes_our_keys_off_the_node_once_and_nothing_else(
     assert off.agent.step()
     writes = apiserver.writes(f"/api/v1/nodes/{NODE}")
     assert [w.body for w in writes] == [
-        {"metadata": {"annotations": {AVAILABILITY: None}, "labels": {FREE: None, NVLINK_MAX: None}}}
+        {
+            "metadata": {
+                "annotations": {AVAILABILITY: None},
+                "labels": {FREE: None, NVLINK_MAX: None},
+            }
+        }
     ]
-    assert FREE not in apiserver.labels(NODE) and AVAILABILITY not in apiserver.annotations(NODE)
+    assert FREE not in apiserver.labels(NODE)
+    assert AVAILABILITY not in apiserver.annotations(NODE)
     assert apiserver.labels(NODE)["team"] == "ml"
     assert f"{PREFIX}/topology" in apiserver.annotations(NODE)
     apiserver.clear_requests()
@@ -412,7 +420,8 @@ def test_the_loop_runs_both_cadences_on_one_thread_and_announces_every_wait(
     # Ticks every 10 s, scans every 60 s: the waits are the gaps between the two.
     assert w.stop.waited == [INTERVAL_S] * 12
     assert w.scanner.calls == 2
-    assert w.source is not None and w.source.reads == 12
+    assert w.source is not None
+    assert w.source.reads == 12
     assert all(v == Verdict(True, "ok") for v in w.stop.seen)
 
 

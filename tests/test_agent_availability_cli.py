@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from reporter.availability import compute_availability, decode_availability
-from reporter.cli import main
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
 from reporter.settings import DEFAULT_POD_RESOURCES_SOCKET, Settings, add_arguments, resolve
@@ -83,7 +82,11 @@ def test_the_environment_turns_availability_on_and_off(text: str, expected: bool
             "is not a comma-separated list of GPU indexes",
         ),
         (["--availability", "--sink", "nodefeature"], {}, "it needs --sink node"),
-        (["--availability-interval", "0.5s"], {}, "availability-interval (--availability-interval)"),
+        (
+            ["--availability-interval", "0.5s"],
+            {},
+            "availability-interval (--availability-interval)",
+        ),
         (["--availability-interval", "soon"], {}, "is not a duration"),
         ([], {"TOPO_REPORTER_AVAILABILITY": "maybe"}, "is not true or false"),
         (["--availability", "--pod-resources-socket", ""], {}, "pod-resources-socket is empty"),
@@ -103,20 +106,6 @@ def test_settings_built_in_code_are_checked_the_same() -> None:
         Settings(node="n", availability_interval_s=0.1).validate()
 
 
-def test_an_index_not_in_the_profile_is_refused_in_one_line_before_anything_is_published(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    argv = ["run", "--simulate", "dgx-h100", "--availability", "--simulate-used", "1,8,9"]
-    status = main([*argv, "--once", "--dry-run", "--listen", ""])
-    out, err = capsys.readouterr()
-    assert status == 1
-    assert out == ""
-    assert err == (
-        "topo-reporter: error: --simulate-used: GPU 8 is not in profile dgx-h100, which has "
-        "GPUs 0 to 7\n"
-    )
-
-
 def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, "run", "--simulate", "dgx-h100", "--once", "--dry-run", "--listen", "", *args],
@@ -125,6 +114,16 @@ def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         env=env(TOPO_REPORTER_LOG_FORMAT="json"),
         check=False,
+    )
+
+
+def test_an_index_not_in_the_profile_is_refused_in_one_line_before_anything_is_published() -> None:
+    result = dry_run("--availability", "--simulate-used", "1,8,9")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        "topo-reporter: error: --simulate-used: GPU 8 is not in profile dgx-h100, which has "
+        "GPUs 0 to 7"
     )
 
 
