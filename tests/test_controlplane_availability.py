@@ -11,10 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from reporter.availability import compute_availability, decode_availability
+from reporter.availability import compute_availability, decode_availability, encode_availability
 from reporter.collect import build_scanner
+from reporter.collect.podresources import PodResourcesReader
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
+from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_cli import CLI, env
+from tests.test_collect_podresources import GPU
+from tests.test_collect_podresources_kubelet import (  # noqa: F401  # the kubelet fixture
+    KubeletPodResources,
+    converge,
+    kubelet,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -22,6 +30,7 @@ PREFIX = "gpu.topology.io"
 AVAILABILITY = f"{PREFIX}/availability"
 FREE = f"{PREFIX}/gpu-free"
 NVLINK_MAX = f"{PREFIX}/gpu-free-nvlink-max"
+SHARED = "nvidia.com/gpu.shared"
 
 
 def run_agent(kubeconfig: str, node: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -81,3 +90,42 @@ def test_availability_lands_changes_and_goes_on_the_real_node(
     assert AVAILABILITY not in annotations
     assert labels["team"] == "ml"
     assert labels[f"{PREFIX}/count"] == "8"
+
+
+def test_the_kubelets_own_podresources_server_decides_what_lands_on_the_node(
+    real_apiserver: RealApiServer,
+    real_node_factory: NodeFactory,
+    kubelet: KubeletPodResources,  # noqa: F811  # the fixture imported above
+) -> None:
+    """The whole path: the kubelet's PodResources server code, the reader, the loop, the sink."""
+    node = real_node_factory()
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    assert scan.topology is not None
+    ids = [g.uuid for g in scan.topology.gpus if g.uuid is not None]
+    replicas = [f"{ids[3]}::{r}" for r in range(2)]
+    kubelet.write(
+        {
+            "devices": devices_state(GPU, ids[:3] + ids[4:]) + devices_state(SHARED, replicas),
+            "pods": [
+                pod_state("train", GPU, [ids[0], ids[5]], namespace="ml"),
+                pod_state("notebook", SHARED, [replicas[1]]),
+            ],
+        }
+    )
+    with PodResourcesReader(kubelet.socket) as reader:
+        converge(lambda: reader.allocated(scan.topology), lambda v: bool(v.allocated))
+    run_agent(
+        str(real_apiserver.kubeconfig),
+        node,
+        "--availability",
+        "--pod-resources-socket",
+        str(kubelet.socket),
+    )
+    labels, annotations = metadata(real_apiserver, node)
+    # GPU 0 and 5 whole, GPU 3 by one replica: five free.
+    free = [1, 2, 4, 6, 7]
+    assert decode_availability(annotations[AVAILABILITY]).free == tuple(free)
+    assert annotations[AVAILABILITY] == encode_availability(
+        compute_availability(scan.topology, free)
+    )
+    assert labels[FREE] == "5"
