@@ -174,7 +174,9 @@ class AvailabilityLoop:
             self._metrics.availability_writes.labels(result="failed").inc()
             if str(e) != self._write_error:
                 # Once per distinct error: it is tried again every interval.
-                self._log.warning("availability_publish_failed", error=str(e))
+                off = availability is None
+                event = "availability_removal_failed" if off else "availability_publish_failed"
+                self._log.warning(event, error=str(e))
             self._write_error = str(e)
             if isinstance(e, ApiPermanentError):
                 self._refused = (availability,)

@@ -172,3 +172,12 @@ def test_without_availability_a_dry_run_prints_no_availability_and_loads_no_grpc
         check=True,
     )
     assert probe.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_once_without_a_kubelet_publishes_the_topology_and_exits_1() -> None:
+    result = dry_run("--availability", "--pod-resources-socket", "/nonexistent/kubelet.sock")
+    assert result.returncode == 1
+    (only,) = patches(result.stdout)
+    assert f"{PREFIX}/topology" in only["metadata"]["annotations"]
+    assert "podresources_read_failed" in result.stderr
+    assert "no PodResources socket at /nonexistent/kubelet.sock" in result.stderr
