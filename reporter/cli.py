@@ -340,7 +340,9 @@ def _free_source(config: settings.Settings) -> FreeSource:
         return SimulatedFreeSource(config.simulate_used)
     from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
 
-    return PodResourcesReader(Path(config.pod_resources_socket))
+    if config.gpu_resources is None:
+        return PodResourcesReader(Path(config.pod_resources_socket))
+    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -88,6 +88,9 @@ class Settings:
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
     simulate_used: tuple[int, ...] | None = None
     """With `simulate`: the GPU indexes taken as allocated, instead of asking a kubelet."""
+    gpu_resources: tuple[str, ...] | None = None
+    """Resource names whose PodResources devices are GPUs (`nvidia.com/mig-*` for a family);
+    None: the reader's default (reporter.collect.podresources.DEFAULT_RESOURCES)."""
     once: bool = False
     """Scan and publish once, then exit (non-zero on failure)."""
     dry_run: bool = False
@@ -205,11 +208,13 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
     "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
+    "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
 }
 _FLAG_NAMES = {
     "interval_s": "interval",
     "resync_s": "resync",
     "availability_interval_s": "availability-interval",
+    "gpu_resources": "gpu-resource",
 }
 _FLAGS_ONLY = ("once", "dry_run")
 
@@ -251,8 +256,25 @@ def parse_indexes(raw: object, *, name: str) -> tuple[int, ...]:
     return tuple(sorted(indexes))
 
 
+def parse_names(raw: object, *, name: str) -> tuple[str, ...]:
+    """`a,b` (or a YAML list, or a repeated flag's list) to names, in order, without repeats.
+
+    Raises ConfigError for an empty name; the reader checks the rest.
+    """
+    parts = raw if isinstance(raw, list) else str(raw).split(",")
+    names: list[str] = []
+    for part in parts:
+        if not isinstance(part, str) or not part.strip():
+            raise ConfigError(f"{name} {excerpt(raw)} holds an empty or non-text resource name")
+        if part.strip() not in names:
+            names.append(part.strip())
+    return tuple(names)
+
+
 def _convert(name: str, raw: object, origin: str) -> object:
     kind = _SOURCES[name][1]
+    if kind == "names":
+        return parse_names(raw, name=f"{_flag(name)} ({origin})")
     if kind == "bool":
         return parse_bool(raw, name=f"{_flag(name)} ({origin})")
     if kind == "indexes":
@@ -374,6 +396,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="simulate_used",
         metavar="I,J,...",
         help="with --simulate: the GPU indexes taken as allocated, instead of a kubelet's answer",
+    )
+    add(
+        "--gpu-resource",
+        dest="gpu_resources",
+        action="append",
+        metavar="NAME",
+        help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
+        "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

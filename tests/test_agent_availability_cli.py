@@ -7,14 +7,17 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from reporter.availability import compute_availability, decode_availability
 from reporter.collect import build_scanner
+from reporter.collect.podresources import DEFAULT_RESOURCES
 from reporter.errors import ConfigError
 from reporter.settings import DEFAULT_POD_RESOURCES_SOCKET, Settings, add_arguments, resolve
+from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 from tests.test_agent_cli import CLI, env
 
 PREFIX = "gpu.topology.io"
@@ -181,3 +184,53 @@ def test_once_without_a_kubelet_publishes_the_topology_and_exits_1() -> None:
     assert f"{PREFIX}/topology" in only["metadata"]["annotations"]
     assert "podresources_read_failed" in result.stderr
     assert "no PodResources socket at /nonexistent/kubelet.sock" in result.stderr
+
+
+def test_gpu_resource_names_reach_the_reader(tmp_path: Path) -> None:
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    assert scan.topology is not None
+    ids = [g.uuid for g in scan.topology.gpus if g.uuid is not None]
+    state = {
+        "devices": devices_state("example.com/gpu", ids),
+        "pods": [pod_state("a", "example.com/gpu", ids[6:])],
+    }
+    with (
+        tempfile.TemporaryDirectory(dir="/tmp") as short,
+        PodResourcesDouble(Path(short) / "k.sock", state) as kubelet,
+    ):
+        socket = ["--pod-resources-socket", str(kubelet.socket)]
+        named = dry_run("--availability", *socket, "--gpu-resource", "example.com/gpu")
+        default = dry_run("--availability", *socket)
+    assert named.returncode == 0, named.stderr
+    assert patches(named.stdout)[1]["metadata"]["labels"][f"{PREFIX}/gpu-free"] == "6"
+    # NVIDIA's names, the default, match none of this kubelet's devices: nothing is published.
+    assert default.returncode == 1
+    assert "the kubelet offers no device named nvidia.com/gpu" in default.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--gpu-resource", "a.io/gpu", "--gpu-resource", "b.io/*"], {}),
+        ([], {"TOPO_REPORTER_GPU_RESOURCES": "a.io/gpu, b.io/*,a.io/gpu"}),
+    ],
+)
+def test_gpu_resource_names_from_flags_or_the_environment(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    assert resolve(flags("--node", "n", *argv), environ).gpu_resources == ("a.io/gpu", "b.io/*")
+
+
+def test_the_help_names_the_readers_default_resources() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert ", ".join(DEFAULT_RESOURCES) in text
+
+
+def test_a_resource_name_the_reader_refuses_is_one_line() -> None:
+    result = dry_run("--availability", "--gpu-resource", "nvidia.com/gpu shared")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith(
+        "topo-reporter: error: PodResources resource name 'nvidia.com/gpu shared' is not"
+    )
