@@ -52,10 +52,10 @@ from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
 from reporter.live import AvailabilityLoop
+from reporter.publish.api import ApiClient
 from reporter.publish.availability import AvailabilitySink
-from reporter.publish.client import NodeClient
-from reporter.publish.kube import KubeNodeClient, load_configuration
-from reporter.publish.rest import RestNodeClient, load_rest_config
+from reporter.publish.kube import KubeApiClient, load_configuration
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import keys
@@ -91,14 +91,14 @@ class Running:
     metrics: Metrics
 
 
-CLIENTS: dict[str, Callable[[Path], NodeClient]] = {
-    "lean": lambda kubeconfig: RestNodeClient(load_rest_config(str(kubeconfig))),
-    "official": lambda kubeconfig: KubeNodeClient(load_configuration(str(kubeconfig))),
+CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
+    "lean": lambda kubeconfig: RestApiClient(load_rest_config(str(kubeconfig))),
+    "official": lambda kubeconfig: KubeApiClient(load_configuration(str(kubeconfig))),
 }
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], NodeClient]
+    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
 ) -> Running:
     stop = threading.Event()
     metrics = Metrics()
@@ -219,7 +219,7 @@ def availability_cost(
     double: ApiServerDouble,
     kubeconfig: Path,
     scan: ScanResult,
-    client: Callable[[Path], NodeClient],
+    client: Callable[[Path], ApiClient],
     per_hour: float,
     hours: float,
 ) -> list[object]:
@@ -291,7 +291,7 @@ def availability_cost(
     ]
 
 
-def main_availability(client: Callable[[Path], NodeClient], name: str, hours: float) -> None:
+def main_availability(client: Callable[[Path], ApiClient], name: str, hours: float) -> None:
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

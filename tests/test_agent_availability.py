@@ -28,10 +28,10 @@ from tests.agent_support import (
     FAST,
     NODE,
     PREFIX,
+    ApiClientFactory,
     ClockedStop,
     FakeClock,
     FakeScanner,
-    NodeClientFactory,
     ok,
     topology,
 )
@@ -83,7 +83,7 @@ class Live:
 
 def wire_live(
     kubeconfig: Path,
-    client: NodeClientFactory,
+    client: ApiClientFactory,
     *,
     source: FakeSource | None,
     scanner: FakeScanner | None = None,
@@ -137,7 +137,7 @@ def wire_live(
 
 
 @pytest.fixture
-def live(kubeconfig: Path, node_client: NodeClientFactory) -> Callable[..., Live]:
+def live(kubeconfig: Path, node_client: ApiClientFactory) -> Callable[..., Live]:
     def make(**kwargs: object) -> Live:
         return wire_live(kubeconfig, node_client, **kwargs)  # type: ignore[arg-type]
 
@@ -433,7 +433,7 @@ def test_the_simulated_source_offers_every_gpu_but_the_used_and_lost() -> None:
 
 
 def test_a_thread_stops_the_loop_between_ticks(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     w = wire_live(kubeconfig, node_client, source=FakeSource())
     w.stop.set()

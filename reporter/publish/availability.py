@@ -12,9 +12,8 @@ is sooner than a retry schedule would be useful.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TextIO
+from typing import Any
 
 import structlog
 
@@ -27,8 +26,9 @@ from reporter.availability import (
     encode_availability,
 )
 from reporter.errors import PublishError
-from reporter.publish import patch as node_patch
-from reporter.publish.patch import Desired, NodeMetadata
+from reporter.publish import errors_map
+from reporter.publish.api import NODES, ApiClient
+from reporter.publish.patch import Desired, NodeMetadata, node_metadata
 from reporter.schema import keys
 
 
@@ -77,18 +77,6 @@ def patch_body(current: Desired, want: Desired) -> dict[str, Any] | None:
     return {"metadata": metadata}
 
 
-class NodeWriter(Protocol):
-    """The part of reporter.publish.client.NodeClient this sink uses."""
-
-    def get_node(self, name: str) -> NodeMetadata:
-        """Read the Node. Raises ApiTransientError or ApiPermanentError."""
-        ...
-
-    def patch_node(self, name: str, patch: Mapping[str, Any]) -> NodeMetadata:
-        """Send a JSON merge patch; returns the Node as patched. Raises like get_node."""
-        ...
-
-
 class AvailabilitySink:
     """Keeps our availability keys on the Node equal to what it is told, with as few requests as
     it can: it remembers what the Node carried after its last read or write, sends nothing when
@@ -96,7 +84,7 @@ class AvailabilitySink:
 
     def __init__(
         self,
-        client: NodeWriter,
+        api: ApiClient,
         *,
         node: str,
         prefix: str,
@@ -104,7 +92,7 @@ class AvailabilitySink:
         on_written: Callable[[NodeMetadata], None] = lambda node: None,
     ) -> None:
         """`on_written` hears of the Node each patch returns (NodePatchSink.observe)."""
-        self._client = client
+        self._api = api
         self._on_written = on_written
         self._node = node
         self._prefix = prefix
@@ -126,13 +114,16 @@ class AvailabilitySink:
         """
         try:
             if self._known is None:
-                node = self._client.get_node(self._node)
+                found = self._api.get(NODES, self._node)
+                if found is None:
+                    raise errors_map.node_not_found(self._node)
+                node = node_metadata(found)
                 self._known = carried(node.labels, node.annotations, self._prefix)
             want = desired(availability, self._prefix)
             body = patch_body(self._known, want)
             if body is None:
                 return False
-            node = self._client.patch_node(self._node, body)
+            node = node_metadata(self._api.merge_patch(NODES, self._node, body))
         except PublishError:
             self._known = None
             raise
@@ -144,19 +135,3 @@ class AvailabilitySink:
             removed=availability is None,
         )
         return True
-
-
-class PrintingNodeClient:
-    """A NodeWriter for --dry-run: the Node carries nothing, and each patch is printed as JSON."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-
-    def get_node(self, name: str) -> NodeMetadata:
-        return NodeMetadata(name)
-
-    def patch_node(self, name: str, patch: Mapping[str, Any]) -> NodeMetadata:
-        json.dump(patch, self._out, indent=2, sort_keys=True, ensure_ascii=False)
-        self._out.write("\n")
-        self._out.flush()
-        return node_patch.apply(NodeMetadata(name), patch)
