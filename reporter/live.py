@@ -36,7 +36,7 @@ from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 
 if TYPE_CHECKING:
-    from reporter.collect.podresources import AllocationView
+    from reporter.collect.podresources import AllocationView, PodResourcesError
 
 LiveOutput = Callable[[Topology, "AllocationView"], None]
 """An output that needs the allocation view (NodeResourceTopology, ...): called once per good read,
@@ -108,12 +108,12 @@ class AvailabilityLoop:
         self._resync_s = resync_s
         self._clock = clock
         self._outputs = tuple(outputs)
-        self._read_error: type[Exception] | None = None
+        self._read_error: type[PodResourcesError] | None = None
         if source is not None:
             from reporter.collect.podresources import PodResourcesError  # noqa: PLC0415  # grpc
 
             self._read_error = PodResourcesError
-        self._last_read = clock()
+        self._node_read_at = clock()
         self._computed: tuple[Topology, tuple[int, ...], Availability] | None = None
         """The last good read: its topology, free GPUs and availability (kept on failures)."""
         self._settled = False
@@ -126,7 +126,7 @@ class AvailabilityLoop:
     def started(self, published: Desired) -> None:
         """What the Node carried at the agent's start (its one read): spares the sink a read."""
         self._sink.seed(published)
-        self._last_read = self._clock()
+        self._node_read_at = self._clock()
 
     def tick(self, topology: Topology | None) -> bool:
         """One read and publish if needed; True when the Node carries what it should.
@@ -148,7 +148,7 @@ class AvailabilityLoop:
         try:
             view = source.allocated(topology)
         except self._read_error as e:
-            self._metrics.podresources_failed(e)  # type: ignore[arg-type]  # PodResourcesError
+            self._metrics.podresources_failed(e)
             return False
         self._metrics.podresources_read(view)
         for output in self._outputs:
@@ -160,9 +160,9 @@ class AvailabilityLoop:
 
     def _publish(self, availability: Availability | None) -> bool:
         now = self._clock()
-        if now - self._last_read >= self._resync_s:
+        if now - self._node_read_at >= self._resync_s:
             self._sink.forget()
-            self._last_read = now
+            self._node_read_at = now
             self._refused = ()
             self._hold_until = -math.inf
         if now < self._hold_until or self._refused == (availability,):
