@@ -180,7 +180,7 @@ class Agent:
                 published = self._sink.published()
                 self._topology = self._projection.topology(published)
                 if self._live is not None:
-                    self._live.started(published)
+                    self._live.node_read(published)
                 self._started = True
                 self._read_refusal = None
             chosen = self._choose(result)
@@ -268,7 +268,8 @@ class Agent:
 
     def _publish(self, topology: Topology) -> bool:
         want = self._projection.desired(topology, self._policies)
-        if self._clock() - self._last_read >= self._resync_s:
+        resync = self._clock() - self._last_read >= self._resync_s
+        if resync:
             self._log.debug("resync")
             self._sink.forget()
             self._last_read = self._clock()
@@ -278,6 +279,10 @@ class Agent:
             return False
         try:
             wrote = self._sink.publish(want)
+            if resync and self._live is not None:
+                # The Node was just read again (no request here: the sink knows it now), and the
+                # live loop's keys with it: one read per resync serves both loops.
+                self._live.node_read(self._sink.published())
         except ApiPermanentError as e:
             # Logged once per refused desired state: a loop of identical errors helps nobody.
             self._log.error("publish_refused", error=str(e))

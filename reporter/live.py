@@ -4,8 +4,8 @@ Each tick reads the allocation view of the current topology from a free source (
 PodResources, or `--simulate-used`), hands it to the live outputs, computes the availability
 (reporter.availability) and gives it to the AvailabilitySink, which writes only what differs from
 what the Node carries. So: at most one write per tick (one tick per interval), none while nothing
-changes, and a read of the Node only at start (shared with the topology loop) and at each resync,
-which repairs our keys where someone edited or deleted them.
+changes, and no read of the Node of its own: the topology loop's read at start and at each resync
+tells it what the Node carries, which repairs our keys where someone edited or deleted them.
 
 A failed read never blanks or crashes what is published: the last good availability stays, and
 the failure is counted (the reader logs it, once per reason). A failed write is logged once per
@@ -123,10 +123,12 @@ class AvailabilityLoop:
         """What the API refused for good (one value, or empty): not sent again until resync."""
         self._write_error: str | None = None
 
-    def started(self, published: Desired) -> None:
-        """What the Node carried at the agent's start (its one read): spares the sink a read."""
+    def node_read(self, published: Desired) -> None:
+        """What the Node carries under the prefix, as the topology loop just read it (at start and
+        at each resync): the sink compares with it instead of reading the Node itself."""
         self._sink.seed(published)
         self._node_read_at = self._clock()
+        self._refused = ()
 
     def tick(self, topology: Topology | None) -> bool:
         """One read and publish if needed; True when the Node carries what it should.
@@ -160,7 +162,9 @@ class AvailabilityLoop:
 
     def _publish(self, availability: Availability | None) -> bool:
         now = self._clock()
-        if now - self._node_read_at >= self._resync_s:
+        # Its own read only where the topology loop's resync read has not come for two periods
+        # (that loop failing, or a dry run, which never reads): drift is still repaired.
+        if now - self._node_read_at >= 2 * self._resync_s:
             self._sink.forget()
             self._node_read_at = now
             self._refused = ()
