@@ -15,12 +15,25 @@ default 5 min, so 60 s of wall time is one node-hour. Requests are counted by th
    to a random half of all requests; time until every Node carries the right data, requests.
 
     python bench/api_cost.py [--agents 200] [--client lean|official]
+
+Availability (`--availability`): one agent with `run --availability`'s live loop (Agent.run with
+its AvailabilityLoop and AvailabilitySink, the real API client over HTTPS to the double), on a
+simulated clock: every wait of the loop passes at once (tests.agent_support.ClockedStop), so a
+simulated day takes seconds and nothing is compressed. Defaults: scan every 60 s, availability
+every 10 s, resync 5 min. The free source is a simulated kubelet: pod starts and stops arrive as a
+Poisson process at the stated churn (events per node-hour, starts and stops together, seeded), a
+starting pod takes k free GPUs (k of 1, 2, 4, 8 in the Philly mix: 70/10/15/5%; a stop when too few
+are free), a stop ends a random running pod. Requests are counted by the double; "changes" counts
+the ticks whose free set differs from the tick before (what an ideal writer must write).
+
+    python bench/api_cost.py --availability [--hours 24] [--client lean|official]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import random
 import sys
 import tempfile
 import threading
@@ -37,15 +50,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, build_scanner
+from reporter.collect.podresources import AllocationView
+from reporter.live import AvailabilityLoop
 from reporter.publish.api import ApiClient
+from reporter.publish.availability import AvailabilitySink
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import keys
 from reporter.schema.codec import encode
+from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
+from tests.agent_support import ClockedStop, FakeClock
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
 PREFIX = keys.DEFAULT_PREFIX
@@ -147,13 +165,175 @@ def wait_converged(
     return time.monotonic() - start
 
 
+CHURNS = (0, 6, 60, 600, 3600)
+"""Pod starts plus stops per node-hour: idle, batch, busy, one per 6 s, one a second."""
+POD_SIZES = ((1, 0.70), (2, 0.10), (4, 0.15), (8, 0.05))
+SCAN_S, TICK_S, LIVE_RESYNC_S = 60.0, 10.0, 300.0
+
+
+class ChurningKubelet:
+    """A free source: pods start and stop on the simulated clock, at `per_hour` events an hour."""
+
+    def __init__(self, per_hour: float, clock: FakeClock, seed: int) -> None:
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._rate = per_hour / 3600.0
+        self._next = clock() + self._wait()
+        self.pods: list[frozenset[int]] = []
+        self.events = 0
+        self.changes = 0
+        self._last: tuple[int, ...] | None = None
+
+    def _wait(self) -> float:
+        return self._rng.expovariate(self._rate) if self._rate > 0 else float("inf")
+
+    def _event(self, gpus: int) -> None:
+        held = set().union(*self.pods)
+        free = [g for g in range(gpus) if g not in held]
+        k = self._rng.choices([k for k, _ in POD_SIZES], [w for _, w in POD_SIZES])[0]
+        if self.pods and (self._rng.random() < 0.5 or k > len(free)):
+            self.pods.pop(self._rng.randrange(len(self.pods)))
+        elif k <= len(free):
+            self.pods.append(frozenset(self._rng.sample(free, k)))
+        self.events += 1
+
+    def allocated(self, topology: Topology) -> AllocationView:
+        while self._next <= self._clock():
+            self._event(len(topology.gpus))
+            self._next += self._wait()
+        gpus = frozenset(g.index for g in topology.gpus)
+        view = AllocationView(
+            allocatable=gpus,
+            allocated=frozenset().union(*self.pods),
+            unhealthy=(),
+            unknown_ids=0,
+            unknown_examples=(),
+        )
+        if self._last is not None and view.free != self._last:
+            self.changes += 1
+        self._last = view.free
+        return view
+
+
+def availability_cost(
+    double: ApiServerDouble,
+    kubeconfig: Path,
+    scan: ScanResult,
+    client: Callable[[Path], ApiClient],
+    per_hour: float,
+    hours: float,
+) -> list[object]:
+    """One agent with availability on, `hours` simulated: its requests per node-hour."""
+    node = f"gpu-live-{int(per_hour)}"
+    double.add_node(node)
+    clock = FakeClock()
+    ticks = int(hours * 3600 / TICK_S)
+    stop = ClockedStop(clock, waits=ticks)
+    metrics = Metrics()
+    state = AgentState(stall_after_s=300, stale_after_s=900, clock=clock)
+    log = structlog.get_logger("topo_reporter").bind(node=node)
+    api = client(kubeconfig)
+    sink = NodePatchSink(
+        api, node=node, prefix=PREFIX, stop=stop, backoff=Backoff(), log=log, on_wait=state.waiting
+    )
+    kubelet = ChurningKubelet(per_hour, clock, seed=int(per_hour) + 1)
+    loop = AvailabilityLoop(
+        source=kubelet,
+        sink=AvailabilitySink(api, node=node, prefix=PREFIX, log=log, on_written=sink.observe),
+        state=state,
+        metrics=metrics,
+        log=log,
+        interval_s=TICK_S,
+        resync_s=LIVE_RESYNC_S,
+        clock=clock,
+    )
+    agent = Agent(
+        scanner=FixedScanner(scan),
+        sink=sink,
+        projection=SchemaProjection(PREFIX),
+        state=state,
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=SCAN_S,
+        resync_s=LIVE_RESYNC_S,
+        clock=clock,
+        live=loop,
+    )
+    agent.step()  # install: the first publish, not counted
+    path = f"/api/v1/nodes/{node}"
+    mark = len(double.requests)
+    worst = 0
+    tick = loop.tick
+
+    def counted(topology: Topology | None) -> bool:
+        nonlocal worst
+        before = len(double.requests)
+        done = tick(topology)
+        worst = max(worst, sum(r.method == "PATCH" for r in double.requests[before:]))
+        return done
+
+    loop.tick = counted  # type: ignore[method-assign]
+    wall = time.perf_counter()
+    agent.run()
+    wall = time.perf_counter() - wall
+    ours = [r for r in double.requests[mark:] if r.path == path]
+    writes = sum(r.method == "PATCH" for r in ours)
+    reads = sum(r.method == "GET" for r in ours)
+    return [
+        f"{per_hour:g}",
+        f"{kubelet.events / hours:.1f}",
+        f"{kubelet.changes / hours:.1f}",
+        f"{writes / hours:.2f}",
+        f"{reads / hours:.2f}",
+        worst,
+        f"{wall:.1f} s",
+    ]
+
+
+def main_availability(client: Callable[[Path], ApiClient], name: str, hours: float) -> None:
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        with ApiServerDouble(certificate=certificate) as double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            for per_hour in CHURNS:
+                rows.append(availability_cost(double, kubeconfig, scan, client, per_hour, hours))
+    print(
+        f"one agent, simulated DGX H100, {name} client, {hours:g} simulated hours per row; scan "
+        f"{SCAN_S:.0f} s, availability interval {TICK_S:.0f} s, resync {LIVE_RESYNC_S:.0f} s\n"
+    )
+    print(
+        table(
+            [
+                "churn (pod starts + stops / h)",
+                "events / h (drawn)",
+                "free-set changes at ticks / h",
+                "node writes / node-hour",
+                "node reads / node-hour",
+                "most writes in one interval",
+                "wall time",
+            ],
+            rows,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean")
+    parser.add_argument("--availability", action="store_true", help="the live loop's cost instead")
+    parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (availability)")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
+    if args.availability:
+        main_availability(client, args.client, args.hours)
+        return
     n = args.agents
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
     assert scan.topology is not None

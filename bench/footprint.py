@@ -12,10 +12,20 @@ the end of the window, divided by the scans made, times the 60 scans an hour hol
 interval. Import time: `python -X importtime` of the CLI.
 
     python bench/footprint.py
+
+With `--availability`, the same measure of `run --availability --availability-interval 1s` (one
+scan and one availability tick a second): (a) `--dry-run --simulate-used 0,1`, (b) against the API
+server double with the lean client, reading the free GPUs from the PodResources double
+(tests/podresources_double.py: a real gRPC server on a unix socket, GPUs 0 and 1 held by a pod),
+first publish being the moment the double holds the availability annotation.
+
+    python bench/footprint.py --availability
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import re
 import statistics
@@ -29,9 +39,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import table
+from bench.common import quiet_logs, table
+from reporter.availability import AVAILABILITY_KEY
+from reporter.collect import build_scanner
 from reporter.schema import keys
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 
 WINDOW_S = 20.0
 AGENT = [sys.executable, "-m", "reporter.cli", "run", "--simulate", "dgx-h100", "--listen", ""]
@@ -102,13 +115,68 @@ def import_profile(env: dict[str, str]) -> list[list[object]]:
     ]
 
 
-def main() -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    rows = []
+HEADERS = [
+    "mode",
+    "first publish s",
+    "peak RSS MiB",
+    "steady RSS MiB",
+    "CPU s to first publish",
+    "CPU ms/scan",
+    "CPU s/hour (60 s interval)",
+]
+LIVE = ["--availability", "--availability-interval", "1s"]
 
-    def first_line(process: subprocess.Popen[bytes]) -> bool:
-        assert process.stdout is not None
-        return bool(process.stdout.readline())
+
+def first_line(process: subprocess.Popen[bytes]) -> bool:
+    assert process.stdout is not None
+    return bool(process.stdout.readline())
+
+
+def main_availability(env: dict[str, str]) -> None:
+    quiet_logs(logging.ERROR)
+    rows = []
+    argv = [*AGENT, "--dry-run", *LIVE, "--simulate-used", "0,1"]
+    rows.append(["dry-run, --availability --simulate-used 0,1", *measure(argv, first_line, env)])
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    assert scan.topology is not None
+    ids = [g.uuid for g in scan.topology.gpus if g.uuid is not None]
+    state = {
+        "devices": devices_state("nvidia.com/gpu", ids),
+        "pods": [pod_state("train", "nvidia.com/gpu", ids[:2])],
+    }
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/tmp") as short:
+        certificate = make_certificate(Path(tmp))
+        socket = Path(short) / "kubelet.sock"
+        with ApiServerDouble(certificate=certificate) as double, PodResourcesDouble(socket, state):
+            key = keys.key(keys.DEFAULT_PREFIX, AVAILABILITY_KEY)
+            double.add_node("gpu-live")
+
+            def annotated(_: subprocess.Popen[bytes]) -> bool:
+                deadline = time.perf_counter() + 30
+                while key not in double.annotations("gpu-live"):
+                    if time.perf_counter() > deadline:
+                        return False
+                    time.sleep(0.005)
+                return True
+
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            argv = [*AGENT, "--node", "gpu-live", "--kubeconfig", str(kubeconfig), *LIVE]
+            argv += ["--pod-resources-socket", str(socket)]
+            mode = "API double, lean client, --availability, PodResources double"
+            rows.append([mode, *measure(argv, annotated, env)])
+    print(table(HEADERS, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--availability", action="store_true", help="run --availability's modes")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    if parser.parse_args().availability:
+        main_availability(env)
+        return
+    rows = []
 
     rows.append(["dry-run", *measure([*AGENT, "--dry-run"], first_line, env)])
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,20 +208,7 @@ def main() -> None:
                 double.add_node(node)
                 argv = [*AGENT, "--node", node, "--kubeconfig", str(kubeconfig)]
                 rows.append([mode, *measure(argv, annotated, env)])
-    print(
-        table(
-            [
-                "mode",
-                "first publish s",
-                "peak RSS MiB",
-                "steady RSS MiB",
-                "CPU s to first publish",
-                "CPU ms/scan",
-                "CPU s/hour (60 s interval)",
-            ],
-            rows,
-        )
-    )
+    print(table(HEADERS, rows))
     print("\nImport time of `reporter.cli` (cumulative, ms):\n")
     print(table(["module", "ms", "share"], import_profile(env)))
 

@@ -24,6 +24,7 @@ from parsers.kubelet import KubeletPolicies
 from reporter.collect import Scanner, ScanResult
 from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
 from reporter.errors import ApiPermanentError, InputError, PublishError
+from reporter.live import AvailabilityLoop
 from reporter.publish import patch
 from reporter.publish.client import EventType
 from reporter.publish.patch import Desired
@@ -117,6 +118,7 @@ class Agent:
         wall: Callable[[], float] = time.time,
         kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
         outputs: Sequence[Callable[[Topology], None]] = (),
+        live: AvailabilityLoop | None = None,
     ) -> None:
         self._scanner = scanner
         self._sink = sink
@@ -146,16 +148,27 @@ class Agent:
         self._kubelet_error: str | None = None
         self._findings_told: set[tuple[str, str]] | None = None
         """Node-local findings already reported as Events; None until the first publish."""
+        self._live = live
+        """The availability loop, on its own cadence in `run()`; None when not wired."""
+        self._chosen: Topology | None = None
+        """The topology chosen by the last scan: the one the live loop reads availability for."""
 
     # -- one step ------------------------------------------------------------------------------
 
     def step(self) -> bool:
-        """Scan once and publish if needed; True when the target carries what should be there.
+        """Scan once and publish if needed, then one availability tick where the live loop is
+        wired; True when the target carries what should be there.
 
         False as well when a source failed, even where the last good topology stands on the
         target: `run --once` exits 1 then, and a check that runs it must see the failure.
         Raises Interrupted when shutdown is requested during an API retry.
         """
+        published = self._step()
+        if self._live is None:
+            return published
+        return self._live.tick(self._chosen) and published
+
+    def _step(self) -> bool:
         self._state.beat()
         result = self._scan()
         self._policies = self._read_kubelet()
@@ -164,10 +177,14 @@ class Agent:
                 # The one read at start: after a restart with an unchanged topology nothing is
                 # written, and a failing NVML can keep what an earlier run published.
                 self._last_read = self._clock()
-                self._topology = self._projection.topology(self._sink.published())
+                published = self._sink.published()
+                self._topology = self._projection.topology(published)
+                if self._live is not None:
+                    self._live.node_read(published)
                 self._started = True
                 self._read_refusal = None
             chosen = self._choose(result)
+            self._chosen = chosen
             if chosen is None:
                 if not result.degraded:
                     self._state.published()
@@ -251,7 +268,8 @@ class Agent:
 
     def _publish(self, topology: Topology) -> bool:
         want = self._projection.desired(topology, self._policies)
-        if self._clock() - self._last_read >= self._resync_s:
+        resync = self._clock() - self._last_read >= self._resync_s
+        if resync:
             self._log.debug("resync")
             self._sink.forget()
             self._last_read = self._clock()
@@ -261,6 +279,10 @@ class Agent:
             return False
         try:
             wrote = self._sink.publish(want)
+            if resync and self._live is not None:
+                # The Node was just read again (no request here: the sink knows it now), and the
+                # live loop's keys with it: one read per resync serves both loops.
+                self._live.node_read(self._sink.published())
         except ApiPermanentError as e:
             # Logged once per refused desired state: a loop of identical errors helps nobody.
             self._log.error("publish_refused", error=str(e))
@@ -313,16 +335,34 @@ class Agent:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Step every interval until `stop` is set."""
-        self._log.info("started", interval_s=self._interval_s, resync_s=self._resync_s)
+        """Step every interval, and tick the live loop every one of its intervals, until `stop`.
+
+        One thread, two cadences: each next time is counted from the end of the work before it,
+        and the loop sleeps until the earlier of the two, announcing the wait.
+        """
+        live = self._live
+        self._log.info(
+            "started",
+            interval_s=self._interval_s,
+            resync_s=self._resync_s,
+            availability_interval_s=None if live is None else live.interval_s,
+        )
         try:
+            next_scan = next_tick = self._clock()
             while not self._stop.is_set():
                 try:
-                    self.step()
+                    if self._clock() >= next_scan:
+                        self._step()
+                        next_scan = self._clock() + self._interval_s
+                    if live is not None and self._clock() >= next_tick:
+                        live.tick(self._chosen)
+                        next_tick = self._clock() + live.interval_s
                 except Interrupted:
                     break
-                self._state.waiting(self._interval_s)
-                self._stop.wait(self._interval_s)
+                wake = next_scan if live is None else min(next_scan, next_tick)
+                wait = max(wake - self._clock(), 0.0)
+                self._state.waiting(wait)
+                self._stop.wait(wait)
         finally:
             self._state.stopped()
             self._log.info("stopped")

@@ -43,8 +43,10 @@ from reporter.errors import (
 )
 from reporter.hostfs import DirHostFS, HostFS
 from reporter.inputs import read_bounded
+from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.api import NODES, ApiClient
+from reporter.publish.availability import AvailabilitySink
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
 from reporter.publish.nrt import NrtOutput, NrtSink
@@ -338,6 +340,20 @@ def nrt_output(
     )
 
 
+def _free_source(config: settings.Settings) -> FreeSource:
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+    if config.simulate_used is not None:
+        assert config.simulate is not None  # validate() requires it
+        machine = load_machine(config.simulate)
+        check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
+        return SimulatedFreeSource(config.simulate_used)
+    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+
+    if config.gpu_resources is None:
+        return PodResourcesReader(Path(config.pod_resources_socket))
+    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = settings.resolve(vars(args), os.environ)
     # validate() lets only a dry run go without a node name; it prints the patch for this host's
@@ -391,6 +407,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_error=on_error,
             on_wait=state.waiting,
         )
+    live = None
+    # The availability keys go on the Node (validate() allows availability with the node sink
+    # only); a dry run without availability has no Node to keep them off.
+    if isinstance(sink, NodePatchSink) and (config.availability or not config.dry_run):
+        live = AvailabilityLoop(
+            # Off: the loop only takes our keys off the Node, where an earlier run left them.
+            source=_free_source(config) if config.availability else None,
+            sink=AvailabilitySink(
+                api, node=node, prefix=config.prefix, log=log, on_written=sink.observe
+            ),
+            state=state,
+            metrics=metrics,
+            log=log,
+            interval_s=config.availability_interval_s if config.availability else config.interval_s,
+            resync_s=config.resync_s,
+            outputs=(nrt_output(config, api, log, stop=stop, metrics=metrics),)
+            if config.nrt
+            else (),
+        )
     agent = Agent(
         scanner=scanner,
         sink=sink,
@@ -405,6 +440,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         outputs=()
         if config.koordinator_dir is None
         else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        live=live,
     )
     if config.once:
         return EXIT_OK if agent.step() else EXIT_FAILURE

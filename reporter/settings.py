@@ -26,6 +26,11 @@ BACKENDS = ("auto", "nvml", "sysfs")
 SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""The kubelet's (reporter.collect.podresources.DEFAULT_SOCKET, which this module cannot import:
+it loads grpc)."""
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
 
 # A settings file is a dozen lines.
 MAX_SETTINGS_BYTES = 64 * 1024
@@ -76,7 +81,16 @@ class Settings:
     koordinator_dir: str | None = None
     """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
     availability: bool = False
-    """Read which GPUs are free from the kubelet's PodResources socket."""
+    """Publish which GPUs are free (the availability annotation and two labels) on the Node."""
+    availability_interval_s: float = 10.0
+    """Seconds between reads of which GPUs are free; at most one Node write per interval."""
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
+    simulate_used: tuple[int, ...] | None = None
+    """With `simulate`: the GPU indexes taken as allocated, instead of asking a kubelet."""
+    gpu_resources: tuple[str, ...] | None = None
+    """Resource names whose PodResources devices are GPUs (`nvidia.com/mig-*` for a family);
+    None: the reader's default (reporter.collect.podresources.DEFAULT_RESOURCES)."""
     nrt: bool = False
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
@@ -126,7 +140,24 @@ class Settings:
                 "fingerprint come from the kubelet's PodResources socket (chart: "
                 "availability.enabled)"
             )
+        self._validate_availability()
         return self
+
+    def _validate_availability(self) -> None:
+        if self.simulate_used is not None and self.simulate is None:
+            raise ConfigError(
+                "--simulate-used needs --simulate PROFILE: on a real node the kubelet says which "
+                "GPUs are allocated"
+            )
+        if self.simulate_used is not None and not self.availability:
+            raise ConfigError("--simulate-used needs --availability: it says which GPUs are free")
+        if self.availability and self.sink != "node":
+            raise ConfigError(
+                f"--availability publishes on the Node itself: it needs --sink node, not "
+                f"{excerpt(self.sink)}"
+            )
+        if self.availability and not self.pod_resources_socket:
+            raise ConfigError("pod-resources-socket is empty: give the kubelet's kubelet.sock path")
 
 
 def parse_duration(text: str, *, name: str) -> float:
@@ -183,10 +214,18 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
     "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
     "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
+    "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
+    "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
+    "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
+    "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
 }
-_BOOLEANS = {"true": True, "false": False}
-_FLAG_NAMES = {"interval_s": "interval", "resync_s": "resync"}
+_FLAG_NAMES = {
+    "interval_s": "interval",
+    "resync_s": "resync",
+    "availability_interval_s": "availability-interval",
+    "gpu_resources": "gpu-resource",
+}
 _FLAGS_ONLY = ("once", "dry_run")
 
 
@@ -194,8 +233,62 @@ def _flag(name: str) -> str:
     return _FLAG_NAMES.get(name, name).replace("_", "-")
 
 
+def parse_bool(raw: object, *, name: str) -> bool:
+    """A YAML boolean, or true/false, yes/no, on/off, 1/0 as text. Raises ConfigError."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower() if isinstance(raw, str | int) else None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{name} {excerpt(raw)} is not true or false")
+
+
+def parse_indexes(raw: object, *, name: str) -> tuple[int, ...]:
+    """`0,1,2` (or a YAML list of integers) to sorted distinct GPU indexes; empty for none.
+
+    Raises ConfigError.
+    """
+    parts: list[object] = []
+    if isinstance(raw, list):
+        parts.extend(raw)
+    elif str(raw).strip():
+        parts.extend(str(raw).split(","))
+    indexes: set[int] = set()
+    for part in parts:
+        text = str(part).strip()
+        if isinstance(part, bool) or not text.isascii() or not text.isdigit() or len(text) > 4:
+            raise ConfigError(
+                f"{name} {excerpt(raw)} is not a comma-separated list of GPU indexes (0,1,2)"
+            )
+        indexes.add(int(text))
+    return tuple(sorted(indexes))
+
+
+def parse_names(raw: object, *, name: str) -> tuple[str, ...]:
+    """`a,b` (or a YAML list, or a repeated flag's list) to names, in order, without repeats.
+
+    Raises ConfigError for an empty name; the reader checks the rest.
+    """
+    parts = raw if isinstance(raw, list) else str(raw).split(",")
+    names: list[str] = []
+    for part in parts:
+        if not isinstance(part, str) or not part.strip():
+            raise ConfigError(f"{name} {excerpt(raw)} holds an empty or non-text resource name")
+        if part.strip() not in names:
+            names.append(part.strip())
+    return tuple(names)
+
+
 def _convert(name: str, raw: object, origin: str) -> object:
     kind = _SOURCES[name][1]
+    if kind == "names":
+        return parse_names(raw, name=f"{_flag(name)} ({origin})")
+    if kind == "bool":
+        return parse_bool(raw, name=f"{_flag(name)} ({origin})")
+    if kind == "indexes":
+        return parse_indexes(raw, name=f"{_flag(name)} ({origin})")
     if kind == "duration":
         where = f"{_flag(name)} ({origin})"
         if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -204,13 +297,6 @@ def _convert(name: str, raw: object, origin: str) -> object:
         else:
             seconds = parse_duration(str(raw), name=where)
         return check_duration(seconds, name=where)
-    if kind == "bool":
-        # A flag says True; a file says a YAML boolean; the environment says true or false.
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.strip().lower() in _BOOLEANS:
-            return _BOOLEANS[raw.strip().lower()]
-        raise ConfigError(f"{_flag(name)} ({origin}) must be true or false, not {excerpt(raw)}")
     if not isinstance(raw, str):
         raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {excerpt(raw)}")
     return raw
@@ -301,7 +387,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--availability",
         action="store_true",
         default=None,
-        help="publish which GPUs are free, read from the kubelet's PodResources socket",
+        help="also publish which GPUs are free, from the kubelet's PodResources (default: off)",
     )
     add(
         "--nrt",
@@ -309,6 +395,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="publish the node's NodeResourceTopology (needs --availability; the sole producer: "
         "refuses to write over NFD's topology-updater or resource-topology-exporter)",
+    )
+    add(
+        "--availability-interval",
+        dest="availability_interval_s",
+        metavar="DURATION",
+        help="between reads of the free GPUs; at most one Node write each (default 10s)",
+    )
+    add(
+        "--pod-resources-socket",
+        dest="pod_resources_socket",
+        metavar="PATH",
+        help=f"the kubelet's PodResources socket (default {DEFAULT_POD_RESOURCES_SOCKET})",
+    )
+    add(
+        "--simulate-used",
+        dest="simulate_used",
+        metavar="I,J,...",
+        help="with --simulate: the GPU indexes taken as allocated, instead of a kubelet's answer",
+    )
+    add(
+        "--gpu-resource",
+        dest="gpu_resources",
+        action="append",
+        metavar="NAME",
+        help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
+        "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

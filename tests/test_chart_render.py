@@ -369,6 +369,40 @@ def test_availability_mounts_the_pod_resources_directory_read_only_and_runs_as_r
     assert sc["privileged"] is False
 
 
+def test_availability_turns_the_agent_on_with_its_interval_and_the_mounted_socket() -> None:
+    rendered = render({"availability": {"enabled": True, "interval": "30s"}})
+    variables = env(rendered)
+    assert variables["TOPO_REPORTER_AVAILABILITY"] == "true"
+    assert variables["TOPO_REPORTER_AVAILABILITY_INTERVAL"] == "30s"
+    mount = next(m for m in container(rendered)["volumeMounts"] if m["name"] == "pod-resources")
+    assert variables["TOPO_REPORTER_POD_RESOURCES_SOCKET"] == mount["mountPath"] + "/kubelet.sock"
+    assert (
+        env(render({"availability": {"enabled": True}}))["TOPO_REPORTER_AVAILABILITY_INTERVAL"]
+        == "10s"
+    )
+
+
+def test_availability_off_sets_none_of_its_variables(default: Rendered) -> None:
+    assert not {k for k in env(default) if "AVAILABILITY" in k or "POD_RESOURCES" in k}
+
+
+def test_availability_with_the_nodefeature_sink_is_refused_in_one_line() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"availability\.enabled publishes on the Node"):
+        render({"availability": {"enabled": True}, "agent": {"sink": "nodefeature"}})
+
+
+@pytest.mark.parametrize(
+    ("availability", "where"),
+    [({"interval": "1d"}, "/availability/interval"), ({"intervall": "10s"}, "/availability")],
+    ids=["an interval in days", "a misspelt key"],
+)
+def test_the_schema_checks_the_availability_values(
+    availability: dict[str, str], where: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError, match=f"at '{where}'"):
+        render({"availability": availability})
+
+
 def test_availability_off_mounts_no_pod_resources_and_stays_non_root(default: Rendered) -> None:
     pod = default.one("DaemonSet")["spec"]["template"]["spec"]
     assert all(v["name"] != "pod-resources" for v in pod["volumes"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +40,7 @@ from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.podresources_double import devices_state, pod_state
+from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
 from tests.test_collect_podresources import GPU, uuids
 from tests.test_collect_podresources_kubelet import KubeletPodResources, converge
@@ -468,3 +470,45 @@ def test_what_the_kubelet_lists_reaches_the_object_the_scheduler_reads(
         if r["name"] == nrt.GPU_RESOURCE
     )
     assert available == len(ids) - 3
+
+
+NRT_FLAGS = ("--availability", "--nrt", "--simulate-used")
+
+
+@pytest.mark.parametrize("client", ["lean", "official"])
+def test_run_nrt_publishes_the_nodes_object_from_the_agents_own_loop(
+    real_apiserver: RealApiServer, store: Store, node: str, client: str
+) -> None:
+    """`run --availability --nrt` end to end through the CLI: the live loop hands each allocation
+    view to the NRT output, which writes through the client the agent picked."""
+    admin = str(real_apiserver.kubeconfig)
+    # A list of kubeconfigs to merge is served by the official client only.
+    kubeconfig = admin if client == "lean" else os.pathsep.join([admin, admin])
+
+    def run(used: str) -> None:
+        result = subprocess.run(
+            [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", "", *NRT_FLAGS, used],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env(KUBECONFIG=kubeconfig, NODE_NAME=node, TOPO_REPORTER_LOG_FORMAT="json"),
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f'"api_client": "{client}"' in result.stderr
+
+    def gpus_available() -> dict[str, str]:
+        held = store.get(node)
+        assert held is not None
+        return {
+            z["name"]: next(r["available"] for r in z["resources"] if r["name"] == nrt.GPU_RESOURCE)
+            for z in held["zones"]
+        }
+
+    run("0,1,5")
+    assert gpus_available() == {"node-0": "2", "node-1": "3"}
+    version = store.version(node)
+    run("0,1,5")
+    assert store.version(node) == version
+    run("")
+    assert gpus_available() == {"node-0": "4", "node-1": "4"}

@@ -301,7 +301,7 @@ class PodResourcesReader:
         if not stat.S_ISSOCK(mode):
             self._drop()
             raise PodResourcesError(
-                f"{self.socket} is not a socket: point --podresources-socket at the kubelet's "
+                f"{self.socket} is not a socket: point --pod-resources-socket at the kubelet's "
                 "pod-resources/kubelet.sock",
                 reason="missing",
             )

@@ -116,6 +116,15 @@ class NodePatchSink:
     def forget(self) -> None:
         self._known = None
 
+    def observe(self, node: NodeMetadata) -> None:
+        """The Node as another writer of this agent (the availability sink) just left it.
+
+        Kept where the Node is known, so that the next patch carries the current resourceVersion
+        instead of meeting a 409 and a read; a forgotten Node stays forgotten (resync reads it).
+        """
+        if self._known is not None:
+            self._known = node
+
     def event(self, event_type: EventType, reason: str, message: str) -> None:
         # One attempt: an Event is worth less than the API calls a retry loop would spend on it.
         # Its failure is still a failed API call, counted like every other.

@@ -101,6 +101,13 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.availability_writes = Counter(
+            "topo_reporter_availability_writes",
+            "Availability publishes by result: written (a Node patch), unchanged (no request), "
+            "failed.",
+            ["result"],
+            registry=r,
+        )
         self.podresources_unknown = Gauge(
             "topo_reporter_podresources_unknown_devices",
             "Device IDs of a managed resource matching no GPU, in the last good read.",

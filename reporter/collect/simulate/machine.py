@@ -25,6 +25,10 @@ from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
 
 PROFILE_SUFFIX = ".yaml"
+
+DEFAULT_NUMA_MEM_GIB = 1024
+"""A profile's NUMA node memory unless it says `mem_gib`: a DGX H100's 2 TiB over two sockets."""
+
 # The largest shipped profile is 3 KiB; a hand-written one is a few more.
 MAX_PROFILE_BYTES = 1024 * 1024
 # An A100 or H100 splits into at most seven MIG devices; NVML's GetMaxMigDeviceCount says 7.
@@ -78,6 +82,8 @@ class NumaSpec:
     id: int
     cpus: frozenset[int]
     distances: tuple[int, ...]
+    mem_gib: int = DEFAULT_NUMA_MEM_GIB
+    """The node's MemTotal: NodeResourceTopology zones carry it (`run --simulate … --nrt`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,7 @@ def _build(name: str, data: Any) -> Machine:
             int(n["id"]),
             parse_cpulist(str(n["cpus"]), field=f"numa_nodes[{n['id']}].cpus"),
             tuple(int(d) for d in n.get("distances", [])),
+            int(n.get("mem_gib", DEFAULT_NUMA_MEM_GIB)),
         )
         for n in data["numa_nodes"]
     )

@@ -32,6 +32,7 @@ def sysfs_entries(machine: Machine) -> tuple[dict[str, str], dict[str, str]]:
         files[f"{base}/cpulist"] = format_cpulist(node.cpus) + "\n"
         if node.distances:
             files[f"{base}/distance"] = " ".join(str(d) for d in node.distances) + "\n"
+        files[f"{base}/meminfo"] = f"Node {node.id} MemTotal:       {node.mem_gib << 20} kB\n"
     return files, links
 
 

@@ -1,0 +1,137 @@
+"""The availability annotation and its two labels on the agent's Node, written only on change.
+
+The keys (`<prefix>/availability`, `<prefix>/gpu-free`, `<prefix>/gpu-free-nvlink-max`) are this
+sink's alone. They are not listed in the Node sink's `owned` annotation, so the Node sink neither
+writes nor deletes them; this sink removes them when availability is off. Because no other writer
+sets them, a patch carries no resourceVersion: a precondition would turn every kubelet status
+update between our read and our write into a 409 for nothing.
+
+One request per attempt and no retry here: the live loop calls again at its next interval, which
+is sooner than a retry schedule would be useful.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from reporter.availability import (
+    AVAILABILITY_KEY,
+    GPU_FREE_LABEL,
+    GPU_FREE_NVLINK_MAX_LABEL,
+    Availability,
+    availability_labels,
+    encode_availability,
+)
+from reporter.errors import PublishError
+from reporter.publish import errors_map
+from reporter.publish.api import NODES, ApiClient
+from reporter.publish.patch import Desired, NodeMetadata, node_metadata
+from reporter.schema import keys
+
+
+def availability_keys(prefix: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(label keys, annotation keys) this sink owns under `prefix`."""
+    labels = frozenset(keys.key(prefix, n) for n in (GPU_FREE_LABEL, GPU_FREE_NVLINK_MAX_LABEL))
+    return labels, frozenset({keys.key(prefix, AVAILABILITY_KEY)})
+
+
+def desired(availability: Availability | None, prefix: str) -> Desired:
+    """What the Node should carry of our keys; nothing when availability is off (None)."""
+    if availability is None:
+        return Desired({}, {})
+    return Desired(
+        availability_labels(availability, prefix),
+        {keys.key(prefix, AVAILABILITY_KEY): encode_availability(availability)},
+    )
+
+
+def carried(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> Desired:
+    """Our keys among a Node's labels and annotations."""
+    label_keys, annotation_keys = availability_keys(prefix)
+    return Desired(
+        {k: v for k, v in labels.items() if k in label_keys},
+        {k: v for k, v in annotations.items() if k in annotation_keys},
+    )
+
+
+def patch_body(current: Desired, want: Desired) -> dict[str, Any] | None:
+    """The JSON merge patch from `current` to `want` (both of our keys only); None when equal."""
+
+    def section(have: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+        changes: dict[str, str | None] = {k: v for k, v in wanted.items() if have.get(k) != v}
+        changes.update({k: None for k in sorted(have) if k not in wanted})
+        return changes
+
+    labels = section(current.labels, want.labels)
+    annotations = section(current.annotations, want.annotations)
+    if not labels and not annotations:
+        return None
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata}
+
+
+class AvailabilitySink:
+    """Keeps our availability keys on the Node equal to what it is told, with as few requests as
+    it can: it remembers what the Node carried after its last read or write, sends nothing when
+    that already matches, and reads again only after `forget()` (resync) or a failure."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        node: str,
+        prefix: str,
+        log: structlog.typing.FilteringBoundLogger,
+        on_written: Callable[[NodeMetadata], None] = lambda node: None,
+    ) -> None:
+        """`on_written` hears of the Node each patch returns (NodePatchSink.observe)."""
+        self._api = api
+        self._on_written = on_written
+        self._node = node
+        self._prefix = prefix
+        self._log = log
+        self._known: Desired | None = None
+
+    def seed(self, published: Desired) -> None:
+        """What the Node carries under the prefix, as another read of it just saw."""
+        self._known = carried(published.labels, published.annotations, self._prefix)
+
+    def forget(self) -> None:
+        """The next publish reads the Node again (resync: repairs keys edited or deleted)."""
+        self._known = None
+
+    def publish(self, availability: Availability | None) -> bool:
+        """Make the Node carry `availability` (None: none of our keys); True when it wrote.
+
+        Raises PublishError; what the Node carries is then unknown and read again next time.
+        """
+        try:
+            if self._known is None:
+                found = self._api.get(NODES, self._node)
+                if found is None:
+                    raise errors_map.node_not_found(self._node)
+                node = node_metadata(found)
+                self._known = carried(node.labels, node.annotations, self._prefix)
+            want = desired(availability, self._prefix)
+            body = patch_body(self._known, want)
+            if body is None:
+                return False
+            node = node_metadata(self._api.merge_patch(NODES, self._node, body))
+        except PublishError:
+            self._known = None
+            raise
+        self._known = carried(node.labels, node.annotations, self._prefix)
+        self._on_written(node)
+        self._log.info(
+            "availability_patched",
+            free=want.labels.get(keys.key(self._prefix, GPU_FREE_LABEL)),
+            removed=availability is None,
+        )
+        return True

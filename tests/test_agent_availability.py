@@ -1,0 +1,461 @@
+"""The live loop (`run --availability`) against the API server double, through each API client.
+
+A fake free source hands it prepared allocation views and a fake clock runs hours in no time;
+what is asserted is what reached the Node (the availability annotation and its two labels), the
+requests made (writes counted), and the metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import structlog
+
+from reporter.agent import Agent, SchemaProjection
+from reporter.availability import compute_availability, encode_availability
+from reporter.collect.podresources import AllocationView, PodResourcesError
+from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
+from reporter.publish.availability import AvailabilitySink
+from reporter.publish.sink import NodePatchSink
+from reporter.schema.model import Topology
+from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.state import AgentState, Verdict
+from tests.agent_support import (
+    FAST,
+    NODE,
+    PREFIX,
+    ApiClientFactory,
+    ClockedStop,
+    FakeClock,
+    FakeScanner,
+    ok,
+    topology,
+)
+from tests.kube_double import ApiServerDouble, Fault
+
+AVAILABILITY = f"{PREFIX}/availability"
+FREE = f"{PREFIX}/gpu-free"
+NVLINK_MAX = f"{PREFIX}/gpu-free-nvlink-max"
+OWNED = f"{PREFIX}/owned"
+INTERVAL_S = 10.0
+SCAN_S = 60.0
+RESYNC_S = 300.0
+
+
+@dataclass
+class FakeSource:
+    """Allocation views on demand: `used` GPUs are allocated; `error` makes the next reads fail."""
+
+    used: set[int] = field(default_factory=set)
+    error: PodResourcesError | None = None
+    unknown: int = 0
+    reads: int = 0
+
+    def allocated(self, t: Topology) -> AllocationView:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        gpus = frozenset(g.index for g in t.gpus)
+        return AllocationView(
+            allocatable=gpus,
+            allocated=frozenset(self.used) & gpus,
+            unhealthy=(),
+            unknown_ids=self.unknown,
+            unknown_examples=tuple(f"GPU-unknown-{i}" for i in range(self.unknown)),
+        )
+
+
+@dataclass
+class Live:
+    agent: Agent
+    loop: AvailabilityLoop
+    scanner: FakeScanner
+    source: FakeSource | None
+    metrics: Metrics
+    state: AgentState
+    clock: FakeClock
+    stop: ClockedStop
+
+
+def wire_live(
+    kubeconfig: Path,
+    client: ApiClientFactory,
+    *,
+    source: FakeSource | None,
+    scanner: FakeScanner | None = None,
+    outputs: tuple[LiveOutput, ...] = (),
+    waits: int = 1_000,
+) -> Live:
+    """An agent with its live loop, as `run --availability` wires it (one client for both sinks)."""
+    clock = FakeClock()
+    stop = ClockedStop(clock, waits=waits)
+    metrics = Metrics()
+    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
+    log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    api = client(kubeconfig, (2.0, 2.0))
+    scanner = scanner or FakeScanner([ok(topology())])
+    sink = NodePatchSink(
+        api,
+        node=NODE,
+        prefix=PREFIX,
+        stop=stop,
+        backoff=FAST,
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+        on_wait=state.waiting,
+    )
+    loop = AvailabilityLoop(
+        source=source,
+        sink=AvailabilitySink(api, node=NODE, prefix=PREFIX, log=log, on_written=sink.observe),
+        state=state,
+        metrics=metrics,
+        log=log,
+        interval_s=INTERVAL_S,
+        resync_s=RESYNC_S,
+        clock=clock,
+        outputs=outputs,
+    )
+    agent = Agent(
+        scanner=scanner,
+        sink=sink,
+        projection=SchemaProjection(PREFIX),
+        state=state,
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=SCAN_S,
+        resync_s=RESYNC_S,
+        clock=clock,
+        live=loop,
+    )
+    stop.probe = state.liveness
+    return Live(agent, loop, scanner, source, metrics, state, clock, stop)
+
+
+@pytest.fixture
+def live(kubeconfig: Path, node_client: ApiClientFactory) -> Callable[..., Live]:
+    def make(**kwargs: object) -> Live:
+        return wire_live(kubeconfig, node_client, **kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+def expected(used: set[int], n: int = 8) -> str:
+    return encode_availability(compute_availability(topology(n), set(range(n)) - used))
+
+
+def availability_writes(apiserver: ApiServerDouble) -> list[dict[str, object]]:
+    """The bodies of the patches that touched our availability keys."""
+    out = []
+    for write in apiserver.writes(f"/api/v1/nodes/{NODE}"):
+        meta = write.body["metadata"]
+        if AVAILABILITY in meta.get("annotations", {}) or FREE in meta.get("labels", {}):
+            out.append(write.body)
+    return out
+
+
+def sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_the_first_step_publishes_topology_then_availability_outside_the_owned_list(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={0, 1, 2}))
+    assert w.agent.step()
+    annotations, labels = apiserver.annotations(NODE), apiserver.labels(NODE)
+    assert annotations[AVAILABILITY] == expected({0, 1, 2})
+    assert labels[FREE] == "5"
+    assert labels[NVLINK_MAX] == "5"
+    owned = annotations[OWNED].split(",")
+    assert "availability" not in owned
+    assert "gpu-free" not in owned
+    (body,) = availability_writes(apiserver)
+    # Our three keys only, and no resourceVersion: a kubelet status update must not make it 409.
+    assert body == {
+        "metadata": {
+            "annotations": {AVAILABILITY: expected({0, 1, 2})},
+            "labels": {FREE: "5", NVLINK_MAX: "5"},
+        }
+    }
+    # The agent's one read at start served both sinks.
+    assert len(apiserver.reads(f"/api/v1/nodes/{NODE}")) == 1
+
+
+def test_an_idle_hour_writes_nothing_and_reads_only_at_resync(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={3}))
+    w.agent.step()
+    apiserver.clear_requests()
+    hour = int(3600 / INTERVAL_S)
+    w.stop.waits = hour
+    w.agent.run()
+    assert apiserver.writes() == []
+    # One read per resync, which serves both loops, and nothing else.
+    assert {r.method for r in apiserver.requests} == {"GET"}
+    assert 3600 / RESYNC_S - 1 <= len(apiserver.requests) <= 3600 / RESYNC_S
+    assert w.source is not None
+    assert w.source.reads >= hour
+    assert all(v == Verdict(True, "ok") for v in w.stop.seen)
+    assert sample(w.metrics, "topo_reporter_availability_writes_total", {"result": "written"}) == 1
+
+
+def test_each_change_is_one_write_at_the_next_tick_and_never_more_than_one_per_interval(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    source = FakeSource()
+    w = live(source=source)
+    w.agent.step()
+    apiserver.clear_requests()
+    # Several changes between two ticks: only the state at the tick is written.
+    source.used = {0}
+    source.used = {0, 1}
+    source.used = {1}
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    assert [b["metadata"]["labels"] for b in availability_writes(apiserver)] == [  # type: ignore[index]
+        {FREE: "7", NVLINK_MAX: "7"}
+    ]
+    assert apiserver.annotations(NODE)[AVAILABILITY] == expected({1})
+    # A source that changes at every read: exactly one write per tick, whatever the loop does.
+    flips = iter(range(10_000))
+
+    class Flipping(FakeSource):
+        def allocated(self, t: Topology) -> AllocationView:
+            self.used = {next(flips) % 2}
+            return super().allocated(t)
+
+    apiserver.clear_requests()
+    flipping = live(source=Flipping(), waits=60)
+    flipping.agent.run()
+    assert flipping.source is not None
+    assert len(availability_writes(apiserver)) == flipping.source.reads
+
+
+def test_a_failed_read_keeps_the_last_good_availability_and_is_counted(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    source = FakeSource(used={0})
+    w = live(source=source)
+    assert w.agent.step()
+    before = apiserver.annotations(NODE)[AVAILABILITY]
+    apiserver.clear_requests()
+    source.error = PodResourcesError("kubelet restarting", reason="unavailable", method="List")
+    for _ in range(3):
+        w.clock.advance(INTERVAL_S)
+        assert not w.loop.tick(topology())
+    assert apiserver.writes() == []
+    assert apiserver.annotations(NODE)[AVAILABILITY] == before
+    assert apiserver.labels(NODE)[FREE] == "7"
+    reads = "topo_reporter_podresources_reads_total"
+    assert sample(w.metrics, reads, {"result": "unavailable"}) == 3
+    assert sample(w.metrics, "topo_reporter_podresources_gpus", {"state": "free"}) == 7
+    # Back: the next good read that differs is written.
+    source.error, source.used = None, {0, 1}
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    assert apiserver.labels(NODE)[FREE] == "6"
+
+
+def test_a_failed_read_before_any_good_one_publishes_nothing(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    source = FakeSource(error=PodResourcesError("no socket", reason="missing"))
+    w = live(source=source)
+    assert not w.agent.step()
+    assert AVAILABILITY not in apiserver.annotations(NODE)
+    assert FREE not in apiserver.labels(NODE)
+    # The topology is published whatever the kubelet says.
+    assert f"{PREFIX}/topology" in apiserver.annotations(NODE)
+
+
+def test_unknown_devices_are_counted_and_free_no_gpu_away(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={2}, unknown=3))
+    assert w.agent.step()
+    assert sample(w.metrics, "topo_reporter_podresources_unknown_devices") == 3
+    assert apiserver.labels(NODE)[FREE] == "7"
+
+
+def test_live_outputs_get_each_good_read_with_its_topology(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    source = FakeSource(used={5})
+    w = live(source=source, outputs=(lambda t, view: seen.append((len(t.gpus), view.free)),))
+    w.agent.step()
+    source.error = PodResourcesError("down", reason="unavailable")
+    w.clock.advance(INTERVAL_S)
+    w.loop.tick(topology())
+    assert seen == [(8, (0, 1, 2, 3, 4, 6, 7))]
+
+
+def test_a_topology_change_leaves_the_availability_keys_alone(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={0}))
+    w.agent.step()
+    apiserver.clear_requests()
+    w.scanner.then(ok(topology(lost=[7])))
+    w.clock.advance(SCAN_S)
+    w.agent.step()
+    # One patch each, the topology's with the version the availability patch left: no 409.
+    (topology_write, availability_write) = apiserver.writes(f"/api/v1/nodes/{NODE}")
+    assert sample(w.metrics, "topo_reporter_api_errors_total", {"kind": "conflict"}) == 0
+    named = {*topology_write.body["metadata"].get("labels", {})}
+    named |= set(topology_write.body["metadata"].get("annotations", {}))
+    assert not named & {AVAILABILITY, FREE, NVLINK_MAX}
+    # GPU 7 is lost: no longer free.
+    assert availability_write.body["metadata"]["labels"][FREE] == "6"
+    assert apiserver.annotations(NODE)[AVAILABILITY] == encode_availability(
+        compute_availability(topology(lost=[7]), set(range(1, 7)))
+    )
+
+
+def test_keys_edited_by_hand_are_repaired_at_resync_and_not_before(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={0}))
+    w.agent.step()
+    apiserver.edit_node(NODE, {"metadata": {"labels": {FREE: None, NVLINK_MAX: "8"}}})
+    apiserver.clear_requests()
+    w.clock.advance(INTERVAL_S)
+    w.loop.tick(topology())
+    assert apiserver.requests == []
+    w.clock.advance(RESYNC_S)
+    # The topology loop's resync reads the Node; the live loop compares with what it read.
+    assert w.agent.step()
+    assert [(r.method, r.body) for r in apiserver.requests] == [
+        ("GET", None),
+        ("PATCH", {"metadata": {"labels": {FREE: "7", NVLINK_MAX: "7"}}}),
+    ]
+    assert apiserver.labels(NODE)[FREE] == "7"
+
+
+def test_without_the_topology_loops_reads_the_live_loop_reads_the_node_itself(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(used={0}))
+    w.agent.step()
+    apiserver.edit_node(NODE, {"metadata": {"annotations": {AVAILABILITY: "1;;"}}})
+    apiserver.clear_requests()
+    w.clock.advance(RESYNC_S)
+    assert w.loop.tick(topology())
+    assert apiserver.requests == []
+    w.clock.advance(RESYNC_S)
+    assert w.loop.tick(topology())
+    assert [r.method for r in apiserver.requests] == ["GET", "PATCH"]
+    assert apiserver.annotations(NODE)[AVAILABILITY] == expected({0})
+
+
+def test_a_failed_write_is_counted_and_made_at_the_next_tick(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    source = FakeSource()
+    w = live(source=source)
+    w.agent.step()
+    source.used = {4}
+    apiserver.plan(Fault(status=500, method="PATCH"))
+    w.clock.advance(INTERVAL_S)
+    assert not w.loop.tick(topology())
+    writes = "topo_reporter_availability_writes_total"
+    assert sample(w.metrics, writes, {"result": "failed"}) == 1
+    assert sample(w.metrics, "topo_reporter_api_errors_total", {"kind": "server"}) == 1
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    assert apiserver.labels(NODE)[FREE] == "7"
+
+
+def test_a_throttled_write_waits_for_retry_after(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    source = FakeSource()
+    w = live(source=source)
+    w.agent.step()
+    source.used = {4}
+    apiserver.plan(Fault(status=429, method="PATCH", retry_after="25"))
+    w.clock.advance(INTERVAL_S)
+    assert not w.loop.tick(topology())
+    apiserver.clear_requests()
+    w.clock.advance(INTERVAL_S)
+    assert not w.loop.tick(topology())
+    assert apiserver.requests == []
+    w.clock.advance(INTERVAL_S + 6)
+    assert w.loop.tick(topology())
+    assert apiserver.labels(NODE)[FREE] == "7"
+
+
+def test_availability_off_takes_our_keys_off_the_node_once_and_nothing_else(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    live(source=FakeSource(used={0})).agent.step()
+    apiserver.edit_node(NODE, {"metadata": {"labels": {"team": "ml"}}})
+    apiserver.clear_requests()
+    off = live(source=None)
+    assert off.agent.step()
+    writes = apiserver.writes(f"/api/v1/nodes/{NODE}")
+    assert [w.body for w in writes] == [
+        {
+            "metadata": {
+                "annotations": {AVAILABILITY: None},
+                "labels": {FREE: None, NVLINK_MAX: None},
+            }
+        }
+    ]
+    assert FREE not in apiserver.labels(NODE)
+    assert AVAILABILITY not in apiserver.annotations(NODE)
+    assert apiserver.labels(NODE)["team"] == "ml"
+    assert f"{PREFIX}/topology" in apiserver.annotations(NODE)
+    apiserver.clear_requests()
+    off.stop.waits = 100
+    off.agent.run()
+    assert apiserver.writes() == []
+
+
+def test_availability_off_on_a_node_without_our_keys_costs_no_request(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    off = live(source=None)
+    assert off.agent.step()
+    apiserver.clear_requests()
+    restarted = live(source=None)
+    assert restarted.agent.step()
+    assert [(r.method, r.path) for r in apiserver.requests] == [("GET", f"/api/v1/nodes/{NODE}")]
+
+
+def test_the_loop_runs_both_cadences_on_one_thread_and_announces_every_wait(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(), waits=12)
+    w.agent.run()
+    # Ticks every 10 s, scans every 60 s: the waits are the gaps between the two.
+    assert w.stop.waited == [INTERVAL_S] * 12
+    assert w.scanner.calls == 2
+    assert w.source is not None
+    assert w.source.reads == 12
+    assert all(v == Verdict(True, "ok") for v in w.stop.seen)
+
+
+def test_the_simulated_source_offers_every_gpu_but_the_used_and_lost() -> None:
+    view = SimulatedFreeSource({0, 2}).allocated(topology(4, lost=[3]))
+    assert view.free == (1,)
+    assert view.allocated == frozenset({0, 2})
+    assert view.unknown_ids == 0
+
+
+def test_a_thread_stops_the_loop_between_ticks(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    w = wire_live(kubeconfig, node_client, source=FakeSource())
+    w.stop.set()
+    thread = threading.Thread(target=w.agent.run)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert w.state.liveness() == Verdict(False, "stopped")
