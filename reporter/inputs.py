@@ -9,8 +9,11 @@ after reading at most `limit + 1` bytes, not in a hang or an exhausted memory. (
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 from reporter.errors import InputError, TopoReporterError
 
@@ -37,7 +40,7 @@ def read_bounded(
         if str(source) == STDIN:
             data = sys.stdin.buffer.read(limit + 1)
         else:
-            with Path(source).open("rb") as f:
+            with _open(source) as f:
                 data = f.read(limit + 1)
     except OSError as e:
         raise error(f"cannot read {what} {source}: {e.strerror or type(e).__name__}") from e
@@ -47,3 +50,19 @@ def read_bounded(
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{what} {source} is not UTF-8 text (byte {e.start})") from None
+
+
+def _open(source: str | Path) -> BinaryIO:
+    """The file opened for reading without waiting for a writer.
+
+    A plain open() of a FIFO waits until something opens it for writing: forever, for a FIFO
+    nobody writes. Opened non-blocking, it returns at once; blocking again afterwards, a read
+    waits for what a writer sends and sees end of file where there is no writer.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

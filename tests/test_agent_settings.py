@@ -142,7 +142,7 @@ BAD = [
         "a boolean that is neither true nor false",
         ["--node", "n"],
         {"TOPO_REPORTER_NRT": "yes please"},
-        "nrt (from TOPO_REPORTER_NRT) must be true or false, not 'yes please'",
+        "nrt (from TOPO_REPORTER_NRT) 'yes please' is not true or false",
     ),
 ]
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.config import incluster_config
 from structlog.testing import capture_logs
 
 from reporter.agent import SchemaProjection
@@ -28,9 +30,10 @@ from reporter.errors import (
     InputError,
     SchemaError,
 )
+from reporter.inputs import read_bounded
 from reporter.publish import errors_map
 from reporter.publish.api import NODES
-from reporter.publish.kube import load_configuration
+from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.patch import Desired
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema.codec import decode, from_document
@@ -294,6 +297,116 @@ def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
     client = RestApiClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
     with pytest.raises(ConfigError, match="larger than 64 KiB"):
         client.get(NODES, NODE)
+
+
+def fifo(tmp_path: Path) -> Path:
+    """A FIFO nobody writes: a plain open() of it waits forever."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def test_a_fifo_nobody_writes_is_read_as_empty_not_waited_on(tmp_path: Path) -> None:
+    assert read_bounded(fifo(tmp_path), limit=10, what="settings file") == ""
+
+
+TLS_ENTRIES = [
+    ("clusters", "certificate-authority", "certificate-authority file"),
+    ("users", "client-certificate", "client-certificate file"),
+    ("users", "client-key", "client-key file"),
+]
+
+
+def kubeconfig_naming(path: Path, section: str, key: str, target: str) -> Path:
+    """A kubeconfig whose cluster or user names `target` for `key` (a PEM file's place)."""
+    cluster: dict[str, Any] = {"server": "https://127.0.0.1:6443"}
+    user: dict[str, Any] = {"token": "t"}
+    if section == "clusters":
+        cluster[key] = target
+    else:
+        # The other half of the pair is a good-sized file: the one under test is what fails.
+        other = path.parent / "other.pem"
+        other.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+        user.update({"client-certificate": str(other), "client-key": str(other), key: target})
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                "clusters": [{"name": "k", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+            }
+        )
+    )
+    return path
+
+
+def lean_client(kubeconfig: str) -> object:
+    return RestApiClient(load_rest_config(kubeconfig))
+
+
+TLS_LOADERS: dict[str, Callable[[str], object]] = {
+    "lean": lean_client,
+    "official": load_configuration,
+}
+
+
+@pytest.mark.parametrize("client", sorted(TLS_LOADERS))
+@pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
+def test_a_tls_file_too_large_to_be_one_is_a_config_error_before_openssl_reads_it(
+    client: str, section: str, key: str, what: str, tmp_path: Path
+) -> None:
+    huge = tmp_path / "huge.pem"
+    with huge.open("wb") as f:
+        f.truncate(2 << 30)  # sparse: 2 GiB that OpenSSL would read to the end
+    kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, str(huge))
+    with pytest.raises(ConfigError, match=f"{what} {huge} is larger than 1 MiB"):
+        TLS_LOADERS[client](str(kubeconfig))
+
+
+@pytest.mark.parametrize("client", sorted(TLS_LOADERS))
+@pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
+def test_a_tls_file_without_an_end_is_one_config_error_not_a_hang(
+    client: str, section: str, key: str, what: str, tmp_path: Path
+) -> None:
+    kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, DEVICE_WITHOUT_END)
+    with pytest.raises(ConfigError) as e:
+        TLS_LOADERS[client](str(kubeconfig))
+    # The official loader refuses a file that is not a regular one itself, in its own words.
+    if client == "lean":
+        assert f"{what} {DEVICE_WITHOUT_END} is larger than 1 MiB" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("client", sorted(TLS_LOADERS))
+def test_a_fifo_named_as_the_ca_ends_in_one_error_not_a_hang(client: str, tmp_path: Path) -> None:
+    named = str(fifo(tmp_path))
+    kubeconfig = kubeconfig_naming(
+        tmp_path / "kubeconfig", "clusters", "certificate-authority", named
+    )
+    with pytest.raises(ConfigError) as e:
+        lean_client(str(kubeconfig)) if client == "lean" else official_client(str(kubeconfig))
+    assert "\n" not in str(e.value)
+
+
+def official_client(kubeconfig: str) -> object:
+    """The official client as the agent builds it: an empty CA fails at its first TLS context."""
+    return KubeApiClient(load_configuration(kubeconfig))
+
+
+def test_an_in_cluster_token_file_without_an_end_is_refused_by_the_official_loader(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", DEVICE_WITHOUT_END)
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    with pytest.raises(ConfigError, match="token file /dev/zero is larger than 64 KiB"):
+        load_configuration(None)
 
 
 @pytest.mark.parametrize(

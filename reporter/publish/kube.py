@@ -22,8 +22,9 @@ from kubernetes.config import incluster_config, kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from reporter.errors import ConfigError
+from reporter.inputs import read_bounded
 from reporter.publish import errors_map
-from reporter.publish.rest import BearerToken, read_kubeconfig
+from reporter.publish.rest import MAX_PEM_BYTES, MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
 from reporter.publish.wire import JSON, WireClient
 
 
@@ -36,6 +37,14 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
     configuration = client.Configuration()
     try:
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            _check_sizes(
+                (incluster_config.SERVICE_TOKEN_FILENAME, MAX_TOKEN_BYTES, "token file"),
+                (
+                    incluster_config.SERVICE_CERT_FILENAME,
+                    MAX_PEM_BYTES,
+                    "certificate-authority file",
+                ),
+            )
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
             source = "in-cluster"
             token: BearerToken | None = BearerToken(None, incluster_config.SERVICE_TOKEN_FILENAME)
@@ -50,8 +59,10 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
                 active_context=context,
                 config_persister=merged.save_changes,
             )
-            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]  # as above
             token = _kubeconfig_token(loader)
+            if token is not None and token.path is not None:
+                _check_sizes((token.path, MAX_TOKEN_BYTES, "token file"))
+            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]  # as above
     except (ConfigException, OSError) as e:
         where = kubeconfig or "in-cluster service account or KUBECONFIG or ~/.kube/config"
         if context is not None:
@@ -61,11 +72,37 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
             "--kubeconfig or set KUBECONFIG to a readable kubeconfig"
             + (" that has that context" if context is not None else ", or run in a pod")
         ) from e
+    _check_sizes(
+        *(
+            (path, MAX_PEM_BYTES, what)
+            for path, what in (
+                (configuration.ssl_ca_cert, "certificate-authority file"),
+                (configuration.cert_file, "client-certificate file"),
+                (configuration.key_file, "client-key file"),
+            )
+            if path
+        )
+    )
     if token is not None:
         configuration.refresh_api_key_hook = _refresh_token(token, source)  # type: ignore[assignment]  # typed None, meant for a hook
     # Retries are reraised to our tenacity policy; urllib3's own would multiply them.
     configuration.retries = False
     return configuration
+
+
+def _check_sizes(*files: tuple[str, int, str]) -> None:
+    """Each (path, limit, what) that can be read is within its limit. Raises ConfigError.
+
+    The official client reads these files to their end, or hands them to OpenSSL, which does:
+    `/dev/zero` or a FIFO named by mistake would never end. One that cannot be read at all is
+    left to the client, which says so in its own terms.
+    """
+    for path, limit, what in files:
+        try:
+            read_bounded(path, limit=limit, what=what, error=ConfigError)
+        except ConfigError as e:
+            if not isinstance(e.__cause__, OSError):
+                raise
 
 
 def _kubeconfig_token(loader: Any) -> BearerToken | None:

@@ -54,6 +54,8 @@ TOKEN_REFRESH_S = 60.0
 # service account token or an OIDC token is a few KiB.
 MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
 MAX_TOKEN_BYTES = 64 * 1024
+MAX_PEM_BYTES = 1024 * 1024
+"""A CA bundle or a client certificate or key: the system bundle is about 220 KiB."""
 """A token file is re-read at least this often, even when it looks unchanged."""
 
 _CLUSTER_KEYS = frozenset(
@@ -258,7 +260,8 @@ class BearerToken:
         self, token: str | None, path: str | None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._fixed = token
-        self._path = path
+        self.path = path
+        """The token file, if any."""
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: tuple[int, int, int] | None = None
@@ -272,11 +275,11 @@ class BearerToken:
         The kubelet rewrites a projected token file atomically, and a remount can briefly hide
         it: the agent stays up, not ready, and retries like any other failed API call.
         """
-        if self._path is None:
+        if self.path is None:
             return self._fixed
         with self._lock:
             try:
-                self._refresh(self._path)
+                self._refresh(self.path)
             except InputError as e:
                 if self._value or self._fixed:
                     return self._value or self._fixed
@@ -306,8 +309,22 @@ class BearerToken:
             self._seen, self._read_at = stamp, self._clock()
 
 
+def pem_file(path: str, what: str) -> str:
+    """A TLS file named by a kubeconfig, read within MAX_PEM_BYTES before OpenSSL sees it: OpenSSL
+    reads a file to its end, and `/dev/zero` or a FIFO named by mistake would never end."""
+    text = read_bounded(path, limit=MAX_PEM_BYTES, what=what, error=ConfigError)
+    if not text.strip():
+        raise ConfigError(f"{what} {path} is empty: is it the right file?")
+    return text
+
+
 def _ssl_context(config: RestConfig) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=config.ca_file, cadata=config.ca_data)
+    ca_data = (
+        config.ca_data
+        if config.ca_file is None
+        else pem_file(config.ca_file, "certificate-authority file")
+    )
+    context = ssl.create_default_context(cadata=ca_data)
     if config.insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -317,28 +334,39 @@ def _ssl_context(config: RestConfig) -> ssl.SSLContext:
 
 
 def _load_client_certificate(context: ssl.SSLContext, config: RestConfig) -> None:
-    """Client certificate and key; `-data` values pass through private files deleted at once.
+    """Client certificate and key, read within MAX_PEM_BYTES, through private files deleted at once.
 
-    ssl loads a certificate chain from files only. They live in a 0700 directory under the
-    temp dir (the chart mounts an emptyDir on /tmp; the root file system is read-only), are
-    created 0600 and are gone before this returns: the key stays in memory only.
+    ssl loads a certificate chain from files only, and reads them to their end. The copies live
+    in a 0700 directory under the temp dir (the chart mounts an emptyDir on /tmp; the root file
+    system is read-only), are created 0600 and are gone before this returns.
     """
-    if config.client_cert_data is None and config.client_key_data is None:
-        context.load_cert_chain(config.client_cert_file or "", config.client_key_file)
-        return
+
+    def content(data: bytes | None, named: str | None, what: str) -> bytes | None:
+        if data is not None or named is None:
+            return data
+        return pem_file(named, what).encode("utf-8")
+
     with tempfile.TemporaryDirectory(prefix="topo-reporter-") as private:
         paths: list[str | None] = []
-        for name, content, named in (
-            ("client.crt", config.client_cert_data, config.client_cert_file),
-            ("client.key", config.client_key_data, config.client_key_file),
+        for name, text in (
+            (
+                "client.crt",
+                content(
+                    config.client_cert_data, config.client_cert_file, "client-certificate file"
+                ),
+            ),
+            (
+                "client.key",
+                content(config.client_key_data, config.client_key_file, "client-key file"),
+            ),
         ):
-            if content is None:
-                paths.append(named)
+            if text is None:
+                paths.append(None)
                 continue
             target = os.path.join(private, name)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
-                f.write(content)
+                f.write(text)
             paths.append(target)
         context.load_cert_chain(paths[0] or "", paths[1])
 
