@@ -5,6 +5,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from tests.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
 from tests.controlplane_fixtures import (
@@ -74,3 +75,12 @@ def recursion_limit(request: pytest.FixtureRequest) -> Iterator[int]:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     build_before_tests(session)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """structlog's defaults again after each test: a command run in-process (`main([...])`)
+    configures logging for the process, and a level above info left behind would hide the info
+    events the next test's capture_logs() expects, in whatever order the tests run."""
+    yield
+    structlog.reset_defaults()

@@ -59,11 +59,7 @@ RENDERS = {
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
     "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
     "nrt and koordinator on, newest": (NRT_KOORD, (VAP_API,), NEWEST),
-    "nrt with the nodefeature sink, oldest supported": (
-        {**NRT_KOORD, "agent": {"sink": "nodefeature"}},
-        (),
-        chart_min_kube(),
-    ),
+    "nrt and koordinator on, oldest supported": (NRT_KOORD, (), chart_min_kube()),
     "extender alone, oldest supported": ({"extender": {"enabled": True}}, (), chart_min_kube()),
 }
 
@@ -694,9 +690,8 @@ def test_nrt_without_availability_fails_the_render_in_one_line() -> None:
     assert "nrt.enabled needs availability.enabled" in str(failed.value)
 
 
-@pytest.mark.parametrize("sink", ["node", "nodefeature"])
-def test_nrt_turns_the_agent_on_and_grants_exactly_the_sinks_verbs(sink: str) -> None:
-    rendered = render({**NRT_KOORD, "agent": {"sink": sink}}, api_versions=(VAP_API,))
+def test_nrt_turns_the_agent_on_and_grants_exactly_the_sinks_verbs() -> None:
+    rendered = render(NRT_KOORD, api_versions=(VAP_API,))
     assert env(rendered)["TOPO_REPORTER_NRT"] == "true"
     assert env(rendered)["TOPO_REPORTER_AVAILABILITY"] == "true"
     role = _named(rendered, "ClusterRole", "-nrt")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from reporter.cli import main
 from reporter.collect import list_profiles, scanner
@@ -16,13 +14,6 @@ from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
 from reporter.collect.simulate.machine import load_machine
 
 ASUS = Path(__file__).parent / "fixtures" / "machines" / "asus-esc8000a" / "sysfs"
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    # `collect` configures structlog for the process; other tests expect the defaults.
-    yield
-    structlog.reset_defaults()
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
