@@ -173,9 +173,10 @@ class RestNodeWatchClient:
                 page = json.loads(body)
             except ValueError as e:
                 raise ApiTransientError("list nodes: the API server's answer is not JSON") from e
-            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
+            # kube-apiserver writes the items of an empty PartialObjectMetadataList as null.
+            if not isinstance(page, dict) or not isinstance(page.get("items", ()), list | None):
                 raise ApiTransientError("list nodes: the API server's answer is not a list")
-            nodes.extend(_annotation(item, annotation) for item in page["items"])
+            nodes.extend(_annotation(item, annotation) for item in page["items"] or ())
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 return NodeSnapshot(tuple(nodes), str(meta.get("resourceVersion") or ""))
