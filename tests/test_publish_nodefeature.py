@@ -564,7 +564,7 @@ def test_nodefeature_error_mapping(
 ) -> None:
     e = ApiException(status=status, reason="x")
     e.body = json.dumps({"kind": "Status", **body})
-    mapped = _map_nodefeature_exception(e, "create", NAMESPACE, NAME)
+    mapped = _map_nodefeature_exception(e, "create", NAMESPACE, NAME, "https://127.0.0.1")
     shared = errors_map.nodefeature_error(status, "x", e.body, None, "create", NAMESPACE, NAME)
     assert (type(shared), str(shared), shared.status) == (type(mapped), str(mapped), mapped.status)
     assert type(mapped) is kind

@@ -69,7 +69,17 @@ def _check_kubeconfigs(kubeconfig: str | None) -> None:
                 raise
 
 
-def _map_api_exception(e: ApiException, action: str, node: str) -> PublishError:
+def _cut(e: ApiException) -> BaseException | None:
+    """The urllib3 error behind a status 0 (the client reports its SSLError so, raised while
+    handling it) when the connection was cut: mapped as the lean client maps it, transient."""
+    cause = e.__context__
+    return cause if e.status == 0 and errors_map.tls_cut(cause) is not None else None
+
+
+def _map_api_exception(e: ApiException, action: str, node: str, host: str) -> PublishError:
+    cut = _cut(e)
+    if cut is not None:
+        return errors_map.transport_error(cut, f"{action} node {node}", host)
     return errors_map.node_error(int(e.status or 0), str(e.reason), e.body, e.headers, action, node)
 
 
@@ -100,7 +110,7 @@ class KubeNodeClient:
         try:
             return fn(*args, _request_timeout=self._timeout, **kwargs)
         except ApiException as e:
-            raise _map_api_exception(e, action, node) from e
+            raise _map_api_exception(e, action, node, self._host) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise _map_transport(e, action, node, self._host) from e
 
@@ -190,7 +200,7 @@ class KubeClusterReader(KubeNodeClient):
                 ) from e
             if e.status == 404:
                 raise ApiPermanentError(f"{what}: not found (404)", status=404) from e
-            raise _map_api_exception(e, "read", what) from e
+            raise _map_api_exception(e, "read", what, self._host) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise _map_transport(e, "read", what, self._host) from e
         return errors_map.answer_json(response.data, what)
@@ -239,8 +249,11 @@ class KubeClusterReader(KubeNodeClient):
 
 
 def _map_nodefeature_exception(
-    e: ApiException, action: str, namespace: str, name: str
+    e: ApiException, action: str, namespace: str, name: str, host: str
 ) -> PublishError:
+    cut = _cut(e)
+    if cut is not None:
+        return errors_map.transport_error(cut, f"{action} NodeFeature {namespace}/{name}", host)
     return errors_map.nodefeature_error(
         int(e.status or 0), str(e.reason), e.body, e.headers, action, namespace, name
     )
@@ -275,7 +288,7 @@ class KubeNodeFeatureClient:
                 **kwargs,
             )
         except ApiException as e:
-            raise _map_nodefeature_exception(e, action, namespace, name) from e
+            raise _map_nodefeature_exception(e, action, namespace, name, self._host) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             subject = f"NodeFeature {namespace}/{name}"
             raise _map_transport(e, action, name, self._host, subject=subject) from e
