@@ -34,7 +34,9 @@ from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.fault_proxy import Delay, Fault, FaultProxy, Reply, Reset
 from tests.test_agent_cli import CLI, env
 
-pytestmark = pytest.mark.controlplane
+# The first test to run also runs the batch of fourteen agents (`runs`): about 25 s on two idle
+# cores, twice that on a loaded machine; the suite's 120 s would leave too little room.
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(300)]
 
 PREFIX = "gpu.topology.io"
 CLIENTS = ("lean", "official")
