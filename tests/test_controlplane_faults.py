@@ -34,8 +34,8 @@ from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.fault_proxy import Delay, Fault, FaultProxy, Reply, Reset
 from tests.test_agent_cli import CLI, env
 
-# The first test to run also runs the batch of fourteen agents (`runs`): about 50 s on the shared
-# 2-core machine at load 5, most of it their start-up CPU; the suite's 120 s leaves too little room.
+# The first test to run also runs the batch of fourteen agents (`runs`): 32 s on the 2-core machine
+# when quiet, about 50 s at load 5 (CPU-bound: their start-up); the suite's 120 s is too tight.
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(300)]
 
 PREFIX = "gpu.topology.io"
