@@ -172,6 +172,17 @@ def test_an_expired_watch_lists_again(
     assert len(lists) >= 2
 
 
+def test_a_cluster_without_nodes_is_listed_as_empty_not_refused(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.delete_node("gpu-node-1")  # an empty page is `"items": null`, as the real one sends
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    assert extender.cache.counts() == (0, 0)
+    apiserver.add_node("late", annotations={KEY: annotation("dgx-a100", (0,))})
+    eventually(lambda: extender.cache.get("late") is not None, "the new node through the watch")
+
+
 def test_lists_are_paged_and_ask_for_metadata_only(
     apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
 ) -> None:

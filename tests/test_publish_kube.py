@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
@@ -158,6 +160,44 @@ def test_an_untrusted_certificate_is_permanent_and_says_to_check_the_ca(
     config = write_kubeconfig(tmp_path / "kc", apiserver.url, "agent-token", ca_cert=None)
     with pytest.raises(ApiPermanentError, match="check the cluster CA"):
         client(node_client, config).get(NODES, NODE)
+
+
+@pytest.mark.parametrize(
+    ("cause", "error", "match"),
+    [
+        (
+            ssl.SSLEOFError(8, "EOF occurred in violation of protocol (_ssl.c:2427)"),
+            ApiTransientError,
+            r"connection was cut: SSLEOFError",
+        ),
+        (
+            ssl.SSLCertVerificationError(1, "certificate verify failed"),
+            ApiPermanentError,
+            "check the cluster CA",
+        ),
+    ],
+    ids=[
+        "a connection reset while the request is written is transient",
+        "a certificate the CA does not sign is permanent",
+    ],
+)
+def test_a_tls_error_is_retried_only_when_the_connection_was_cut(
+    kubeconfig: Path,
+    node_client: ApiClientFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    cause: ssl.SSLError,
+    error: type[PublishError],
+    match: str,
+) -> None:
+    # What urllib3 raises when the server resets the connection under a TLS write (seen through
+    # tests/fault_proxy.py in front of the real kube-apiserver), or refuses its certificate.
+    def fail(*args: object, **kwargs: object) -> None:
+        raise urllib3.exceptions.SSLError(cause)
+
+    kube = client(node_client, kubeconfig)
+    monkeypatch.setattr(urllib3.PoolManager, "urlopen", fail)
+    with pytest.raises(error, match=match):
+        kube.merge_patch(NODES, NODE, LABELS_8)
 
 
 LABELS_8 = {"metadata": {"labels": {"gpu.topology.io/count": "8"}}}

@@ -245,10 +245,36 @@ def tls_error(what: str, reason: object) -> ApiPermanentError:
     )
 
 
+_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError, ConnectionError)
+MAX_CAUSES = 8
+
+
+def tls_cut(e: BaseException | None) -> BaseException | None:
+    """The reset or EOF that broke off a TLS connection behind the error `e`, or None.
+
+    A server restarting or a load balancer dropping a connection mid-request does that, and a
+    retry cures it; a certificate the CA does not sign is not cured so. urllib3 wraps the ssl
+    error in its own SSLError (its first argument); the official client turns that into a status
+    0 raised while handling it (its context).
+    """
+    for _ in range(MAX_CAUSES):
+        if e is None or isinstance(e, _CUT):
+            return e
+        nested = e.args[0] if e.args and isinstance(e.args[0], BaseException) else None
+        e = nested or e.__cause__ or e.__context__
+    return None
+
+
 def transport_error(e: BaseException, what: str, host: str) -> PublishError:
     """The error for a request to `host` that got no HTTP answer; `what` is "read node n" etc."""
     reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
     if isinstance(reason, urllib3.exceptions.SSLError | ssl.SSLError):
+        cut = tls_cut(reason)
+        if cut is not None:
+            return ApiTransientError(
+                f"{what}: cannot reach the API server at {host} (the connection was cut: "
+                f"{type(cut).__name__})"
+            )
         return ApiPermanentError(
             f"{what}: TLS with the API server at {host} failed ({reason}): check "
             "the cluster CA in the kubeconfig or service account"

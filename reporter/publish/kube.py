@@ -183,7 +183,12 @@ class KubeTransport:
             )
             answer = self._api.call_api(*request, _request_timeout=timeout)
         except ApiException as e:
-            # The client reports a TLS failure as an ApiException without a status.
+            # The client reports a TLS failure as an ApiException without a status, raised while
+            # handling urllib3's error: a connection cut under the request is transient, as the
+            # lean client maps it; any other TLS failure is the CA's.
+            cause = e.__context__
+            if e.status == 0 and cause is not None and errors_map.tls_cut(cause) is not None:
+                raise errors_map.transport_error(cause, what, self.host) from e
             raise errors_map.tls_error(what, e.reason) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise errors_map.transport_error(e, what, self.host) from e

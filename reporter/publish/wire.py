@@ -178,10 +178,12 @@ class WireClient:
             query=query,
             accept=_METADATA_LIST if metadata_only else JSON,
         )
-        if not isinstance(answer.get("items"), list):
+        # kube-apiserver writes the items of an empty PartialObjectMetadataList as null.
+        items = answer.get("items", ())
+        if not isinstance(items, list | None):
             what = errors_map.describe("list", resource, None, namespace)
             raise ApiTransientError(f"{what}: the API server's answer is not a list")
-        return answer
+        return {**answer, "items": items or []}
 
     def watch(
         self,
