@@ -27,9 +27,9 @@ import structlog
 from kubernetes import client as k8s
 
 from reporter.extender.cache import NodeCache, NodeWatcher
-from reporter.publish.rest import load_rest_config
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
-from reporter.publish.watch import RestNodeWatchClient
+from reporter.publish.watch import NodeWatch
 from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.fault_proxy import Delay, Fault, FaultProxy, Reply, Reset
 from tests.test_agent_cli import CLI, env
@@ -276,7 +276,9 @@ def test_the_extenders_node_watch_cut_mid_stream_relists_and_watches_again(
     # A proxy of its own: this one is stopped before the end, to end the watch.
     proxy = FaultProxy(real_apiserver.kubeconfig, tmp_path).start()
     proxy.inject("GET", "/api/v1/nodes", Reset.MID_RESPONSE, query="watch=1")
-    client = RestNodeWatchClient(load_rest_config(str(proxy.kubeconfig(tmp_path / "kubeconfig"))))
+    client = NodeWatch(
+        RestApiClient(load_rest_config(str(proxy.kubeconfig(tmp_path / "kubeconfig"))))
+    )
     cache, stop = NodeCache(PREFIX), threading.Event()
     watcher = NodeWatcher(client, cache, stop=stop, log=structlog.get_logger()).start()
     gets = functools.partial(proxy.requests, "GET", "/api/v1/nodes")
