@@ -455,7 +455,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             "certificate"
         ) from None
     stop = threading.Event()
-    nodes = cache.NodeCache(args.prefix)
+    nodes = cache.NodeCache(args.prefix, args.resource)
     metrics = server.ExtenderMetrics(nodes)
     watcher = cache.NodeWatcher(
         RestNodeWatchClient(config),
