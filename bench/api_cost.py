@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, build_scanner
-from reporter.publish.client import NodeClient
-from reporter.publish.kube import KubeNodeClient, load_configuration
-from reporter.publish.rest import RestNodeClient, load_rest_config
+from reporter.publish.api import ApiClient
+from reporter.publish.kube import KubeApiClient, load_configuration
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import keys
@@ -73,14 +73,14 @@ class Running:
     metrics: Metrics
 
 
-CLIENTS: dict[str, Callable[[Path], NodeClient]] = {
-    "lean": lambda kubeconfig: RestNodeClient(load_rest_config(str(kubeconfig))),
-    "official": lambda kubeconfig: KubeNodeClient(load_configuration(str(kubeconfig))),
+CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
+    "lean": lambda kubeconfig: RestApiClient(load_rest_config(str(kubeconfig))),
+    "official": lambda kubeconfig: KubeApiClient(load_configuration(str(kubeconfig))),
 }
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], NodeClient]
+    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
 ) -> Running:
     stop = threading.Event()
     metrics = Metrics()

@@ -40,23 +40,13 @@ from reporter.errors import (
 )
 from reporter.inputs import read_bounded
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
-from reporter.publish.client import NodeClient
+from reporter.publish.api import NODES, ApiClient
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
-from reporter.publish.nodefeature import (
-    NodeFeatureClient,
-    NodeFeatureDryRunSink,
-    NodeFeatureSink,
-    object_name,
-)
-from reporter.publish.rest import (
-    LeanClientUnsupportedError,
-    RestConfig,
-    RestNodeClient,
-    RestNodeFeatureClient,
-    load_rest_config,
-)
+from reporter.publish.nodefeature import NodeFeatureSink, object_name
+from reporter.publish.printing import PrintingClient
+from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
-from reporter.publish.sink import DryRunSink, NodePatchSink, Sink
+from reporter.publish.sink import NodePatchSink, Sink
 from reporter.schema import keys
 from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
 from reporter.schema.formats import FORMATS, format_topology
@@ -291,41 +281,21 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lean_config(
-    kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger
-) -> RestConfig | None:
-    """Credentials for the lean client, or None where only the official client can use them."""
-    try:
-        config = load_rest_config(kubeconfig)
-    except LeanClientUnsupportedError as e:
-        log.info("api_client", api_client="official", reason=str(e))
-        return None
-    log.info("api_client", api_client="lean", server=config.server)
-    return config
-
-
 # The official `kubernetes` client costs the agent ~33 MiB and 0.18 s to import: it is imported
 # only where the lean client cannot serve (exec/auth-provider kubeconfigs, proxies) and by doctor.
 
 
-def _node_client(kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger) -> NodeClient:
-    lean = _lean_config(kubeconfig, log)
-    if lean is not None:
-        return RestNodeClient(lean)
-    from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
+def _api_client(kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger) -> ApiClient:
+    """The lean client, or the official one where only it can use these credentials."""
+    try:
+        config = load_rest_config(kubeconfig)
+    except LeanClientUnsupportedError as e:
+        log.info("api_client", api_client="official", reason=str(e))
+        from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
 
-    return kube.KubeNodeClient(kube.load_configuration(kubeconfig))
-
-
-def _node_feature_client(
-    kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger
-) -> NodeFeatureClient:
-    lean = _lean_config(kubeconfig, log)
-    if lean is not None:
-        return RestNodeFeatureClient(lean)
-    from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
-
-    return kube.KubeNodeFeatureClient(kube.load_configuration(kubeconfig))
+        return kube.KubeApiClient(kube.load_configuration(kubeconfig))
+    log.info("api_client", api_client="lean", server=config.server)
+    return RestApiClient(config)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -349,21 +319,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def on_error(e: PublishError) -> None:
         metrics.api_errors.labels(kind=api_error_kind(e)).inc()
 
-    if config.dry_run and config.sink == "nodefeature":
-        sink = NodeFeatureDryRunSink(
-            node=node,
-            namespace=config.namespace,
-            prefix=config.prefix,
-            out=sys.stdout,
-            log=log,
-        )
-    elif config.dry_run:
-        sink = DryRunSink(node=node, prefix=config.prefix, out=sys.stdout, log=log)
-    elif config.sink == "node":
-        assert config.node is not None  # validate() requires it unless dry-run
+    if config.sink == "nodefeature":
+        object_name(node)  # a name NFD cannot take is the one line said, before anything
+    api: ApiClient
+    if config.dry_run:
+        # A dry run publishes to an empty Node, printing what it would send.
+        empty = {(NODES, node): {"metadata": {"name": node}}}
+        api = PrintingClient(sys.stdout, log, objects=empty)
+    else:
+        api = _api_client(config.kubeconfig, log)
+    if config.sink == "node":
         sink = NodePatchSink(
-            _node_client(config.kubeconfig, log),
-            node=config.node,
+            api,
+            node=node,
             prefix=config.prefix,
             stop=stop,
             backoff=Backoff(),
@@ -372,11 +340,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_wait=state.waiting,
         )
     else:
-        assert config.node is not None  # validate() requires it unless dry-run
-        object_name(config.node)  # a name NFD cannot take is the one line said, before anything
         sink = NodeFeatureSink(
-            _node_feature_client(config.kubeconfig, log),
-            node=config.node,
+            api,
+            node=node,
             prefix=config.prefix,
             namespace=config.namespace,
             stop=stop,
@@ -436,7 +402,7 @@ def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBound
 
 def _cmd_extender(args: argparse.Namespace) -> int:
     from reporter.extender import cache, protocol, server  # noqa: PLC0415  # extender-only imports
-    from reporter.publish.watch import RestNodeWatchClient  # noqa: PLC0415
+    from reporter.publish.watch import NodeWatch  # noqa: PLC0415
 
     logs.configure(log_format=args.log_format, level=args.log_level, node=None)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.extender")
@@ -458,7 +424,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     nodes = cache.NodeCache(args.prefix, args.resource)
     metrics = server.ExtenderMetrics(nodes)
     watcher = cache.NodeWatcher(
-        RestNodeWatchClient(config),
+        NodeWatch(RestApiClient(config, request_timeout_s=(5.0, 30.0))),
         nodes,
         stop=stop,
         log=log,
@@ -491,8 +457,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
 
-    reader = kube.KubeClusterReader(
-        kube.load_configuration(args.kubeconfig), agent_selector=args.agent_selector
+    reader = doctor.ApiClusterReader(
+        kube.KubeApiClient(kube.load_configuration(args.kubeconfig), request_timeout_s=(5.0, 30.0)),
+        agent_selector=args.agent_selector,
     )
     if args.node:
         nodes = [reader.get_node(args.node)]

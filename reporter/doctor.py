@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from parsers.kubelet import KubeletPolicies
-from reporter.errors import SchemaError
+from reporter.errors import ApiPermanentError, SchemaError
+from reporter.publish.api import EVENTS, NODES, PODS, ApiClient, Resource
 from reporter.schema import keys
 from reporter.schema.codec import decode
 from reporter.schema.labels import gpus_per_numa
@@ -339,6 +340,70 @@ class ClusterReader(Protocol):
     def agent_pods(self, node: str) -> list[dict[str, Any]] | None: ...
 
     def node_events(self, node: str) -> list[dict[str, Any]] | None: ...
+
+
+class ApiClusterReader:
+    """ClusterReader over the ApiClient seam (reporter.publish.api). Pods and Events are optional
+    reads: where the operator's credentials may not list them, the answer is None (unknown)."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        agent_selector: str = AGENT_POD_SELECTOR,
+        namespace: str | None = None,
+        tool: str = "topo-reporter doctor",
+    ) -> None:
+        """`namespace`: where the agent runs, to look up its pods and Events there only (None:
+        every namespace); `tool`: the command that 403 messages say needs the permission."""
+        self._api = api
+        self._agent_selector = agent_selector
+        self._namespace = namespace
+        self._tool = tool
+
+    def _forbidden(self, what: str, resource: Resource) -> ApiPermanentError:
+        return ApiPermanentError(
+            f"{what}: forbidden (403): `{self._tool}` needs get and list on `{resource.plural}` "
+            "(the built-in `view` ClusterRole does not cover nodes: bind one that does)",
+            status=403,
+        )
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        try:
+            return list(self._api.list(NODES)["items"])
+        except ApiPermanentError as e:
+            if e.status == 403:
+                raise self._forbidden("list nodes", NODES) from e
+            raise
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        try:
+            node = self._api.get(NODES, name)
+        except ApiPermanentError as e:
+            if e.status == 403:
+                raise self._forbidden(f"node {name}", NODES) from e
+            raise
+        if node is None:
+            raise ApiPermanentError(f"node {name}: not found (404)", status=404)
+        return node
+
+    def _optional(
+        self, resource: Resource, query: Mapping[str, str]
+    ) -> list[dict[str, Any]] | None:
+        try:
+            return list(self._api.list(resource, self._namespace, query=query)["items"])
+        except ApiPermanentError as e:
+            if e.status == 403:
+                return None
+            raise
+
+    def agent_pods(self, node: str) -> list[dict[str, Any]] | None:
+        query = {"labelSelector": self._agent_selector, "fieldSelector": f"spec.nodeName={node}"}
+        return self._optional(PODS, query)
+
+    def node_events(self, node: str) -> list[dict[str, Any]] | None:
+        selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+        return self._optional(EVENTS, {"fieldSelector": selector})
 
 
 def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:

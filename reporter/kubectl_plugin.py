@@ -192,8 +192,10 @@ def run(args: argparse.Namespace) -> int:
     # The official client reads every kubeconfig kubectl reads (exec plugins, contexts).
     from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
 
-    reader = kube.KubeClusterReader(
-        kube.load_configuration(args.kubeconfig, args.context),
+    reader = doctor.ApiClusterReader(
+        kube.KubeApiClient(
+            kube.load_configuration(args.kubeconfig, args.context), request_timeout_s=(5.0, 30.0)
+        ),
         agent_selector=args.agent_selector,
         namespace=args.namespace,
         tool=PROG,

@@ -14,10 +14,9 @@ import structlog
 from parsers.kubelet import KubeletPolicies
 from reporter.agent import Agent, SchemaProjection
 from reporter.collect import ScanResult, SourceState, SourceStatus
-from reporter.publish.client import NodeClient
-from reporter.publish.kube import KubeNodeClient, KubeNodeFeatureClient, load_configuration
-from reporter.publish.nodefeature import NodeFeatureClient
-from reporter.publish.rest import RestNodeClient, RestNodeFeatureClient, load_rest_config
+from reporter.publish.api import ApiClient
+from reporter.publish.kube import KubeApiClient, load_configuration
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import SELF, Gpu, Link, LinkKind, Nic, NumaNode, Source, Topology
@@ -160,28 +159,20 @@ class Wired:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-NodeClientFactory = Callable[[Path, tuple[float, float]], NodeClient]
-NodeFeatureClientFactory = Callable[[Path, tuple[float, float]], NodeFeatureClient]
+ApiClientFactory = Callable[[Path, tuple[float, float]], ApiClient]
 
-NODE_CLIENTS: dict[str, NodeClientFactory] = {
-    "official": lambda kc, t: KubeNodeClient(load_configuration(str(kc)), request_timeout_s=t),
-    "lean": lambda kc, t: RestNodeClient(load_rest_config(str(kc)), request_timeout_s=t),
+API_CLIENTS: dict[str, ApiClientFactory] = {
+    "official": lambda kc, t: KubeApiClient(load_configuration(str(kc)), request_timeout_s=t),
+    "lean": lambda kc, t: RestApiClient(load_rest_config(str(kc)), request_timeout_s=t),
 }
-"""Each NodeClient the agent can run with, made from a kubeconfig and a (connect, read) timeout."""
-
-NODEFEATURE_CLIENTS: dict[str, NodeFeatureClientFactory] = {
-    "official": lambda kc, t: KubeNodeFeatureClient(
-        load_configuration(str(kc)), request_timeout_s=t
-    ),
-    "lean": lambda kc, t: RestNodeFeatureClient(load_rest_config(str(kc)), request_timeout_s=t),
-}
+"""Each ApiClient the agent can run with, made from a kubeconfig and a (connect, read) timeout."""
 
 
 def wire_agent(
     kubeconfig: Path,
     scanner: FakeScanner,
     *,
-    client: NodeClientFactory = NODE_CLIENTS["official"],
+    client: ApiClientFactory = API_CLIENTS["official"],
     clock: FakeClock | None = None,
     interval_s: float = 60.0,
     resync_s: float = 300.0,

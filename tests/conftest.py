@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.agent_support import NODE_CLIENTS, NodeClientFactory, WireAgent, wire_agent
+from tests.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
 from tests.controlplane_fixtures import (
     build_before_tests,
     controlplane_bin,
@@ -39,14 +39,14 @@ __all__ = [
 ]
 
 
-@pytest.fixture(params=sorted(NODE_CLIENTS))
-def node_client(request: pytest.FixtureRequest) -> NodeClientFactory:
+@pytest.fixture(params=sorted(API_CLIENTS))
+def node_client(request: pytest.FixtureRequest) -> ApiClientFactory:
     """Each API client the agent can run with: a test using it runs once per client."""
-    return NODE_CLIENTS[request.param]
+    return API_CLIENTS[request.param]
 
 
 @pytest.fixture
-def wire(node_client: NodeClientFactory) -> WireAgent:
+def wire(node_client: ApiClientFactory) -> WireAgent:
     """`wire_agent` through each client in turn."""
     return functools.partial(wire_agent, client=node_client)
 

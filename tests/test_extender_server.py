@@ -19,8 +19,8 @@ from reporter.availability import compute_availability, encode_availability, nod
 from reporter.errors import PublishError
 from reporter.extender.cache import NodeCache, NodeWatcher
 from reporter.extender.server import ExtenderMetrics, ExtenderServer
-from reporter.publish.rest import load_rest_config
-from reporter.publish.watch import NodeAnnotation, NodeSnapshot, RestNodeWatchClient, WatchEvent
+from reporter.publish.rest import RestApiClient, load_rest_config
+from reporter.publish.watch import NodeAnnotation, NodeSnapshot, NodeWatch, WatchEvent
 from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
 from tests.test_extender_protocol import KEY, pod, profile
 
@@ -84,8 +84,8 @@ def extender_factory(
         stop = threading.Event()
         cache = NodeCache("gpu.topology.io")
         metrics = ExtenderMetrics(cache)
-        client = RestNodeWatchClient(
-            load_rest_config(str(kubeconfig)), watch_timeout_s=watch_timeout_s
+        client = NodeWatch(
+            RestApiClient(load_rest_config(str(kubeconfig))), watch_timeout_s=watch_timeout_s
         )
         watcher = NodeWatcher(
             client,

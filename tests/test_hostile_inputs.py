@@ -29,9 +29,10 @@ from reporter.errors import (
     SchemaError,
 )
 from reporter.publish import errors_map
+from reporter.publish.api import NODES
 from reporter.publish.kube import load_configuration
 from reporter.publish.patch import Desired
-from reporter.publish.rest import RestNodeClient, load_rest_config
+from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema.codec import decode, from_document
 from reporter.schema.node import decode_node
 from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology
@@ -290,9 +291,9 @@ def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
     text = kubeconfig.read_text().replace("token: agent-token", f"tokenFile: {DEVICE_WITHOUT_END}")
     assert text != kubeconfig.read_text()
     kubeconfig.write_text(text)
-    client = RestNodeClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
+    client = RestApiClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
     with pytest.raises(ConfigError, match="larger than 64 KiB"):
-        client.get_node(NODE)
+        client.get(NODES, NODE)
 
 
 @pytest.mark.parametrize(

@@ -1,32 +1,43 @@
-"""Both NodeClients (official, lean) against the API server double: errors mapped once."""
+"""Both ApiClients (official, lean) against the API server double: errors mapped once."""
 
 from __future__ import annotations
 
 import re
 import socket
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
-from reporter.publish.client import EventType, NodeClient
+from reporter.publish.api import EVENTS, NODES, ApiClient
+from reporter.publish.client import EventType, event_body
 from reporter.publish.kube import load_configuration
-from tests.agent_support import NodeClientFactory
-from tests.kube_double import ApiServerDouble, Fault, write_kubeconfig
+from reporter.publish.patch import node_metadata
+from tests.agent_support import ApiClientFactory
+from tests.kube_double import AGENT_PERMISSIONS, ApiServerDouble, Fault, write_kubeconfig
 from tests.kube_double.tls import Certificate
 
 NODE = "gpu-node-1"
 
 
-def client(factory: NodeClientFactory, kubeconfig: Path, timeout: float = 2.0) -> NodeClient:
+def client(factory: ApiClientFactory, kubeconfig: Path, timeout: float = 2.0) -> ApiClient:
     return factory(kubeconfig, (timeout, timeout))
 
 
+def get_node(api: ApiClient, name: str = NODE) -> dict[str, Any]:
+    node = api.get(NODES, name)
+    assert node is not None
+    return node
+
+
 def test_get_node_reads_labels_annotations_and_version(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
-    node = client(node_client, kubeconfig).get_node(NODE)
+    node = node_metadata(get_node(client(node_client, kubeconfig)))
     assert node.name == NODE
     assert node.labels["kubernetes.io/hostname"] == NODE
     assert node.resource_version == apiserver.node(NODE)["metadata"]["resourceVersion"]
@@ -34,18 +45,21 @@ def test_get_node_reads_labels_annotations_and_version(
 
 
 def test_patch_is_a_json_merge_patch_and_returns_the_new_version(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     kube = client(node_client, kubeconfig)
-    before = kube.get_node(NODE)
-    after = kube.patch_node(
-        NODE,
-        {
-            "metadata": {
-                "labels": {"gpu.topology.io/count": "8"},
-                "resourceVersion": before.resource_version,
-            }
-        },
+    before = node_metadata(get_node(kube))
+    after = node_metadata(
+        kube.merge_patch(
+            NODES,
+            NODE,
+            {
+                "metadata": {
+                    "labels": {"gpu.topology.io/count": "8"},
+                    "resourceVersion": before.resource_version,
+                }
+            },
+        )
     )
     assert after.labels["gpu.topology.io/count"] == "8"
     assert after.resource_version != before.resource_version
@@ -54,11 +68,16 @@ def test_patch_is_a_json_merge_patch_and_returns_the_new_version(
 
 
 def test_event_names_the_node_as_involved_object(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     kube = client(node_client, kubeconfig)
-    node = kube.get_node(NODE)
-    kube.create_event("default", node, EventType.WARNING, "GPUTopologyChanged", "GPU6 lost")
+    node = node_metadata(get_node(kube))
+    now = datetime.now(UTC)
+    kube.create(
+        EVENTS,
+        event_body(node, EventType.WARNING, "GPUTopologyChanged", "GPU6 lost", now),
+        "default",
+    )
     (event,) = apiserver.list_events("default", "involvedObject.kind=Node")
     assert event["involvedObject"] == {
         "apiVersion": "v1",
@@ -94,34 +113,34 @@ def test_transient_faults_become_api_transient_error(
     fault: Fault,
     status: int | None,
     retry_after: float | None,
-    node_client: NodeClientFactory,
+    node_client: ApiClientFactory,
 ) -> None:
     apiserver.plan(fault)
     with pytest.raises(ApiTransientError) as e:
-        client(node_client, kubeconfig).get_node(NODE)
+        client(node_client, kubeconfig).get(NODES, NODE)
     assert e.value.status == status
     assert e.value.retry_after == retry_after
 
 
 def test_a_retry_after_date_is_turned_into_seconds(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     apiserver.plan(Fault(429, retry_after="Wed, 21 Oct 2015 07:28:00 GMT"))
     with pytest.raises(ApiTransientError) as e:
-        client(node_client, kubeconfig).get_node(NODE)
+        client(node_client, kubeconfig).get(NODES, NODE)
     assert e.value.retry_after == 0.0  # a date in the past: retry now
 
 
 def test_a_read_slower_than_the_timeout_is_transient(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     apiserver.plan(Fault(delay_s=1.0))
     with pytest.raises(ApiTransientError, match="timed out"):
-        client(node_client, kubeconfig, timeout=0.2).get_node(NODE)
+        client(node_client, kubeconfig, timeout=0.2).get(NODES, NODE)
 
 
 def test_connection_refused_is_transient(
-    apiserver_certificate: Certificate, tmp_path: Path, node_client: NodeClientFactory
+    apiserver_certificate: Certificate, tmp_path: Path, node_client: ApiClientFactory
 ) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,32 +149,37 @@ def test_connection_refused_is_transient(
         tmp_path / "kc", f"https://127.0.0.1:{port}", "t", ca_cert=apiserver_certificate.cert
     )
     with pytest.raises(ApiTransientError, match="cannot connect"):
-        client(node_client, config).get_node(NODE)
+        client(node_client, config).get(NODES, NODE)
 
 
 def test_an_untrusted_certificate_is_permanent_and_says_to_check_the_ca(
-    apiserver: ApiServerDouble, tmp_path: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, tmp_path: Path, node_client: ApiClientFactory
 ) -> None:
     config = write_kubeconfig(tmp_path / "kc", apiserver.url, "agent-token", ca_cert=None)
     with pytest.raises(ApiPermanentError, match="check the cluster CA"):
-        client(node_client, config).get_node(NODE)
+        client(node_client, config).get(NODES, NODE)
 
 
 LABELS_8 = {"metadata": {"labels": {"gpu.topology.io/count": "8"}}}
 BAD_LABEL = {"metadata": {"labels": {"gpu.topology.io/count": "8 GPUs"}}}
-PERMANENT: list[tuple[str, str, Callable[[NodeClient], object], str]] = [
-    ("401: no valid token", "wrong-token", lambda k: k.get_node(NODE), "credentials (401)"),
+PERMANENT: list[tuple[str, str, Callable[[ApiClient], object], str]] = [
+    ("401: no valid token", "wrong-token", lambda k: k.get(NODES, NODE), "credentials (401)"),
     (
         "403: a token without patch",
         "reader-token",
-        lambda k: k.patch_node(NODE, LABELS_8),
+        lambda k: k.merge_patch(NODES, NODE, LABELS_8),
         "grant the agent's ClusterRole `patch`",
     ),
-    ("404: a missing node", "agent-token", lambda k: k.get_node("absent"), "check --node"),
+    (
+        "404: a missing node",
+        "agent-token",
+        lambda k: k.merge_patch(NODES, "absent", LABELS_8),
+        "check --node",
+    ),
     (
         "422: a label value the apiserver refuses",
         "agent-token",
-        lambda k: k.patch_node(NODE, BAD_LABEL),
+        lambda k: k.merge_patch(NODES, NODE, BAD_LABEL),
         "refused the metadata (422)",
     ),
 ]
@@ -168,9 +192,9 @@ def test_permanent_refusals_say_what_to_fix(
     apiserver: ApiServerDouble,
     kubeconfig_with_token: Callable[[str], Path],
     token: str,
-    call: Callable[[NodeClient], object],
+    call: Callable[[ApiClient], object],
     message: str,
-    node_client: NodeClientFactory,
+    node_client: ApiClientFactory,
 ) -> None:
     apiserver.tokens["reader-token"] = frozenset({"get nodes"})
     kube = client(node_client, kubeconfig_with_token(token))
@@ -178,12 +202,18 @@ def test_permanent_refusals_say_what_to_fix(
         call(kube)
 
 
+def test_a_node_that_does_not_exist_reads_as_none(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    assert client(node_client, kubeconfig).get(NODES, "absent") is None
+
+
 def test_a_422_message_carries_the_apiservers_causes(
-    apiserver: ApiServerDouble, kubeconfig: Path, node_client: NodeClientFactory
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
 ) -> None:
     with pytest.raises(ApiPermanentError) as e:
-        client(node_client, kubeconfig).patch_node(
-            NODE, {"metadata": {"annotations": {"gpu.topology.io/big": "x" * 262_144}}}
+        client(node_client, kubeconfig).merge_patch(
+            NODES, NODE, {"metadata": {"annotations": {"gpu.topology.io/big": "x" * 262_144}}}
         )
     assert e.value.status == 422
     assert "metadata.annotations: Too long: may not be more than 262144 bytes" in str(e.value)
@@ -193,14 +223,14 @@ def test_no_error_message_contains_the_token(
     apiserver: ApiServerDouble,
     apiserver_certificate: Certificate,
     tmp_path: Path,
-    node_client: NodeClientFactory,
+    node_client: ApiClientFactory,
 ) -> None:
     secret = "s3cr3t-token-value"
     config = write_kubeconfig(
         tmp_path / "kc", apiserver.url, secret, ca_cert=apiserver_certificate.cert
     )
     with pytest.raises(PublishError) as e:
-        client(node_client, config).get_node(NODE)
+        client(node_client, config).get(NODES, NODE)
     assert secret not in str(e.value)
     assert secret not in repr(e.value.__cause__)
 
@@ -209,3 +239,66 @@ def test_an_unreadable_kubeconfig_is_a_config_error_naming_the_path(tmp_path: Pa
     path = tmp_path / "absent.kubeconfig"
     with pytest.raises(ConfigError, match=f"from {path}"):
         load_configuration(str(path))
+
+
+# -- a kubeconfig user with both `token` and `tokenFile` ------------------------------------------
+
+
+def token_and_file(kubeconfig: Path, apiserver: ApiServerDouble) -> Path:
+    """Give the kubeconfig's user an inline token and a token file, each known to the double."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["users"][0]["user"] = {"token": "inline-token", "tokenFile": "token"}
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    token_file = kubeconfig.parent / "token"
+    token_file.write_text("file-token\n")
+    apiserver.tokens["file-token"] = AGENT_PERMISSIONS
+    apiserver.tokens["inline-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["agent-token"]
+    return token_file
+
+
+def rotate(token_file: Path, token: str) -> None:
+    """As the kubelet swaps a projected token: a new file renamed over the old one."""
+    new = token_file.with_name("token.new")
+    new.write_text(token)
+    new.replace(token_file)
+
+
+def test_with_a_token_and_a_token_file_the_file_wins_and_is_read_again_as_in_client_go(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["inline-token"]
+    assert get_node(kube)["metadata"]["name"] == NODE
+    rotate(token_file, "rotated-token")
+    apiserver.tokens["rotated-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["file-token"]
+    assert get_node(kube)["metadata"]["name"] == NODE
+
+
+def test_a_token_file_that_cannot_be_read_leaves_its_last_good_token_in_use(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["inline-token"]
+    assert get_node(kube)["metadata"]["name"] == NODE
+    token_file.unlink()
+    assert get_node(kube)["metadata"]["name"] == NODE
+    rotate(token_file, "")
+    assert get_node(kube)["metadata"]["name"] == NODE  # client-go refuses an empty token file too
+
+
+def test_the_inline_token_stands_in_until_the_token_file_can_be_read(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    token_file = token_and_file(kubeconfig, apiserver)
+    token_file.unlink()
+    kube = client(node_client, kubeconfig)
+    del apiserver.tokens["file-token"]
+    assert get_node(kube)["metadata"]["name"] == NODE
+    rotate(token_file, "file-token")
+    apiserver.tokens["file-token"] = AGENT_PERMISSIONS
+    del apiserver.tokens["inline-token"]
+    assert get_node(kube)["metadata"]["name"] == NODE

@@ -19,14 +19,13 @@ from typing import Any
 
 import pytest
 import structlog
-from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
-from reporter.publish.kube import _map_nodefeature_exception
+from reporter.publish.api import NODE_FEATURES
 from reporter.publish.patch import Desired
 from reporter.publish.retry import Backoff
 from reporter.schema import keys
@@ -36,14 +35,14 @@ from reporter.schema.model import Gpu, Source
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState, Verdict
 from tests.agent_support import (
+    API_CLIENTS,
     FAST,
     NODE,
-    NODEFEATURE_CLIENTS,
     PREFIX,
+    ApiClientFactory,
     ClockedStop,
     FakeClock,
     FakeScanner,
-    NodeFeatureClientFactory,
     ok,
     topology,
 )
@@ -237,7 +236,7 @@ class NfWired:
 
 
 def wire_nf_agent(
-    client: NodeFeatureClientFactory,
+    client: ApiClientFactory,
     kubeconfig: Path,
     scanner: FakeScanner,
     *,
@@ -280,10 +279,10 @@ def wire_nf_agent(
 WireNf = Callable[..., NfWired]
 
 
-@pytest.fixture(params=sorted(NODEFEATURE_CLIENTS))
+@pytest.fixture(params=sorted(API_CLIENTS))
 def wire_nf(request: pytest.FixtureRequest) -> WireNf:
     """`wire_nf_agent` through each NodeFeatureClient (official, lean): each test runs twice."""
-    return functools.partial(wire_nf_agent, NODEFEATURE_CLIENTS[request.param])
+    return functools.partial(wire_nf_agent, API_CLIENTS[request.param])
 
 
 def ours(apiserver: ApiServerDouble) -> dict[str, Any]:
@@ -562,11 +561,17 @@ def test_a_422_is_permanent_and_carries_the_apiservers_message(
 def test_nodefeature_error_mapping(
     status: int, body: dict[str, Any], kind: type[Exception], said: str
 ) -> None:
-    e = ApiException(status=status, reason="x")
-    e.body = json.dumps({"kind": "Status", **body})
-    mapped = _map_nodefeature_exception(e, "create", NAMESPACE, NAME)
-    shared = errors_map.nodefeature_error(status, "x", e.body, None, "create", NAMESPACE, NAME)
-    assert (type(shared), str(shared), shared.status) == (type(mapped), str(mapped), mapped.status)
+    mapped = errors_map.api_error(
+        status,
+        "x",
+        json.dumps({"kind": "Status", **body}),
+        None,
+        verb="create",
+        resource=NODE_FEATURES,
+        name=NAME,
+        namespace=NAMESPACE,
+        what=errors_map.describe("create", NODE_FEATURES, NAME, NAMESPACE),
+    )
     assert type(mapped) is kind
     assert said in str(mapped)
     assert str(mapped).startswith(f"create NodeFeature {NAMESPACE}/{NAME}: ")

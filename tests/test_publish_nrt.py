@@ -13,10 +13,9 @@ import structlog
 
 from parsers.kubelet import KubeletPolicies
 from reporter.errors import ApiPermanentError, PublishError
-from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtSink, RestNrtClient
-from reporter.publish.rest import load_rest_config
+from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtSink
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
-from tests.agent_support import FAST, topology
+from tests.agent_support import FAST, ApiClientFactory, topology
 from tests.kube_double import ApiServerDouble, Fault
 
 NODE = "gpu-node-1"
@@ -33,12 +32,16 @@ def desired(free: frozenset[int] = frozenset({0, 1}), pods: int = 2) -> dict[str
 
 @pytest.fixture
 def sink(
-    apiserver: ApiServerDouble, kubeconfig_with_token: Callable[[str], Path]
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    node_client: ApiClientFactory,
 ) -> Callable[..., NrtSink]:
+    """An NrtSink through each ApiClient (lean, official): each test runs with both."""
+
     def make(
         token: str = "admin-token", on_error: Callable[[PublishError], None] = lambda e: None
     ) -> NrtSink:
-        client = RestNrtClient(load_rest_config(str(kubeconfig_with_token(token))))
+        client = node_client(kubeconfig_with_token(token), (2.0, 2.0))
         return NrtSink(
             client,
             stop=threading.Event(),

@@ -11,6 +11,7 @@ import base64
 import os
 import tempfile
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,15 @@ import urllib3
 import yaml
 
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
-from reporter.publish.client import EventType
-from reporter.publish.kube import KubeNodeClient, load_configuration
+from reporter.publish.api import EVENTS, NODES
+from reporter.publish.client import EventType, event_body
+from reporter.publish.kube import KubeApiClient, load_configuration
+from reporter.publish.patch import NodeMetadata, node_metadata
 from reporter.publish.rest import (
     TOKEN_REFRESH_S,
     LeanClientUnsupportedError,
+    RestApiClient,
     RestConfig,
-    RestNodeClient,
     load_rest_config,
 )
 from tests.kube_double import AGENT_PERMISSIONS, ApiServerDouble, write_kubeconfig
@@ -58,10 +61,23 @@ def b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def lean(config: RestConfig, clock: Callable[[], float] | None = None) -> RestNodeClient:
-    if clock is None:
-        return RestNodeClient(config, request_timeout_s=(2.0, 2.0))
-    return RestNodeClient(config, request_timeout_s=(2.0, 2.0), clock=clock)
+class Lean:
+    """The lean ApiClient, with the one call these tests make on a Node."""
+
+    def __init__(self, config: RestConfig, clock: Callable[[], float] | None = None) -> None:
+        if clock is None:
+            self.api = RestApiClient(config, request_timeout_s=(2.0, 2.0))
+        else:
+            self.api = RestApiClient(config, request_timeout_s=(2.0, 2.0), clock=clock)
+
+    def get_node(self, name: str) -> NodeMetadata:
+        node = self.api.get(NODES, name)
+        assert node is not None
+        return node_metadata(node)
+
+
+def lean(config: RestConfig, clock: Callable[[], float] | None = None) -> Lean:
+    return Lean(config, clock)
 
 
 # -- the kubeconfig ------------------------------------------------------------------------------
@@ -186,12 +202,9 @@ def test_where_a_file_and_its_data_are_both_given_the_file_wins_as_in_the_offici
         str(tmp_path / "ca.crt"),
         str(tmp_path / "token"),
     )
-    assert (config.ca_data, config.token, config.client_cert_data, config.client_key_data) == (
-        None,
-        None,
-        None,
-        None,
-    )
+    assert (config.ca_data, config.client_cert_data, config.client_key_data) == (None, None, None)
+    # The token stays beside its file: client-go sends it while the file cannot be read.
+    assert config.token == "inline"
 
 
 CONFIG_ERRORS = [
@@ -366,10 +379,10 @@ def test_a_token_file_that_looks_unchanged_is_still_read_every_minute(
 def test_an_unreadable_token_file_is_a_transient_error_naming_the_mount(
     apiserver: ApiServerDouble, service_account: Path
 ) -> None:
-    client = lean(
-        load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
-    )
+    config = load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
+    # Before any good read: once one was read, it stands in (as in client-go).
     (service_account / "token").unlink()
+    client = lean(config)
     with pytest.raises(ApiTransientError, match="automountServiceAccountToken"):
         client.get_node(NODE)
     (service_account / "token").write_text("agent-token")
@@ -382,12 +395,14 @@ def test_an_unreadable_token_file_is_a_transient_error_naming_the_mount(
 def test_the_event_is_the_one_the_official_client_posts(
     apiserver: ApiServerDouble, kubeconfig: Path
 ) -> None:
-    official = KubeNodeClient(load_configuration(str(kubeconfig)))
-    node = official.get_node(NODE)
-    official.create_event("default", node, EventType.WARNING, "GPULost", "GPU6 lost")
-    RestNodeClient(load_rest_config(str(kubeconfig))).create_event(
-        "default", node, EventType.WARNING, "GPULost", "GPU6 lost"
-    )
+    official = KubeApiClient(load_configuration(str(kubeconfig)))
+    node = official.get(NODES, NODE)
+    assert node is not None
+    for api in (official, RestApiClient(load_rest_config(str(kubeconfig)))):
+        body = event_body(
+            node_metadata(node), EventType.WARNING, "GPULost", "GPU6 lost", datetime.now(UTC)
+        )
+        api.create(EVENTS, body, "default")
     sent = [r for r in apiserver.requests if r.method == "POST"]
     assert [(r.path, r.status) for r in sent] == [("/api/v1/namespaces/default/events", 201)] * 2
     # The generated client sends no Content-Type here (the apiserver reads JSON then); we say it.
@@ -404,8 +419,8 @@ def test_a_patch_is_the_same_request_with_either_client(
     apiserver: ApiServerDouble, kubeconfig: Path
 ) -> None:
     patch = {"metadata": {"labels": {"gpu.topology.io/count": "8"}}}
-    KubeNodeClient(load_configuration(str(kubeconfig))).patch_node(NODE, patch)
-    RestNodeClient(load_rest_config(str(kubeconfig))).patch_node(NODE, patch)
+    KubeApiClient(load_configuration(str(kubeconfig))).merge_patch(NODES, NODE, patch)
+    RestApiClient(load_rest_config(str(kubeconfig))).merge_patch(NODES, NODE, patch)
     official, mine = apiserver.writes()
     assert (
         official.method,

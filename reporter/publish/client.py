@@ -1,18 +1,18 @@
-"""The seam between the publisher and the Kubernetes API: a small Protocol we own.
+"""Events about the Node: where they go, their types, and the core/v1 Event both sinks post.
 
-`reporter.publish.kube.KubeNodeClient` implements it over the real client; tests use the real
-implementation against an API server double, or a fake. Implementations raise only
-`reporter.errors.PublishError` subclasses, never a library exception.
+An Event is `api.create(EVENTS, event_body(...), NODE_EVENT_NAMESPACE)` through whichever
+`reporter.publish.api.ApiClient` the agent runs with.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any
 
 from reporter.publish.patch import NodeMetadata
 
+COMPONENT = "topo-reporter"
 NODE_EVENT_NAMESPACE = "default"
 """Where every Event about the Node goes, whatever the agent's own namespace. The API server takes
 a core/v1 Event about a cluster-scoped object (an involvedObject without a namespace) only in
@@ -26,25 +26,23 @@ class EventType(enum.Enum):
     WARNING = "Warning"
 
 
-class NodeClient(Protocol):
-    """Read and patch one Node's metadata, and post Events about it."""
-
-    def get_node(self, name: str) -> NodeMetadata:
-        """Read the Node. Raises ApiTransientError or ApiPermanentError."""
-        ...
-
-    def patch_node(self, name: str, patch: Mapping[str, Any]) -> NodeMetadata:
-        """Send a JSON merge patch; returns the Node as patched. Raises like get_node."""
-        ...
-
-    def create_event(
-        self,
-        namespace: str,
-        node: NodeMetadata,
-        event_type: EventType,
-        reason: str,
-        message: str,
-    ) -> None:
-        """Post a core/v1 Event whose involvedObject is the Node, in `namespace` (the sinks pass
-        NODE_EVENT_NAMESPACE). Raises like get_node."""
-        ...
+def event_body(
+    node: NodeMetadata, event_type: EventType, reason: str, message: str, now: datetime
+) -> dict[str, Any]:
+    """A core/v1 Event about `node`, as the official client serializes its CoreV1Event."""
+    involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node.name}
+    if node.uid is not None:
+        involved["uid"] = node.uid
+    return {
+        "count": 1,
+        "firstTimestamp": now.isoformat(),
+        "involvedObject": involved,
+        "lastTimestamp": now.isoformat(),
+        "message": message,
+        "metadata": {"generateName": f"{node.name}."},
+        "reason": reason,
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node.name,
+        "source": {"component": COMPONENT, "host": node.name},
+        "type": event_type.value,
+    }

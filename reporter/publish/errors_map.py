@@ -1,9 +1,9 @@
-"""One mapping from what the Kubernetes API answered to our PublishError tree, for both clients.
+"""One mapping from what the Kubernetes API answered to our PublishError tree, for every resource.
 
-The official client (`reporter.publish.kube`) and the lean one (`reporter.publish.rest`) unwrap
-their own exceptions into a status code, the response body and headers, or a transport exception,
-and hand them here: the messages an operator reads, which errors are retried and the Retry-After
-they carry are therefore the same whichever client the agent runs with. This module must never
+`reporter.publish.wire` hands every answer here, whichever transport (lean or official) carried
+it, and each transport hands here what it raises when no answer came: the messages an operator
+reads, which errors are retried and the Retry-After they carry are therefore the same whichever
+client the agent runs with, and a new resource needs at most a hint here. This module must never
 import `kubernetes` (the lean client exists so that the agent need not load it), and never put a
 token, a kubeconfig's content or a raw response body into a message.
 """
@@ -21,14 +21,20 @@ import urllib3
 from parsers.documents import DocumentBoundError, load_json
 from parsers.errors import ParseError
 from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
-from reporter.publish import nodefeature
+from reporter.publish.api import (
+    EVENTS,
+    NODE_FEATURES,
+    NODE_RESOURCE_TOPOLOGIES,
+    NODES,
+    Resource,
+    WatchExpired,
+)
 from reporter.publish.client import NODE_EVENT_NAMESPACE
 
 TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 # A Node or NodeFeature nests about a dozen levels, managedFields included. Anyone who can write
 # one of these objects chooses its depth; the bound keeps a hostile one from a RecursionError.
 MAX_ANSWER_DEPTH = 100
-_NODEFEATURES = f"{nodefeature.PLURAL}.{nodefeature.GROUP}"
 
 
 MAX_RETRY_AFTER_CHARS = 64
@@ -90,88 +96,119 @@ def status_details(body: str | bytes | None) -> Mapping[str, Any]:
     return details if isinstance(details, dict) else {}
 
 
-def node_error(
-    status: int,
-    reason: str,
-    body: str | bytes | None,
-    headers: Mapping[str, str] | None,
-    action: str,
-    node: str,
-) -> PublishError:
-    """The error for an answer `status` to `action` ("read", "patch", "post event on") on `node`.
-
-    `status` 0 is how the official client reports a TLS failure (with the reason in `reason`).
-    """
-    if status == 0:
-        first = str(reason).splitlines()[0]
-        return ApiPermanentError(
-            f"{action} node {node}: TLS with the API server failed ({first}): check the "
-            "cluster CA in the kubeconfig or service account"
-        )
-    detail = status_message(body)
-    said = f": {detail}" if detail else ""
-    if status in TRANSIENT_STATUS:
-        if status == 409:
-            text = f"{action} node {node}: conflict (409), the node changed since it was read"
-        else:
-            text = f"{action} node {node}: the API server answered {status}{said}"
-        return ApiTransientError(text, status=status, retry_after=retry_after(headers))
-    if status == 401:
-        text = (
-            f"{action} node {node}: the API server rejected the credentials (401): check the "
-            "service account token (automountServiceAccountToken) or the kubeconfig user"
-        )
-    elif status == 403 and action == "post event on":
-        return forbidden_event(node)
-    elif status == 403:
-        verb = {"read": "get", "patch": "patch"}.get(action, action)
-        text = (
-            f"{action} node {node}: forbidden (403): grant the agent's ClusterRole `{verb}` on "
-            f"`nodes`{said}"
-        )
-    elif status == 404:
-        text = (
-            f"{action} node {node}: not found (404): check --node / TOPO_REPORTER_NODE / "
-            "NODE_NAME (the downward API's spec.nodeName)"
-        )
-    elif status == 422:
-        text = (
-            f"{action} node {node}: the API server refused the metadata (422){said}: check the "
-            "label values (63 characters, [A-Za-z0-9._-]), the --prefix and the node's total "
-            "annotation size (256 KiB)"
-        )
-    else:
-        text = f"{action} node {node}: the API server answered {status}{said}"
-    return ApiPermanentError(text, status=status)
+_ACTIONS = {"get": "read", "merge_patch": "patch"}
+"""The word messages use for an ApiClient call, where it is not the call's name."""
+_RBAC_VERBS = {"replace": "update", "merge_patch": "patch"}
 
 
-def nodefeature_error(
-    status: int,
-    reason: str,
-    body: str | bytes | None,
-    headers: Mapping[str, str] | None,
-    action: str,
-    namespace: str,
-    name: str,
-) -> PublishError:
-    """The error for an answer `status` to `action` ("read", "create", "replace") on NodeFeature."""
-    what = f"{action} NodeFeature {namespace}/{name}"
-    if status == 0:
-        first = str(reason).splitlines()[0]
-        return ApiPermanentError(
-            f"{what}: TLS with the API server failed ({first}): check the cluster CA in the "
-            "kubeconfig or service account"
-        )
-    detail = status_message(body)
-    said = f": {detail}" if detail else ""
+def _label(resource: Resource) -> str:
+    """How messages name an object of `resource`: core kinds in lower case (`node n1`), others by
+    their Kind (`NodeFeature ns/n1`)."""
+    return resource.kind if resource.group else resource.kind.lower()
+
+
+def describe(
+    verb: str,
+    resource: Resource,
+    name: str | None,
+    namespace: str | None,
+    body: Mapping[str, Any] | None = None,
+) -> str:
+    """What a call does, as messages start: "read node n1", "create NodeFeature ns/n1", "post
+    event on node n1" (an Event is told by the object it is about), "list nodes"."""
+    if resource == EVENTS and verb == "create" and body is not None:
+        involved = body.get("involvedObject") or {}
+        return f"post event on {str(involved.get('kind', '')).lower()} {involved.get('name')}"
+    if name is None:
+        return f"{_ACTIONS.get(verb, verb)} {resource.plural}"
+    where = f"{namespace}/{name}" if resource.namespaced and namespace else name
+    return f"{_ACTIONS.get(verb, verb)} {_label(resource)} {where}"
+
+
+def names_object(body: str | bytes | None, resource: Resource, name: str) -> bool:
+    """Whether a 404 says the object itself is missing (not its namespace, not the resource)."""
     details = status_details(body)
-    if status == 404 and details.get("name") == name:
-        # Only a replace gets here (a read of a missing object is not an error): it was
-        # deleted since it was read, and reading again leads to creating it.
+    return details.get("name") == name and details.get("kind") in (None, resource.plural)
+
+
+def _forbidden(resource: Resource, verb: str, namespace: str | None) -> str:
+    rbac = _RBAC_VERBS.get(verb, verb)
+    served = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+    if resource == NODES:
+        return f"grant the agent's ClusterRole `{rbac}` on `nodes`"
+    if resource == NODE_FEATURES:
+        return (
+            f"grant the agent a Role in namespace {namespace} with `{rbac}` on `{served}` (the "
+            "chart does with agent.sink=nodefeature and rbac.create=true)"
+        )
+    return f"grant the agent `{rbac}` on `{served}`"
+
+
+def _not_found(resource: Resource, namespace: str | None, body: str | bytes | None) -> str:
+    served = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+    if resource == NODES:
+        return (
+            "not found (404): check --node / TOPO_REPORTER_NODE / NODE_NAME (the downward API's "
+            "spec.nodeName)"
+        )
+    if status_details(body).get("kind") == "namespaces":
+        return (
+            f"namespace {namespace} does not exist (404): set --namespace, "
+            "TOPO_REPORTER_NAMESPACE or POD_NAMESPACE to the agent's namespace"
+        )
+    if resource == NODE_FEATURES:
+        return (
+            f"the API server does not serve {served}/{resource.version} (404): install Node "
+            "Feature Discovery with its CRDs (v0.14+, or v0.12+ with -enable-nodefeature-api), "
+            "or use --sink node"
+        )
+    if resource == NODE_RESOURCE_TOPOLOGIES:
+        return (
+            f"the API server does not serve {served}/{resource.version} (404): install the "
+            "NodeResourceTopology CRD (scheduler-plugins' "
+            "manifests/noderesourcetopology/crd.yaml) or turn --nrt off"
+        )
+    return "not found (404)"
+
+
+def node_not_found(node: str) -> ApiPermanentError:
+    """Reading the agent's own Node found none: the node name is wrong."""
+    return ApiPermanentError(f"read node {node}: {_not_found(NODES, None, None)}", status=404)
+
+
+def api_error(
+    status: int,
+    reason: str,
+    body: str | bytes | None,
+    headers: Mapping[str, str] | None,
+    *,
+    verb: str,
+    resource: Resource,
+    name: str | None,
+    namespace: str | None,
+    what: str,
+) -> PublishError:
+    """The error for an answer `status` to `verb` (an ApiClient method) on `resource`; `what` is
+    `describe`'s text. Status 0 is how the official client reports a TLS failure."""
+    if status == 0:
+        return tls_error(what, reason)
+    detail = status_message(body)
+    said = f": {detail}" if detail else ""
+    if status == 410:
+        return WatchExpired(f"{what}: resourceVersion expired (410)", status=410)
+    if (
+        status == 404
+        and resource != NODES
+        and name is not None
+        and names_object(body, resource, name)
+    ):
+        # A get of a missing object is not an error: only a write gets here, on an object
+        # deleted since it was read; reading again leads to creating it.
         return ApiTransientError(f"{what}: deleted since it was read (404)", status=404)
     if status in TRANSIENT_STATUS:
         if status == 409:
-            text = f"{what}: conflict (409), it changed or appeared since it was read"
+            it = "the node changed" if resource == NODES else "it changed or appeared"
+            text = f"{what}: conflict (409), {it} since it was read"
         else:
             text = f"{what}: the API server answered {status}{said}"
         return ApiTransientError(text, status=status, retry_after=retry_after(headers))
@@ -180,29 +217,32 @@ def nodefeature_error(
             f"{what}: the API server rejected the credentials (401): check the service account "
             "token (automountServiceAccountToken) or the kubeconfig user"
         )
+    elif status == 403 and resource == EVENTS:
+        return forbidden_event(what.rpartition(" ")[2])
     elif status == 403:
-        verb = {"read": "get", "create": "create", "replace": "update"}.get(action, action)
-        text = (
-            f"{what}: forbidden (403): grant the agent a Role in namespace {namespace} with "
-            f"`{verb}` on `{_NODEFEATURES}` (the chart does with agent.sink=nodefeature and "
-            f"rbac.create=true){said}"
-        )
-    elif status == 404 and details.get("kind") == "namespaces":
-        text = (
-            f"{what}: namespace {namespace} does not exist (404): set --namespace, "
-            "TOPO_REPORTER_NAMESPACE or POD_NAMESPACE to the agent's namespace"
-        )
+        text = f"{what}: forbidden (403): {_forbidden(resource, verb, namespace)}{said}"
     elif status == 404:
+        text = f"{what}: {_not_found(resource, namespace, body)}"
+    elif status == 422 and resource == NODES:
         text = (
-            f"{what}: the API server does not serve {_NODEFEATURES}/{nodefeature.VERSION} (404): "
-            "install Node Feature Discovery with its CRDs (v0.14+, or v0.12+ with "
-            "-enable-nodefeature-api), or use --sink node"
+            f"{what}: the API server refused the metadata (422){said}: check the label values "
+            "(63 characters, [A-Za-z0-9._-]), the --prefix and the node's total annotation size "
+            "(256 KiB)"
         )
     elif status == 422:
         text = f"{what}: the API server refused the object (422){said}"
     else:
         text = f"{what}: the API server answered {status}{said}"
     return ApiPermanentError(text, status=status)
+
+
+def tls_error(what: str, reason: object) -> ApiPermanentError:
+    """The official client's TLS failure (no status, the reason in its text)."""
+    first = str(reason).splitlines()[0] if str(reason) else "TLS"
+    return ApiPermanentError(
+        f"{what}: TLS with the API server failed ({first}): check the cluster CA in the "
+        "kubeconfig or service account"
+    )
 
 
 def transport_error(e: BaseException, what: str, host: str) -> PublishError:

@@ -17,26 +17,29 @@ documents stay in the object, under the attribute feature `gputopology.annotatio
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
 from parsers.errors import excerpt
 from reporter.errors import ApiTransientError, ConfigError, PublishError
 from reporter.publish import retry
-from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType
+from reporter.publish.api import EVENTS, NODE_FEATURES, ApiClient
+from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, event_body
 from reporter.publish.patch import Desired, NodeMetadata, desired, under_prefix
 from reporter.schema import keys
 
-GROUP = "nfd.k8s-sigs.io"
-VERSION = "v1alpha1"
-PLURAL = "nodefeatures"
-KIND = "NodeFeature"
+GROUP = NODE_FEATURES.group
+VERSION = NODE_FEATURES.version
+PLURAL = NODE_FEATURES.plural
+KIND = NODE_FEATURES.kind
 NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
 """How nfd-master finds the NodeFeature objects of a Node."""
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -203,41 +206,7 @@ def read_back(obj: Mapping[str, Any] | None, prefix: str) -> Desired:
     return desired(labels, annotations, prefix)
 
 
-# -- the seam and the sinks -------------------------------------------------------------------
-
-
-class NodeFeatureClient(Protocol):
-    """Read, create and replace NodeFeature objects, and post Events about the Node.
-
-    Implementations raise only PublishError subclasses: ApiTransientError for what a retry may
-    cure (a 409, a 404 on replace because the object was deleted since it was read), else
-    ApiPermanentError (403, NFD's CRD not installed, a 422).
-    """
-
-    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object, or None when there is none by that name."""
-        ...
-
-    def create_node_feature(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create the object; returns it as stored."""
-        ...
-
-    def replace_node_feature(
-        self, namespace: str, name: str, body: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Replace the object (body carries its resourceVersion); returns it as stored."""
-        ...
-
-    def create_event(
-        self,
-        namespace: str,
-        node: NodeMetadata,
-        event_type: EventType,
-        reason: str,
-        message: str,
-    ) -> None:
-        """Post a core/v1 Event whose involvedObject is the Node."""
-        ...
+# -- the sink ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +221,7 @@ class NodeFeatureSink:
 
     def __init__(
         self,
-        client: NodeFeatureClient,
+        api: ApiClient,
         *,
         node: str,
         prefix: str,
@@ -264,32 +233,26 @@ class NodeFeatureSink:
         on_wait: Any = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
-        self._client = client
+        self._api = api
         self._node = node
         self._name = object_name(node)
         self._prefix = prefix
         self._namespace = namespace
-        self._stop = stop
-        self._backoff = backoff
         self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
         self._on_error = on_error
-        self._on_wait = on_wait
-        self._known: _Read | None = None
-
-    def _retrying(self, what: str, operation: Any) -> Any:
-        return retry.call(
-            operation,
-            what=what,
-            stop=self._stop,
-            backoff=self._backoff,
+        self._retry = functools.partial(
+            retry.call,
+            stop=stop,
+            backoff=backoff,
             log=self._log,
-            on_error=self._on_error,
-            on_wait=self._on_wait,
+            on_error=on_error,
+            on_wait=on_wait,
         )
+        self._known: _Read | None = None
 
     def _current(self) -> dict[str, Any] | None:
         if self._known is None:
-            self._known = _Read(self._client.get_node_feature(self._namespace, self._name))
+            self._known = _Read(self._api.get(NODE_FEATURES, self._name, self._namespace))
             version = (
                 None
                 if self._known.obj is None
@@ -301,7 +264,7 @@ class NodeFeatureSink:
         return self._known.obj
 
     def published(self) -> Desired:
-        return read_back(self._retrying("read nodefeature", self._current), self._prefix)
+        return read_back(self._retry(self._current, what="read nodefeature"), self._prefix)
 
     def publish(self, want: Desired) -> bool:
         def attempt() -> bool:
@@ -317,9 +280,9 @@ class NodeFeatureSink:
                 return False
             try:
                 if current is None:
-                    written = self._client.create_node_feature(self._namespace, body)
+                    written = self._api.create(NODE_FEATURES, body, self._namespace)
                 else:
-                    written = self._client.replace_node_feature(self._namespace, self._name, body)
+                    written = self._api.replace(NODE_FEATURES, self._name, body, self._namespace)
             except ApiTransientError:
                 # A conflict, a vanished object, or a write that may have landed: read again.
                 self._known = None
@@ -335,7 +298,7 @@ class NodeFeatureSink:
             return True
 
         try:
-            return bool(self._retrying("write nodefeature", attempt))
+            return bool(self._retry(attempt, what="write nodefeature"))
         except PublishError:
             self._known = None
             raise
@@ -347,52 +310,10 @@ class NodeFeatureSink:
         # No right to read the Node, so no uid: like the kubelet, the Node's name stands for it,
         # which is what `kubectl describe node` also looks for. One attempt, as for the node sink.
         node = NodeMetadata(self._node, uid=self._node)
+        body = event_body(node, event_type, reason, message, datetime.now(UTC))
         try:
-            self._client.create_event(NODE_EVENT_NAMESPACE, node, event_type, reason, message)
+            self._api.create(EVENTS, body, NODE_EVENT_NAMESPACE)
         except PublishError as e:
             # A failed Event is still a failed API call, counted like every other.
             self._on_error(e)
             raise
-
-
-class NodeFeatureDryRunSink:
-    """Prints the NodeFeature it would create as JSON; never contacts a cluster."""
-
-    def __init__(
-        self,
-        *,
-        node: str,
-        namespace: str,
-        prefix: str,
-        out: TextIO,
-        log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
-        """Raises ConfigError like NodeFeatureSink for a node name NFD cannot take."""
-        object_name(node)
-        self._node = node
-        self._namespace = namespace
-        self._prefix = prefix
-        self._out = out
-        self._log = log
-        self._printed: Desired | None = None
-
-    def published(self) -> Desired:
-        return self._printed or Desired({}, {})
-
-    def publish(self, want: Desired) -> bool:
-        if want == self._printed:
-            return False
-        body = node_feature(
-            want, node=self._node, namespace=self._namespace, prefix=self._prefix, current=None
-        )
-        json.dump(body, self._out, indent=2, sort_keys=True, ensure_ascii=False)
-        self._out.write("\n")
-        self._out.flush()
-        self._printed = want
-        return True
-
-    def forget(self) -> None:
-        """Nothing to forget: the dry-run sink never reads a cluster."""
-
-    def event(self, event_type: EventType, reason: str, message: str) -> None:
-        self._log.info("event", type=event_type.value, reason=reason, message=message)

@@ -8,143 +8,28 @@ anything without our `app.kubernetes.io/managed-by` label): NodeResourceTopology
 so writing over one would silently take it from its owner. That refusal is permanent and says
 which producer to turn off.
 
-The client seam (`NrtClient`) is small and ours; `RestNrtClient` is the lean client's.
+It writes through `reporter.publish.api.ApiClient`, as every sink does.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
-from urllib.parse import quote
+from typing import Any
 
 import structlog
-import urllib3
 
 from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
-from reporter.publish import errors_map, retry
-from reporter.publish.rest import RestConfig, RestTransport
+from reporter.publish import retry
+from reporter.publish.api import NODE_RESOURCE_TOPOLOGIES, ApiClient
 from reporter.schema import nrt
 
 RBAC_VERBS = ("get", "create", "update")
 """Exactly the verbs the sink uses on noderesourcetopologies."""
-_RESOURCE = f"{nrt.PLURAL}.{nrt.GROUP}"
-_PATH = f"/apis/{nrt.GROUP}/{nrt.VERSION}/{nrt.PLURAL}"
 
 
 class ForeignProducerError(ApiPermanentError):
     """The object exists and another producer manages it."""
-
-
-class NrtClient(Protocol):
-    """Read and write cluster-scoped NodeResourceTopology objects. Raises PublishError only."""
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        """The object, or None when there is none."""
-        ...
-
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create the object; returns it as stored."""
-        ...
-
-    def replace(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Replace it (body carries the resourceVersion read); returns it as stored."""
-        ...
-
-
-def nrt_error(
-    status: int,
-    reason: str,
-    body: str | bytes | None,
-    headers: Mapping[str, str] | None,
-    action: str,
-    name: str,
-) -> PublishError:
-    """The error for an answer `status` to `action` ("read", "create", "replace") on the object."""
-    what = f"{action} NodeResourceTopology {name}"
-    if status == 0:
-        return ApiPermanentError(
-            f"{what}: TLS with the API server failed ({str(reason).splitlines()[0]}): check the "
-            "cluster CA in the kubeconfig or service account"
-        )
-    detail = errors_map.status_message(body)
-    said = f": {detail}" if detail else ""
-    details = errors_map.status_details(body)
-    if status == 404 and details.get("name") == name:
-        # Only a replace gets here: deleted since it was read; reading again leads to a create.
-        return ApiTransientError(f"{what}: deleted since it was read (404)", status=404)
-    if status in errors_map.TRANSIENT_STATUS:
-        text = (
-            f"{what}: conflict (409), it changed or appeared since it was read"
-            if status == 409
-            else f"{what}: the API server answered {status}{said}"
-        )
-        return ApiTransientError(text, status=status, retry_after=errors_map.retry_after(headers))
-    if status == 401:
-        text = (
-            f"{what}: the API server rejected the credentials (401): check the service account "
-            "token (automountServiceAccountToken) or the kubeconfig user"
-        )
-    elif status == 403:
-        verb = {"read": "get", "create": "create", "replace": "update"}.get(action, action)
-        text = f"{what}: forbidden (403): grant the agent `{verb}` on `{_RESOURCE}`{said}"
-    elif status == 404:
-        text = (
-            f"{what}: the API server does not serve {_RESOURCE}/{nrt.VERSION} (404): install "
-            "the NodeResourceTopology CRD (scheduler-plugins' "
-            "manifests/noderesourcetopology/crd.yaml) or turn --nrt off"
-        )
-    elif status == 422:
-        text = f"{what}: the API server refused the object (422){said}"
-    else:
-        text = f"{what}: the API server answered {status}{said}"
-    return ApiPermanentError(text, status=status)
-
-
-def _status_error(action: str, name: str) -> Callable[[urllib3.BaseHTTPResponse], PublishError]:
-    def mapped(response: urllib3.BaseHTTPResponse) -> PublishError:
-        return nrt_error(
-            response.status, response.reason or "", response.data, response.headers, action, name
-        )
-
-    return mapped
-
-
-class RestNrtClient:
-    """NrtClient over the lean client's transport."""
-
-    def __init__(self, config: RestConfig) -> None:
-        """Raises ConfigError when the TLS files cannot be loaded."""
-        self._http = RestTransport(config)
-
-    def _call(
-        self, method: str, action: str, name: str, body: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
-        path = _PATH if method == "POST" else f"{_PATH}/{quote(name, safe='')}"
-        data = self._http.request(
-            method,
-            path,
-            body,
-            what=f"{action} NodeResourceTopology {name}",
-            on_status=_status_error(action, name),
-        )
-        if not isinstance(data, dict):
-            raise ApiPermanentError(f"{action} NodeResourceTopology {name}: not an object")
-        return data
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call("GET", "read", name)
-        except ApiTransientError as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "create", str(body["metadata"]["name"]), body)
-
-    def replace(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("PUT", "replace", name, body)
 
 
 def _content(obj: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -177,14 +62,14 @@ class NrtSink:
 
     def __init__(
         self,
-        client: NrtClient,
+        api: ApiClient,
         *,
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
         on_error: Callable[[PublishError], None] = lambda e: None,
     ) -> None:
-        self._client = client
+        self._api = api
         self._stop = stop
         self._backoff = backoff
         self._log = log
@@ -219,9 +104,11 @@ class NrtSink:
         )
 
     def _write(self, name: str, want: Mapping[str, Any]) -> bool:
-        current = self._known if self._known is not None else self._client.get(name)
+        current = self._known
         if current is None:
-            self._known = self._client.create(want)
+            current = self._api.get(NODE_RESOURCE_TOPOLOGIES, name)
+        if current is None:
+            self._known = self._api.create(NODE_RESOURCE_TOPOLOGIES, want)
             self._log.info("nrt_created", name=name)
             return True
         labels = (current.get("metadata") or {}).get("labels") or {}
@@ -239,6 +126,6 @@ class NrtSink:
             **dict(want["metadata"]),
             "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
         }
-        self._known = self._client.replace(name, body)
+        self._known = self._api.replace(NODE_RESOURCE_TOPOLOGIES, name, body)
         self._log.info("nrt_replaced", name=name)
         return True

@@ -34,6 +34,18 @@ class NodeMetadata:
     uid: str | None = None
 
 
+def node_metadata(node: Mapping[str, Any]) -> NodeMetadata:
+    """The part of a Node object the publisher reads."""
+    meta = node.get("metadata") or {}
+    return NodeMetadata(
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        resource_version=meta.get("resourceVersion"),
+        uid=meta.get("uid"),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Desired:
     """The labels and annotations the agent wants on its Node, `owned` included."""

@@ -1,18 +1,19 @@
-"""The agent's lean Kubernetes client: the five calls it makes, over urllib3, without `kubernetes`.
+"""The agent's lean Kubernetes client: its HTTP transport over urllib3, without `kubernetes`.
 
 Importing the official client costs the agent about 33 MiB of RSS and 0.18 s (its package imports
-every generated model), for three calls on Nodes and Events and three on NodeFeature objects. This
-module makes those calls itself: `RestNodeClient` (get Node, JSON merge patch Node, create core/v1
-Event) and `RestNodeFeatureClient` (get, create, update `nfd.k8s-sigs.io/v1alpha1` nodefeatures).
-Errors go through `reporter.publish.errors_map`, as the official client's do, so messages, retries
-and Retry-After are the same with either.
+every generated model), for a handful of calls. `RestTransport` sends them itself, and
+`RestApiClient` is the resource-generic `reporter.publish.api.ApiClient` over it
+(`reporter.publish.wire`, shared with the official client, so messages, retries and Retry-After
+are the same with either).
 
 Credentials come from the pod's service account or from a kubeconfig that uses only what this
 module understands (`load_rest_config`); a kubeconfig needing an `exec` or `auth-provider`
 plugin (EKS, GKE, OIDC), a proxy or anything else is refused with `LeanClientUnsupportedError`,
 and the caller falls back to the official client. A token file is re-read when it changes or
-every minute (bound service-account tokens rotate). This module must never import `kubernetes`,
-and never log or put into a message a token, a key or a kubeconfig's content.
+every minute (bound service-account tokens rotate); as in client-go, its last good content wins
+over an inline `token`, which is used only until the file can first be read. This module must
+never import `kubernetes`, and never log or put into a message a token, a key or a kubeconfig's
+content.
 """
 
 from __future__ import annotations
@@ -26,32 +27,27 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import urllib3
 
 from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
 from reporter.errors import (
-    ApiPermanentError,
     ApiTransientError,
     ConfigError,
     InputError,
-    PublishError,
 )
 from reporter.inputs import read_bounded
-from reporter.publish import errors_map, nodefeature
-from reporter.publish.client import EventType
-from reporter.publish.patch import NodeMetadata
+from reporter.publish import errors_map
+from reporter.publish.client import COMPONENT
+from reporter.publish.wire import JSON, WireClient
 
-MERGE_PATCH = "application/merge-patch+json"
-COMPONENT = "topo-reporter"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S = 60.0
 # A kubeconfig with a few dozen clusters and their certificates is well under 1 MiB; a bound
@@ -87,6 +83,7 @@ class RestConfig:
     ca_data: str | None = None
     """PEM text of the cluster CA; with ca_file None and both None, the system's trust store."""
     token: str | None = None
+    """The inline token: with a token_file too, used only until the file can first be read."""
     token_file: str | None = None
     """Read for each request when changed, and every TOKEN_REFRESH_S (it rotates)."""
     client_cert_file: str | None = None
@@ -214,8 +211,9 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         except (binascii.Error, ValueError) as e:
             raise _unloadable(where, f"{key} is not base64") from e
 
-    # Where both a file and its `-data` (or `token`) are given, the file wins, as in the
-    # official client: the same kubeconfig means the same credentials with either.
+    # Where both a file and its `-data` are given, the file wins, as in the official client: the
+    # same kubeconfig means the same credentials with either. A `token` is kept beside its
+    # `tokenFile`: client-go sends it while the file cannot be read (see BearerToken).
     ca_file = file(cluster, "certificate-authority")
     ca_data = None if ca_file else data(cluster, "certificate-authority-data")
     token_file = file(user, "tokenFile")
@@ -225,7 +223,7 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         source=where,
         ca_file=ca_file,
         ca_data=ca_data.decode("ascii", "replace") if ca_data else None,
-        token=None if token_file or not user.get("token") else str(user["token"]),
+        token=str(user["token"]) if user.get("token") else None,
         token_file=token_file,
         client_cert_file=cert_file,
         client_key_file=key_file,
@@ -246,8 +244,15 @@ def _refuse_proxy(server: str) -> None:
 # -- the connection --------------------------------------------------------------------------
 
 
-class _BearerToken:
-    """The token to send: fixed, or a file re-read when it changes or every TOKEN_REFRESH_S."""
+class BearerToken:
+    """The token to send, as client-go's bearer round tripper picks it.
+
+    Without a file, the fixed token. With one, the file's content, re-read when the file changes
+    and at least every TOKEN_REFRESH_S; when it cannot be read, its last good content, else the
+    inline token (client-go's cached file token source and `BearerToken` fallback). Only when
+    there is neither is the failure raised. Both clients use this, so one kubeconfig means one
+    token whichever client runs.
+    """
 
     def __init__(
         self, token: str | None, path: str | None, clock: Callable[[], float] = time.monotonic
@@ -261,7 +266,8 @@ class _BearerToken:
         self._value: str | None = None
 
     def value(self, source: str) -> str | None:
-        """Raises ApiTransientError when the token file cannot be read.
+        """Raises ConfigError for a file too large to be a token, ApiTransientError for one that
+        cannot be read, when no earlier content or inline token can stand in.
 
         The kubelet rewrites a projected token file atomically, and a remount can briefly hide
         it: the agent stays up, not ready, and retries like any other failed API call.
@@ -270,25 +276,34 @@ class _BearerToken:
             return self._fixed
         with self._lock:
             try:
-                st = os.stat(self._path)
-                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-                if stamp != self._seen or self._clock() - self._read_at >= TOKEN_REFRESH_S:
-                    token = read_bounded(self._path, limit=MAX_TOKEN_BYTES, what="token file")
-                    self._value = token.strip()
-                    self._seen, self._read_at = stamp, self._clock()
+                self._refresh(self._path)
             except InputError as e:
+                if self._value or self._fixed:
+                    return self._value or self._fixed
                 # A file that never ends is the wrong file: no retry cures it.
                 raise ConfigError(
                     f"cannot read the bearer token file of {source} ({e}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
             except OSError as e:
+                if self._value or self._fixed:
+                    return self._value or self._fixed
                 why = type(e).__name__
                 raise ApiTransientError(
                     f"cannot read the bearer token file of {source} ({why}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
-            return self._value
+            return self._value or self._fixed
+
+    def _refresh(self, path: str) -> None:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._seen or self._clock() - self._read_at >= TOKEN_REFRESH_S:
+            token = read_bounded(path, limit=MAX_TOKEN_BYTES, what="token file").strip()
+            # client-go refuses an empty token file; the last good token stays.
+            if token:
+                self._value = token
+            self._seen, self._read_at = stamp, self._clock()
 
 
 def _ssl_context(config: RestConfig) -> ssl.SSLContext:
@@ -363,23 +378,25 @@ class RestTransport:
             {"cert_reqs": ssl.CERT_NONE, "assert_hostname": False} if config.insecure else {}
         )
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=2, ssl_context=context, **verify)
-        self._token = _BearerToken(config.token, config.token_file, clock)
+        self._token = BearerToken(config.token, config.token_file, clock)
         self._timeout = urllib3.Timeout(connect=request_timeout_s[0], read=request_timeout_s[1])
         self._user_agent = _user_agent()
 
-    def request(
+    def send(
         self,
         method: str,
         path: str,
-        body: Mapping[str, Any] | None = None,
         *,
-        content_type: str = "application/json",
+        query: Sequence[tuple[str, str]] = (),
+        body: Mapping[str, Any] | None = None,
+        content_type: str = JSON,
+        accept: str = JSON,
+        read_timeout_s: float | None = None,
         what: str,
-        on_status: Callable[[urllib3.BaseHTTPResponse], PublishError],
-    ) -> Any:
-        """The decoded JSON answer. Raises on_status's error for an HTTP error, and the mapped
-        transport error (ApiTransientError or, for TLS, ApiPermanentError) when there is none."""
-        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+    ) -> urllib3.BaseHTTPResponse:
+        """The response with its body unread; raises the mapped transport error (ApiTransientError
+        or, for TLS, ApiPermanentError) when no answer came."""
+        headers = {"Accept": accept, "User-Agent": self._user_agent}
         token = self._token.value(self._source)
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -387,41 +404,14 @@ class RestTransport:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        try:
-            response = self._pool.request(
-                method,
-                self.host + path,
-                body=data,
-                headers=headers,
-                timeout=self._timeout,
-                retries=False,
-                redirect=False,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise errors_map.transport_error(e, what, self.host) from e
-        if response.status >= 400:
-            raise on_status(response)
-        return errors_map.answer_json(response.data, what)
-
-    def stream(
-        self, path: str, *, accept: str, read_timeout_s: float | None, what: str
-    ) -> urllib3.BaseHTTPResponse:
-        """A GET whose body is left unread (a watch, a large list), with its own Accept.
-
-        The caller reads the body and releases the connection; it maps an HTTP error status
-        itself. Raises the mapped transport error when no answer came.
-        """
-        headers = {"Accept": accept, "User-Agent": self._user_agent}
-        token = self._token.value(self._source)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         timeout = self._timeout
         if read_timeout_s is not None:
             timeout = urllib3.Timeout(connect=self._timeout.connect_timeout, read=read_timeout_s)
         try:
             return self._pool.request(
-                "GET",
-                self.host + path,
+                method,
+                self.host + path + (f"?{urlencode(query)}" if query else ""),
+                body=data,
                 headers=headers,
                 timeout=timeout,
                 retries=False,
@@ -432,53 +422,8 @@ class RestTransport:
             raise errors_map.transport_error(e, what, self.host) from e
 
 
-def node_metadata(data: Mapping[str, Any]) -> NodeMetadata:
-    """The part of a Node the publisher reads."""
-    meta = data.get("metadata") or {}
-    return NodeMetadata(
-        name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-        resource_version=meta.get("resourceVersion"),
-        uid=meta.get("uid"),
-    )
-
-
-def event_body(
-    node: NodeMetadata, event_type: EventType, reason: str, message: str, now: datetime
-) -> dict[str, Any]:
-    """A core/v1 Event about `node`, as the official client serializes its CoreV1Event."""
-    involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node.name}
-    if node.uid is not None:
-        involved["uid"] = node.uid
-    return {
-        "count": 1,
-        "firstTimestamp": now.isoformat(),
-        "involvedObject": involved,
-        "lastTimestamp": now.isoformat(),
-        "message": message,
-        "metadata": {"generateName": f"{node.name}."},
-        "reason": reason,
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node.name,
-        "source": {"component": COMPONENT, "host": node.name},
-        "type": event_type.value,
-    }
-
-
-def _status_error(
-    mapping: Callable[..., PublishError], *context: str
-) -> Callable[[urllib3.BaseHTTPResponse], PublishError]:
-    def mapped(response: urllib3.BaseHTTPResponse) -> PublishError:
-        return mapping(
-            response.status, response.reason or "", response.data, response.headers, *context
-        )
-
-    return mapped
-
-
-class RestNodeClient:
-    """NodeClient over RestTransport. Every call has a (connect, read) timeout."""
+class RestApiClient(WireClient):
+    """The ApiClient over RestTransport. Every call has a (connect, read) timeout."""
 
     def __init__(
         self,
@@ -488,107 +433,4 @@ class RestNodeClient:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Raises ConfigError when the TLS files cannot be loaded."""
-        self._http = RestTransport(config, request_timeout_s=request_timeout_s, clock=clock)
-
-    def _node(
-        self, method: str, action: str, name: str, body: Mapping[str, Any] | None = None
-    ) -> NodeMetadata:
-        answer = self._http.request(
-            method,
-            f"/api/v1/nodes/{quote(name, safe='')}",
-            body,
-            content_type=MERGE_PATCH,
-            what=f"{action} node {name}",
-            on_status=_status_error(errors_map.node_error, action, name),
-        )
-        return node_metadata(answer)
-
-    def get_node(self, name: str) -> NodeMetadata:
-        return self._node("GET", "read", name)
-
-    def patch_node(self, name: str, patch: Mapping[str, Any]) -> NodeMetadata:
-        return self._node("PATCH", "patch", name, patch)
-
-    def create_event(
-        self,
-        namespace: str,
-        node: NodeMetadata,
-        event_type: EventType,
-        reason: str,
-        message: str,
-    ) -> None:
-        self._http.request(
-            "POST",
-            f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
-            event_body(node, event_type, reason, message, datetime.now(UTC)),
-            what=f"post event on node {node.name}",
-            on_status=_status_error(errors_map.node_error, "post event on", node.name),
-        )
-
-
-class RestNodeFeatureClient:
-    """NodeFeatureClient over RestTransport: NFD's NodeFeature objects and Node Events."""
-
-    def __init__(
-        self,
-        config: RestConfig,
-        *,
-        request_timeout_s: tuple[float, float] = (5.0, 15.0),
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """Raises ConfigError when the TLS files cannot be loaded."""
-        self._events = RestNodeClient(config, request_timeout_s=request_timeout_s, clock=clock)
-        self._http = self._events._http
-
-    def _call(
-        self,
-        method: str,
-        action: str,
-        namespace: str,
-        name: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        named: bool = True,
-    ) -> dict[str, Any]:
-        path = (
-            f"/apis/{nodefeature.GROUP}/{nodefeature.VERSION}/namespaces/"
-            f"{quote(namespace, safe='')}/{nodefeature.PLURAL}"
-        )
-        what = f"{action} NodeFeature {namespace}/{name}"
-        data = self._http.request(
-            method,
-            f"{path}/{quote(name, safe='')}" if named else path,
-            body,
-            what=what,
-            on_status=_status_error(errors_map.nodefeature_error, action, namespace, name),
-        )
-        if not isinstance(data, dict):
-            raise ApiPermanentError(f"{what}: not an object")
-        return data
-
-    def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call("GET", "read", namespace, name)
-        except ApiTransientError as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def create_node_feature(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        name = str(body["metadata"]["name"])
-        return self._call("POST", "create", namespace, name, body, named=False)
-
-    def replace_node_feature(
-        self, namespace: str, name: str, body: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        return self._call("PUT", "replace", namespace, name, body)
-
-    def create_event(
-        self,
-        namespace: str,
-        node: NodeMetadata,
-        event_type: EventType,
-        reason: str,
-        message: str,
-    ) -> None:
-        self._events.create_event(namespace, node, event_type, reason, message)
+        super().__init__(RestTransport(config, request_timeout_s=request_timeout_s, clock=clock))

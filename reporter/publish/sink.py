@@ -1,25 +1,29 @@
-"""Where a topology goes: the Sink seam, the Node patch sink and the dry-run sink.
+"""Where a topology goes: the Sink seam and the Node patch sink.
 
 A sink is told the desired metadata and makes its target carry it with as few API calls as it
 can: it remembers what the target carried after its last read or write and sends nothing when
 that already matches. `forget()` drops that memory so the next publish reads again (resync repairs
 drift).
 A second sink (a NodeFeature object for node-feature-discovery) implements the same Protocol.
+Both write through `reporter.publish.api.ApiClient`; a dry run is the same sink over the printing
+client.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import threading
-from typing import Any, Protocol, TextIO
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import structlog
 
 from reporter.errors import ApiTransientError, PublishError
+from reporter.publish import errors_map, retry
 from reporter.publish import patch as node_patch
-from reporter.publish import retry
-from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, NodeClient
-from reporter.publish.patch import Desired, NodeMetadata
+from reporter.publish.api import EVENTS, NODES, ApiClient
+from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, event_body
+from reporter.publish.patch import Desired, NodeMetadata, node_metadata
 
 
 class Sink(Protocol):
@@ -47,7 +51,7 @@ class NodePatchSink:
 
     def __init__(
         self,
-        client: NodeClient,
+        api: ApiClient,
         *,
         node: str,
         prefix: str,
@@ -57,35 +61,30 @@ class NodePatchSink:
         on_error: Any = lambda e: None,
         on_wait: Any = lambda seconds: None,
     ) -> None:
-        self._client = client
+        self._api = api
         self._node = node
         self._prefix = prefix
-        self._stop = stop
-        self._backoff = backoff
         self._log = log
         self._on_error = on_error
-        self._on_wait = on_wait
+        self._retry = functools.partial(
+            retry.call, stop=stop, backoff=backoff, log=log, on_error=on_error, on_wait=on_wait
+        )
         self._known: NodeMetadata | None = None
 
-    def _retrying(self, what: str, operation: Any) -> Any:
-        return retry.call(
-            operation,
-            what=what,
-            stop=self._stop,
-            backoff=self._backoff,
-            log=self._log,
-            on_error=self._on_error,
-            on_wait=self._on_wait,
-        )
+    def _read(self) -> NodeMetadata:
+        node = self._api.get(NODES, self._node)
+        if node is None:
+            raise errors_map.node_not_found(self._node)
+        return node_metadata(node)
 
     def _current(self) -> NodeMetadata:
         if self._known is None:
-            self._known = self._client.get_node(self._node)
+            self._known = self._read()
             self._log.debug("node_read", resource_version=self._known.resource_version)
         return self._known
 
     def published(self) -> Desired:
-        return node_patch.ours(self._retrying("read node", self._current), self._prefix)
+        return node_patch.ours(self._retry(self._current, what="read node"), self._prefix)
 
     def publish(self, want: Desired) -> bool:
         def attempt() -> bool:
@@ -95,7 +94,7 @@ class NodePatchSink:
                 return False
             node_patch.check_annotation_budget(current, body, self._prefix)
             try:
-                self._known = self._client.patch_node(self._node, body)
+                self._known = node_metadata(self._api.merge_patch(NODES, self._node, body))
             except ApiTransientError:
                 # A conflict, or a write that may or may not have landed: read before retrying.
                 self._known = None
@@ -109,7 +108,7 @@ class NodePatchSink:
             return True
 
         try:
-            return bool(self._retrying("patch node", attempt))
+            return bool(self._retry(attempt, what="patch node"))
         except PublishError:
             self._known = None
             raise
@@ -121,42 +120,9 @@ class NodePatchSink:
         # One attempt: an Event is worth less than the API calls a retry loop would spend on it.
         # Its failure is still a failed API call, counted like every other.
         try:
-            node = self._known or self._client.get_node(self._node)
-            self._client.create_event(NODE_EVENT_NAMESPACE, node, event_type, reason, message)
+            node = self._known or self._read()
+            body = event_body(node, event_type, reason, message, datetime.now(UTC))
+            self._api.create(EVENTS, body, NODE_EVENT_NAMESPACE)
         except PublishError as e:
             self._on_error(e)
             raise
-
-
-class DryRunSink:
-    """Prints the patch it would send to an empty Node as JSON; never contacts a cluster."""
-
-    def __init__(
-        self, *, node: str, prefix: str, out: TextIO, log: structlog.typing.FilteringBoundLogger
-    ) -> None:
-        self._node = node
-        self._prefix = prefix
-        self._out = out
-        self._log = log
-        self._printed: Desired | None = None
-
-    def published(self) -> Desired:
-        return self._printed or Desired({}, {})
-
-    def publish(self, want: Desired) -> bool:
-        if want == self._printed:
-            return False
-        body = node_patch.minimal_patch(NodeMetadata(self._node), want, self._prefix)
-        if body is None:
-            return False
-        json.dump(body, self._out, indent=2, sort_keys=True, ensure_ascii=False)
-        self._out.write("\n")
-        self._out.flush()
-        self._printed = want
-        return True
-
-    def forget(self) -> None:
-        """Nothing to forget: the dry-run sink never reads a Node."""
-
-    def event(self, event_type: EventType, reason: str, message: str) -> None:
-        self._log.info("event", type=event_type.value, reason=reason, message=message)
