@@ -4,9 +4,11 @@ process, watching the real kube-apiserver) and binds GPU pods.
 
 The Nodes are built from the simulated profiles: Ready, `nvidia.com/gpu` in capacity and
 allocatable, the topology published by the real agent (`topo-reporter run --once --simulate`), and
-the availability annotation for a chosen set of used GPUs. No kubelet runs, so a bound pod never
-starts; the scheduler still counts its GPUs, and the tests plan allocatable for that. Everything
-waits on polling deadlines, never on timing; every process is stopped at the end.
+the availability annotation for a chosen set of used GPUs: simulated, or what the agent's
+PodResourcesReader reads from the kubelet's own PodResources server (the harness). No kubelet
+runs, so a bound pod never starts; the scheduler still counts its GPUs, and the tests plan
+allocatable for that. Everything waits on polling deadlines, never on timing; every process is
+stopped at the end.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import contextlib
 import http.client
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -34,6 +38,9 @@ from reporter.availability import (
     encode_availability,
     node_score,
 )
+from reporter.collect import build_scanner
+from reporter.collect.podresources import AllocationView, PodResourcesReader
+from reporter.schema.model import Topology
 from tests.controlplane_fixtures import (
     NODE_CAPACITY,
     RealApiServer,
@@ -41,7 +48,9 @@ from tests.controlplane_fixtures import (
     stop_process,
     unique,
 )
+from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_cli import CLI, env
+from tests.test_collect_podresources_kubelet import KubeletPodResources, converge
 
 pytestmark = pytest.mark.controlplane
 
@@ -369,6 +378,23 @@ class Cluster:
             )
 
 
+def simulated(profile: str) -> Topology:
+    """The machine `topo-reporter run --simulate PROFILE` scans."""
+    topology = build_scanner("auto", Path("/nonexistent"), profile).scan().topology
+    assert topology is not None
+    return topology
+
+
+def held(reader: PodResourcesReader, topology: Topology, want: Iterable[int]) -> frozenset[int]:
+    """The GPUs the kubelet says are held, once it says `want` (it rereads its state file on its
+    own time)."""
+    wanted = frozenset(want)
+    view: AllocationView = converge(
+        lambda: reader.allocated(topology), lambda v: v.allocated == wanted
+    )
+    return view.allocated
+
+
 def run_agent(server: RealApiServer, node: str, profile: str) -> None:
     """The real agent, once: it publishes the node's topology labels and annotations."""
     result = subprocess.run(
@@ -446,18 +472,42 @@ def test_with_the_extender_down_pods_are_still_scheduled(
         assert cluster.schedule("while-down", 4) == node
 
 
-def test_a_state_change_reaches_the_next_scheduling_decision(
-    real_apiserver: RealApiServer, tmp_path: Path
+def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(
+    real_apiserver: RealApiServer, controlplane_bin: Path, tmp_path: Path
 ) -> None:
-    with Cluster(real_apiserver, tmp_path) as cluster:
-        # Both have 4 free; the scheduler counts 8 free on each (no pod holds the others).
-        a = cluster.add_node("h100-a", "dgx-h100", (0, 1, 2, 3))  # free 4-7: one NUMA node
-        b = cluster.add_node("h100-b", "dgx-h100", (0, 1, 6, 7))  # free 2-5: across two
-        cluster.start()
-        assert cluster.schedule("first", 4) == a
+    # Node A's allocations come from the kubelet's own PodResources server (the harness), read
+    # by the agent's PodResourcesReader; node B's are simulated.
+    topology = simulated("dgx-h100")
+    ids = [str(g.uuid) for g in topology.gpus]
+    socket_dir = Path(tempfile.mkdtemp(prefix="e2e-k-", dir="/tmp"))  # a unix socket path is short
+    kubelet = KubeletPodResources(
+        controlplane_bin, socket_dir / "kubelet.sock", socket_dir / "state.json"
+    )
+    holder = pod_state("holder", GPU, ids[:4])
+    kubelet.write({"devices": devices_state(GPU, ids), "pods": [holder]})
+    kubelet.start()
+    try:
+        with (
+            Cluster(real_apiserver, tmp_path) as cluster,
+            PodResourcesReader(kubelet.socket) as reader,
+        ):
+            # Both have 4 free; the scheduler counts 8 free on each (no pod holds the others).
+            a = cluster.add_node("h100-a", "dgx-h100", held(reader, topology, range(4)))  # 4-7 free
+            b = cluster.add_node("h100-b", "dgx-h100", (0, 1, 6, 7))  # free 2-5: two NUMA nodes
+            cluster.start()
+            assert cluster.schedule("first", 4) == a
 
-        # The kubelet gave `first` GPUs 4-7; the agent publishes that node A has none free. The
-        # scheduler still counts 4 free there, and A's old best set would still win.
-        cluster.publish_availability(a, range(8))
-        cluster.wait_for_the_extender()
-        assert cluster.schedule("second", 4) == b
+            # The kubelet starts `first` on GPUs 4-7. The scheduler still counts 4 free on A,
+            # and A's old best set would still win; the agent's next read says none is free.
+            kubelet.write(
+                {
+                    "devices": devices_state(GPU, ids),
+                    "pods": [holder, pod_state("first", GPU, ids[4:], cluster.namespace)],
+                }
+            )
+            cluster.publish_availability(a, held(reader, topology, range(8)))
+            cluster.wait_for_the_extender()
+            assert cluster.schedule("second", 4) == b
+    finally:
+        kubelet.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
