@@ -68,10 +68,9 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "scheduling.md"
 def docs_scheduler_configuration() -> dict[str, Any]:
     """The KubeSchedulerConfiguration the docs tell users to write (the one yaml block with it)."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    docs = [yaml.safe_load(block) for block in blocks]
     (config,) = [
-        doc
-        for block in blocks
-        if (doc := yaml.safe_load(block)).get("kind") == "KubeSchedulerConfiguration"
+        d for d in docs if isinstance(d, dict) and d.get("kind") == "KubeSchedulerConfiguration"
     ]
     assert isinstance(config, dict)
     return config
