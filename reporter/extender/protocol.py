@@ -15,6 +15,7 @@ with one line.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -35,6 +36,8 @@ MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
 KEPT_SIZES = 16
+RANKS_KEPT = 4096
+"""Distinct annotation values whose rank is remembered (at most 8 KB each: 32 MB at worst)."""
 """Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
 _COUNT = re.compile(r"\d{1,7}")
 _RESOURCE = re.compile(
@@ -204,8 +207,13 @@ def _count(value: Any, where: str) -> int:
     raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
 
 
+@functools.lru_cache(maxsize=RANKS_KEPT)
 def rank(text: str | None) -> NodeRank | None:
-    """The rank of an availability annotation value; None when absent or damaged."""
+    """The rank of an availability annotation value; None when absent or damaged.
+
+    Remembered by text: many nodes carry the same value (same machine, same free GPUs), and the
+    whole-Nodes form sends every node's annotation again with every call.
+    """
     if text is None:
         return None
     try:
