@@ -497,7 +497,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             "certificate"
         ) from None
     stop = threading.Event()
-    nodes = cache.NodeCache(args.prefix)
+    nodes = cache.NodeCache(args.prefix, args.resource)
     metrics = server.ExtenderMetrics(nodes)
     watcher = cache.NodeWatcher(
         NodeWatch(RestApiClient(config, request_timeout_s=(5.0, 30.0))),

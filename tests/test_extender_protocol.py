@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,15 @@ from reporter.availability import (
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
 from reporter.extender.protocol import (
+    KEPT_SIZES,
     BadRequestError,
     NodeRank,
+    RankTable,
     check_resource_name,
-    encode_priorities,
     filter_answer,
     gpus_requested,
-    list_lookup,
     parse_args,
-    prioritize_scores,
+    prioritize_answer,
     rank,
 )
 from reporter.schema.model import Topology
@@ -55,9 +55,21 @@ def ranked(name: str, free: tuple[int, ...]) -> NodeRank:
     return NodeRank.of(availability(name, free))
 
 
-def prioritize_answer(raw: bytes, lookup: Callable[[str], NodeRank | None]) -> Any:
+def table(ranks: Mapping[str, NodeRank | None]) -> RankTable:
+    built = RankTable(GPU)
+    for name, r in ranks.items():
+        built.set(name, r)
+    return built
+
+
+def filtered(raw: bytes, ranks: RankTable) -> Any:
     args = parse_args(raw)
-    return json.loads(encode_priorities(args.node_names, prioritize_scores(args, lookup)))
+    return json.loads(filter_answer(args, ranks.verdicts(args.gpus))[0])
+
+
+def prioritized(raw: bytes, ranks: RankTable) -> Any:
+    args = parse_args(raw)
+    return json.loads(prioritize_answer(args, ranks.verdicts(args.gpus)))
 
 
 def pod(*gpus: int | str, init: tuple[tuple[int, str | None], ...] = ()) -> dict[str, Any]:
@@ -184,9 +196,8 @@ def test_node_names_form_filters_by_free_gpus_and_answers_with_node_names() -> N
         "two-free": ranked("dgx-a100", (0, 1)),
         "damaged": rank("1;0-3;not/the/format"),
     }
-    args = parse_args(body(Pod=pod(4), NodeNames=["all-free", "two-free", "damaged", "unseen"]))
-    answer = filter_answer(args, cached.get, GPU)
-    assert answer == {
+    raw = body(Pod=pod(4), NodeNames=["all-free", "two-free", "damaged", "unseen"])
+    assert filtered(raw, table(cached)) == {
         "Nodes": None,
         "NodeNames": ["all-free", "damaged", "unseen"],
         "FailedNodes": {"two-free": "topo-reporter: 2 free nvidia.com/gpu, the pod needs 4"},
@@ -204,8 +215,8 @@ def test_nodes_form_answers_with_the_kept_nodes_as_sent() -> None:
         "metadata": {"resourceVersion": "7"},
         "items": [node("a", free8), node("b", free1), node("c", "1;0-99;garbage"), node("d", None)],
     }
-    args = parse_args(body(Pod=pod(2), Nodes=nodes))
-    answer = filter_answer(args, list_lookup(args.node_list or {}, KEY), GPU)
+    raw = body(Pod=pod(2), Nodes=nodes)
+    answer = filtered(raw, RankTable.of_nodes(nodes, KEY, GPU))
     assert answer["NodeNames"] is None
     assert answer["Nodes"] == {**nodes, "items": [nodes["items"][0], *nodes["items"][2:]]}
     assert list(answer["FailedNodes"]) == ["b"]
@@ -219,7 +230,7 @@ def test_prioritize_ranks_by_node_score_and_gives_unreadable_nodes_the_neutral_s
     }
     ranks = {name: NodeRank.of(a) for name, a in free.items()}
     names = [*free, "no-annotation"]
-    answer = prioritize_answer(body(Pod=pod(2), NodeNames=names), ranks.get)
+    answer = prioritized(body(Pod=pod(2), NodeNames=names), table(ranks))
     assert answer == [
         {"Host": "nvswitch-all-free", "Score": node_score(free["nvswitch-all-free"], 2)},
         {"Host": "pcie-all-free", "Score": node_score(free["pcie-all-free"], 2)},
@@ -230,10 +241,10 @@ def test_prioritize_ranks_by_node_score_and_gives_unreadable_nodes_the_neutral_s
 
 
 def test_a_pod_without_gpus_passes_every_node_with_no_opinion() -> None:
-    full = {"busy": ranked("dgx-a100", ())}
+    full = table({"busy": ranked("dgx-a100", ())})
     raw = body(Pod=pod(), NodeNames=["busy", "other"])
-    assert filter_answer(parse_args(raw), full.get, GPU)["NodeNames"] == ["busy", "other"]
-    assert prioritize_answer(raw, full.get) == [
+    assert filtered(raw, full)["NodeNames"] == ["busy", "other"]
+    assert prioritized(raw, full) == [
         {"Host": "busy", "Score": 0},
         {"Host": "other", "Score": 0},
     ]
@@ -241,8 +252,7 @@ def test_a_pod_without_gpus_passes_every_node_with_no_opinion() -> None:
 
 def test_an_empty_node_names_list_is_answered_with_an_empty_list_not_null() -> None:
     # kube-scheduler reads a null NodeNames as "no answer" and then filters every node out.
-    args = parse_args(body(Pod=pod(1), NodeNames=[]))
-    assert filter_answer(args, {}.get, GPU)["NodeNames"] == []
+    assert filtered(body(Pod=pod(1), NodeNames=[]), RankTable(GPU))["NodeNames"] == []
 
 
 @pytest.mark.parametrize("name", ["nvidia.com/gpu", "amd.com/gpu", "gpu", "nvidia.com/mig-1g.10gb"])
@@ -266,20 +276,42 @@ def test_filter_and_prioritize_answer_exactly_as_can_fit_and_node_score(
     n = len(profile(machine).gpus)
     free = data.draw(st.sets(st.integers(0, n - 1)))
     a = availability(machine, tuple(sorted(free)))
-    ranks = {"node": rank(encode_availability(a))}
+    ranks = table({"node": rank(encode_availability(a))})
     for k in range(1, n + 3):
-        args = parse_args(body(Pod=pod(k), NodeNames=["node"]))
-        assert filter_answer(args, ranks.get, GPU)["NodeNames"] == (
-            ["node"] if can_fit(a, k) else []
-        )
-        assert prioritize_scores(args, ranks.get) == [node_score(a, k)]
+        raw = body(Pod=pod(k), NodeNames=["node"])
+        assert filtered(raw, ranks)["NodeNames"] == (["node"] if can_fit(a, k) else [])
+        assert prioritized(raw, ranks) == [{"Host": "node", "Score": node_score(a, k)}]
 
 
 @pytest.mark.parametrize(
     "name", ["plain", 'with"quote', "back\\slash", "ünïcode", "tab\there", "</script>"]
 )
-def test_priorities_are_valid_json_whatever_the_node_names(name: str) -> None:
-    assert json.loads(encode_priorities([name, "b"], [3, 10])) == [
-        {"Host": name, "Score": 3},
-        {"Host": "b", "Score": 10},
+def test_answers_are_valid_json_whatever_the_node_names(name: str) -> None:
+    ranks = table({name: ranked("dgx-a100", (0,)), "b": ranked("dgx-a100", (0, 1))})
+    raw = body(Pod=pod(2), NodeNames=[name, "b", f"unseen {name}"])
+    assert prioritized(raw, ranks) == [
+        {"Host": name, "Score": 0},
+        {"Host": "b", "Score": node_score(availability("dgx-a100", (0, 1)), 2)},
+        {"Host": f"unseen {name}", "Score": NEUTRAL_SCORE},
     ]
+    answer = filtered(raw, ranks)
+    assert answer["NodeNames"] == ["b", f"unseen {name}"]
+    assert list(answer["FailedNodes"]) == [name]
+
+
+def test_answers_follow_node_changes_for_every_kept_size_and_forget_the_oldest() -> None:
+    ranks = table({"a": ranked("dgx-a100", tuple(range(8)))})
+    raw = {k: body(Pod=pod(k), NodeNames=["a"]) for k in range(1, KEPT_SIZES + 2)}
+    for k in raw:
+        assert filtered(raw[k], ranks)["NodeNames"] == (["a"] if k <= 8 else [])
+    assert ranks.sizes() == list(range(2, KEPT_SIZES + 2))  # size 1 was asked first: dropped
+    ranks.set("a", ranked("dgx-a100", (0, 1)))
+    ranks.set("b", None)
+    for k in raw:
+        assert filtered(raw[k], ranks)["NodeNames"] == (["a"] if k <= 2 else [])
+    assert prioritized(body(Pod=pod(2), NodeNames=["b", "a"]), ranks) == [
+        {"Host": "b", "Score": NEUTRAL_SCORE},
+        {"Host": "a", "Score": node_score(availability("dgx-a100", (0, 1)), 2)},
+    ]
+    ranks.drop("a")
+    assert prioritized(raw[2], ranks) == [{"Host": "a", "Score": NEUTRAL_SCORE}]

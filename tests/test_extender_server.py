@@ -161,11 +161,17 @@ def test_an_expired_watch_lists_again(
 ) -> None:
     extender = extender_factory()
     eventually(lambda: extender.cache.synced, "the first list")
+    args = {"Pod": pod(1), "NodeNames": ["late"]}
+    assert extender.post("prioritize", args) == [{"Host": "late", "Score": 5}]  # not seen yet
     # The open watch falls behind compaction before it can send the new node: it ends with 410.
     with apiserver.watch_log.paused():
         apiserver.add_node("late", annotations={KEY: annotation("dgx-a100", (0,))})
         apiserver.watch_log.compact()
     eventually(lambda: extender.cache.get("late") is not None, "a relist after 410")
+    # The answers kept for the size asked before the relist are the relisted nodes'.
+    assert extender.cache.table().sizes() == [1]
+    a = compute_availability(profile("dgx-a100"), (0,))
+    assert extender.post("prioritize", args) == [{"Host": "late", "Score": node_score(a, 1)}]
     lists = [
         r for r in apiserver.requests if r.path == "/api/v1/nodes" and not r.query.get("watch")
     ]

@@ -2,9 +2,10 @@
 
 With `nodeCacheCapable` the scheduler sends node names only; at 5,000 nodes whole Node objects
 would be megabytes per call. The cache decodes each node's availability annotation once, when the
-watch says the node changed (and only when the annotation's text changed), so that a scheduling
-call costs one dictionary lookup per node. A node it has not seen, or whose annotation is missing
-or damaged, reads as None: never filtered, neutral score.
+watch says the node changed (and only when the annotation's text changed), and keeps each node's
+answer pre-encoded for the request sizes asked recently (`RankTable`), so that a scheduling call
+costs dictionary lookups and joins, no Python code per node. A node it has not seen, or whose
+annotation is missing or damaged, reads as None: never filtered, neutral score.
 
 The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
 lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
@@ -22,7 +23,7 @@ import structlog
 
 from reporter.availability import AVAILABILITY_KEY
 from reporter.errors import ApiTransientError, PublishError
-from reporter.extender.protocol import NodeRank, rank
+from reporter.extender.protocol import DEFAULT_RESOURCE, NodeRank, RankTable, rank
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent, WatchExpired
 
 QUICK_END_S = 1.0
@@ -32,24 +33,27 @@ QUICK_END_S = 1.0
 class NodeCache:
     """Each node's rank by name, shared between the watch thread and the request threads."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, resource: str = DEFAULT_RESOURCE) -> None:
         self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
+        self._resource = resource
         self._lock = threading.Lock()
         self._text: dict[str, str | None] = {}
-        self._ranks: dict[str, NodeRank | None] = {}
+        self._table = RankTable(resource)
         self._synced = threading.Event()
 
     def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
         """Take a full list: nodes absent from it are gone."""
         fresh = {n.name: n.value for n in nodes}
         with self._lock:
-            ranks = {
-                name: self._ranks[name]
-                if self._text.get(name, ...) == text and name in self._ranks
-                else rank(text)
-                for name, text in fresh.items()
-            }
-            self._text, self._ranks = fresh, ranks
+            old = self._table
+            table = RankTable(self._resource)
+            for name, text in fresh.items():
+                unchanged = self._text.get(name, ...) == text and name in old.ranks
+                table.set(name, old.ranks[name] if unchanged else rank(text))
+            # The sizes the scheduler was asking for stay encoded: no call pays for the relist.
+            for k in old.sizes():
+                table.verdicts(k)
+            self._text, self._table = fresh, table
         self._synced.set()
 
     def apply(self, event: WatchEvent) -> None:
@@ -60,22 +64,22 @@ class NodeCache:
         with self._lock:
             if event.type == "DELETED":
                 self._text.pop(node.name, None)
-                self._ranks.pop(node.name, None)
-            elif self._text.get(node.name, ...) != node.value or node.name not in self._ranks:
+                self._table.drop(node.name)
+            elif self._text.get(node.name, ...) != node.value or node.name not in self._table.ranks:
                 self._text[node.name] = node.value
-                self._ranks[node.name] = rank(node.value)
+                self._table.set(node.name, rank(node.value))
 
     def get(self, name: str) -> NodeRank | None:
         """The node's rank; None when unknown, or its availability is absent or damaged."""
-        return self._ranks.get(name)
+        return self._table.ranks.get(name)
 
-    def lookup(self) -> Callable[[str], NodeRank | None]:
-        """`get` without a Python call per node: the ranks' own `get`, for one request.
+    def table(self) -> RankTable:
+        """The current ranks, for one request.
 
-        A full relist replaces the mapping; a request that started before reads the old one,
+        A full relist replaces the table; a request that started before reads the old one,
         which is what it would have read a moment earlier.
         """
-        return self._ranks.get
+        return self._table
 
     @property
     def synced(self) -> bool:
@@ -85,7 +89,8 @@ class NodeCache:
     def counts(self) -> tuple[int, int]:
         """(nodes known, nodes whose availability is missing or damaged)."""
         with self._lock:
-            return len(self._ranks), sum(a is None for a in self._ranks.values())
+            ranks = self._table.ranks
+            return len(ranks), sum(a is None for a in ranks.values())
 
 
 class NodeWatcher:

@@ -15,12 +15,16 @@ with one line.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from operator import not_
+from typing import Any, cast
 
 from reporter.availability import NEUTRAL_SCORE, Availability, decode_availability, node_score
 from reporter.errors import ConfigError, InputError, SchemaError
@@ -31,6 +35,10 @@ MAX_GPUS_PER_POD = 1 << 20
 MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
+KEPT_SIZES = 16
+RANKS_KEPT = 4096
+"""Distinct annotation values whose rank is remembered (at most 8 KB each: 32 MB at worst)."""
+"""Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
 _COUNT = re.compile(r"\d{1,7}")
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -51,10 +59,6 @@ class NodeRank:
     def of(cls, availability: Availability) -> NodeRank:
         free = len(availability.free)
         return cls(free, tuple(node_score(availability, k) for k in range(1, free + 1)))
-
-
-Lookup = Callable[[str], NodeRank | None]
-"""A node's rank by name; None when unknown, or when its availability is missing or damaged."""
 
 
 class BadRequestError(InputError):
@@ -116,12 +120,14 @@ def _first_line(e: BaseException) -> str:
 def _node_names(names: Sequence[Any], where: str) -> tuple[str, ...]:
     if len(names) > MAX_NODES:
         raise BadRequestError(f"{where} holds {len(names)} nodes, more than {MAX_NODES}")
-    # Builtins over the whole list for the common case; the loop only finds the culprit.
-    if names and (
-        set(map(type, names)) != {str}
-        or min(map(len, names)) < 1
-        or max(map(len, names)) > _NODE_NAME_CHARS
-    ):
+    # Builtins over the whole list for the common case (join refuses anything but strings); the
+    # loop only finds the culprit.
+    try:
+        "".join(names)
+        valid = "" not in names and max(map(len, names), default=1) <= _NODE_NAME_CHARS
+    except TypeError:
+        valid = False
+    if not valid:
         for i, name in enumerate(names):
             if not isinstance(name, str) or not 0 < len(name) <= _NODE_NAME_CHARS:
                 raise BadRequestError(f"{where}[{i}] is not a node name")
@@ -201,8 +207,13 @@ def _count(value: Any, where: str) -> int:
     raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
 
 
+@functools.lru_cache(maxsize=RANKS_KEPT)
 def rank(text: str | None) -> NodeRank | None:
-    """The rank of an availability annotation value; None when absent or damaged."""
+    """The rank of an availability annotation value; None when absent or damaged.
+
+    Remembered by text: many nodes carry the same value (same machine, same free GPUs), and the
+    whole-Nodes form sends every node's annotation again with every call.
+    """
     if text is None:
         return None
     try:
@@ -220,71 +231,141 @@ def node_rank(node: Mapping[str, Any], key: str) -> NodeRank | None:
     return rank(text) if isinstance(text, str) else None
 
 
-def list_lookup(node_list: Mapping[str, Any], key: str) -> Lookup:
-    """A Lookup over the Nodes a request carries (the form without nodeCacheCapable)."""
-    found: dict[str, NodeRank | None] = {}
-    for item in node_list.get("items") or []:
-        found[str(item["metadata"]["name"])] = node_rank(item, key)
-    return found.get
+def _entry(quoted: str, score: int) -> str:
+    return f'{{"Host":{quoted},"Score":{score}}}'
 
 
-def filter_answer(args: ExtenderArgs, lookup: Lookup, resource: str) -> dict[str, Any]:
-    """The ExtenderFilterResult, in the form of the request (NodeNames or Nodes)."""
-    k = args.gpus
+class Verdicts:
+    """Every known node's answer for one request size k, encoded once as JSON fragments.
+
+    A scheduling call at k then costs dictionary lookups and one join per node list, with no
+    Python code per node (at 5,000 nodes, building and encoding per call was most of its time).
+    """
+
+    __slots__ = ("entries", "failed", "k", "resource")
+
+    def __init__(self, k: int, resource: str) -> None:
+        self.k = k
+        self.resource = resource
+        self.entries: dict[str, str] = {}
+        """Node name to its HostPriority, `{"Host":"a","Score":9}`."""
+        self.failed: dict[str, str] = {}
+        """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
+        cannot give k free GPUs (and only those)."""
+
+    def set(self, name: str, quoted: str, r: NodeRank | None) -> None:
+        k = self.k
+        if not k:
+            score = 0  # not ours to judge: no opinion
+        elif r is None:
+            score = NEUTRAL_SCORE
+        else:
+            # `node_score`, read from the rank: scores[k-1], 0 where k GPUs do not fit.
+            score = r.scores[k - 1] if k <= r.free else 0
+        self.entries[name] = _entry(quoted, score)
+        if k and r is not None and r.free < k:
+            # Not "unresolvable": preempting pods on the node would free GPUs.
+            reason = f"topo-reporter: {r.free} free {self.resource}, the pod needs {k}"
+            self.failed[name] = f"{quoted}:{encode_basestring_ascii(reason)}"
+        else:
+            self.failed.pop(name, None)
+
+    def drop(self, name: str) -> None:
+        self.entries.pop(name, None)
+        self.failed.pop(name, None)
+
+    def entry(self, name: str) -> str:
+        """The HostPriority of a node the table does not know: neutral, or 0 for no opinion."""
+        return _entry(encode_basestring_ascii(name), NEUTRAL_SCORE if self.k else 0)
+
+
+class RankTable:
+    """Each node's rank by name, and the Verdicts of the request sizes asked for recently.
+
+    Writers (`set`, `drop`) and `verdicts` take a lock; readers of a Verdicts' dictionaries do
+    not: each of their reads and writes is atomic, so a call that overlaps an update answers
+    each node from before or after it.
+    """
+
+    def __init__(self, resource: str = DEFAULT_RESOURCE) -> None:
+        self.resource = resource
+        self.ranks: dict[str, NodeRank | None] = {}
+        self._quoted: dict[str, str] = {}
+        self._sizes: dict[int, Verdicts] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of_nodes(cls, node_list: Mapping[str, Any], key: str, resource: str) -> RankTable:
+        """The ranks of the Nodes a request carries (the form without nodeCacheCapable)."""
+        table = cls(resource)
+        for item in node_list.get("items") or []:
+            table.set(str(item["metadata"]["name"]), node_rank(item, key))
+        return table
+
+    def set(self, name: str, r: NodeRank | None) -> None:
+        with self._lock:
+            quoted = self._quoted.get(name) or encode_basestring_ascii(name)
+            self._quoted[name] = quoted
+            self.ranks[name] = r
+            for verdicts in self._sizes.values():
+                verdicts.set(name, quoted, r)
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            self.ranks.pop(name, None)
+            self._quoted.pop(name, None)
+            for verdicts in self._sizes.values():
+                verdicts.drop(name)
+
+    def sizes(self) -> list[int]:
+        """The request sizes whose Verdicts are kept, least recently asked first."""
+        with self._lock:
+            return list(self._sizes)
+
+    def verdicts(self, k: int) -> Verdicts:
+        """The Verdicts for pods of k GPUs: kept for the KEPT_SIZES sizes asked last,
+        built (one pass over the nodes) on the first call for a size."""
+        with self._lock:
+            found = self._sizes.pop(k, None)
+            if found is None:
+                found = Verdicts(k, self.resource)
+                for name, r in self.ranks.items():
+                    found.set(name, self._quoted[name], r)
+            self._sizes[k] = found
+            while len(self._sizes) > KEPT_SIZES:
+                del self._sizes[next(iter(self._sizes))]
+            return found
+
+
+def filter_answer(args: ExtenderArgs, verdicts: Verdicts) -> tuple[bytes, int]:
+    """The ExtenderFilterResult as JSON, in the form of the request (NodeNames or Nodes), and
+    how many nodes it filtered out."""
     names = args.node_names
-    kept: list[str] = list(names)
-    failed: dict[str, str] = {}
-    if k:
-        ranks = list(map(lookup, names))
-        # `can_fit`, inlined: this runs once per node per scheduling cycle.
-        kept = [n for n, r in zip(names, ranks, strict=True) if r is None or r.free >= k]
-        if len(kept) < len(names):
-            reasons: dict[int, str] = {}
-            for name, r in zip(names, ranks, strict=True):
-                if r is not None and r.free < k:
-                    # Not "unresolvable": preempting pods on the node would free GPUs.
-                    if r.free not in reasons:
-                        reasons[r.free] = (
-                            f"topo-reporter: {r.free} free {resource}, the pod needs {k}"
-                        )
-                    failed[name] = reasons[r.free]
-    answer: dict[str, Any] = {
-        "Nodes": None,
-        "NodeNames": None,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": {},
-        "Error": "",
-    }
+    # One snapshot of the verdicts: a node updated during the call is read once.
+    failed = list(map(verdicts.failed.get, names)) if args.gpus else []
+    dropped = len(failed) - failed.count(None)
+    kept = list(compress(names, map(not_, failed))) if dropped else list(names)
     if args.node_list is None:
-        answer["NodeNames"] = kept
+        nodes, node_names = "null", json.dumps(kept, separators=(",", ":"))
     else:
         keep = set(kept)
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
-        answer["Nodes"] = {**args.node_list, "items": items}
-    return answer
+        nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
+        node_names = "null"
+    members = ",".join(filter(None, failed))
+    return (
+        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{members}}},'
+        '"FailedAndUnresolvableNodes":{},"Error":""}'
+    ).encode(), dropped
 
 
-def prioritize_scores(args: ExtenderArgs, lookup: Lookup) -> list[int]:
-    """0..10 per node, in request order: node_score of its rank, NEUTRAL_SCORE when unreadable,
-    and 0 everywhere for a pod that requests no managed GPU (no opinion)."""
-    k = args.gpus
-    if not k:
-        return [0] * len(args.node_names)
-    # `node_score`, read from the rank: scores[k-1], 0 where k GPUs do not fit.
-    return [
-        NEUTRAL_SCORE if r is None else r.scores[k - 1] if k <= r.free else 0
-        for r in map(lookup, args.node_names)
-    ]
-
-
-def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
-    """The HostPriorityList as JSON, `[{"Host": name, "Score": n}, ...]`.
-
-    Written directly rather than through json.dumps of one dict per node: at 5,000 nodes that is
-    the largest cost of a call.
-    """
-    entries = [
-        f'{{"Host":{encode_basestring_ascii(name)},"Score":{score}}}'
-        for name, score in zip(names, scores, strict=True)
-    ]
-    return ("[" + ",".join(entries) + "]").encode()
+def prioritize_answer(args: ExtenderArgs, verdicts: Verdicts) -> bytes:
+    """The HostPriorityList as JSON, `[{"Host": name, "Score": 0..10}, ...]` in request order:
+    node_score of each node's rank, NEUTRAL_SCORE when unreadable or unknown, and 0 everywhere
+    for a pod that requests no managed GPU (no opinion)."""
+    names = args.node_names
+    entries = list(map(verdicts.entries.get, names))
+    if None in entries:
+        # Nodes the table does not know (not seen yet, or not in the request's Nodes).
+        entries = [e or verdicts.entry(n) for e, n in zip(entries, names, strict=True)]
+    return ("[" + ",".join(cast(list[str], entries)) + "]").encode()

@@ -9,7 +9,6 @@ extender error (ignored with `ignorable: true`). It reads the NodeCache and neve
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -146,17 +145,17 @@ class ExtenderServer:
     def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
         args = protocol.parse_args(body, self._resource)
-        lookup = (
-            self._cache.lookup()
+        table = (
+            self._cache.table()
             if args.node_list is None
-            else protocol.list_lookup(args.node_list, self._cache.annotation)
+            else protocol.RankTable.of_nodes(args.node_list, self._cache.annotation, self._resource)
         )
+        verdicts = table.verdicts(args.gpus)
         if verb == "filter":
-            result = protocol.filter_answer(args, lookup, self._resource)
-            self._metrics.filtered.inc(len(result["FailedNodes"]))
-            return json.dumps(result, separators=(",", ":")).encode()
-        scores = protocol.prioritize_scores(args, lookup)
-        return protocol.encode_priorities(args.node_names, scores)
+            answer, filtered = protocol.filter_answer(args, verdicts)
+            self._metrics.filtered.inc(filtered)
+            return answer
+        return protocol.prioritize_answer(args, verdicts)
 
     def _get(self, request: BaseHTTPRequestHandler) -> None:
         path = request.path.split("?", 1)[0]

@@ -1,0 +1,512 @@
+"""Issue 13 item 6, end to end: the real kube-scheduler, configured with the
+KubeSchedulerConfiguration stanza of docs/scheduling.md, calls `topo-reporter extender` (its own
+process, watching the real kube-apiserver) and binds GPU pods.
+
+The Nodes are built from the simulated profiles: Ready, `nvidia.com/gpu` in capacity and
+allocatable, the topology published by the real agent (`topo-reporter run --once --simulate`), and
+the availability annotation for a chosen set of used GPUs: simulated, or what the agent's
+PodResourcesReader reads from the kubelet's own PodResources server (the harness). No kubelet
+runs, so a bound pod never starts; the scheduler still counts its GPUs, and the tests plan
+allocatable for that. Everything waits on polling deadlines, never on timing; every process is
+stopped at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from reporter import decode_node
+from reporter.availability import (
+    availability_labels,
+    compute_availability,
+    decode_availability,
+    encode_availability,
+    node_score,
+)
+from reporter.collect import build_scanner
+from reporter.collect.podresources import AllocationView, PodResourcesReader
+from reporter.schema.model import Topology
+from tests.controlplane_fixtures import (
+    NODE_CAPACITY,
+    RealApiServer,
+    start_harness,
+    stop_process,
+    unique,
+)
+from tests.podresources_double import devices_state, pod_state
+from tests.test_agent_cli import CLI, env
+from tests.test_collect_podresources_kubelet import KubeletPodResources, converge
+
+pytestmark = pytest.mark.controlplane
+
+PREFIX = "gpu.topology.io"
+GPU = "nvidia.com/gpu"
+GPUS_PER_NODE = 8
+WAIT_S = 60.0
+"""Generous: the scheduler, the extender and the agents share two loaded cores in CI."""
+PROBE_GPUS = 257
+"""More GPUs than any node has: the extender's filter answer to it names every node's free count."""
+GROUP_LABEL = "e2e.topo-reporter.io/group"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "scheduling.md"
+
+
+def docs_scheduler_configuration() -> dict[str, Any]:
+    """The KubeSchedulerConfiguration the docs tell users to write (the one yaml block with it)."""
+    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    docs = [yaml.safe_load(block) for block in blocks]
+    (config,) = [
+        d for d in docs if isinstance(d, dict) and d.get("kind") == "KubeSchedulerConfiguration"
+    ]
+    assert isinstance(config, dict)
+    return config
+
+
+def scheduler_configuration(url: str, scheduler_name: str) -> dict[str, Any]:
+    """The docs' stanza, pointed at this test's extender, under a profile name of its own."""
+    config = docs_scheduler_configuration()
+    (extender,) = config["extenders"]
+    assert extender["filterVerb"] == "filter"
+    assert extender["prioritizeVerb"] == "prioritize"
+    assert extender["nodeCacheCapable"] is True
+    assert extender["ignorable"] is True
+    assert [r["name"] for r in extender["managedResources"]] == [GPU]
+    extender["urlPrefix"] = url
+    # Two busy shared cores: what is under test is the answer, not how fast it comes.
+    extender["httpTimeout"] = "30s"
+    (profile,) = config["profiles"]
+    profile["schedulerName"] = scheduler_name
+    # One scheduler per test: nothing to elect (the harness turns it off too).
+    config["leaderElection"] = {"leaderElect": False}
+    return config
+
+
+def gpu_pod(
+    name: str, gpus: int, *, scheduler: str, group: str, node: str | None = None
+) -> k8s.V1Pod:
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=name),
+        spec=k8s.V1PodSpec(
+            scheduler_name=scheduler,
+            node_name=node,
+            node_selector={GROUP_LABEL: group},
+            automount_service_account_token=False,
+            containers=[
+                k8s.V1Container(
+                    name="train",
+                    image="registry.k8s.io/pause:3.10",
+                    resources=k8s.V1ResourceRequirements(limits={GPU: str(gpus)}),
+                )
+            ],
+        ),
+    )
+
+
+def probe_args(names: Iterable[str]) -> bytes:
+    pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {GPU: PROBE_GPUS}}}]}}
+    return json.dumps({"Pod": pod, "NodeNames": list(names)}).encode()
+
+
+class Cluster:
+    """A group of GPU Nodes, the extender and the scheduler, on the real apiserver; `close`
+    stops the processes and deletes what it made."""
+
+    def __init__(self, server: RealApiServer, work: Path) -> None:
+        self.server = server
+        self.core = server.core()
+        self.work = work
+        self.group = unique("g")
+        self.scheduler_name = f"gpu-scheduler-{self.group}"
+        self.namespace = unique("e2e")
+        self.nodes: dict[str, str] = {}
+        """Short name (as the test says it) to Node name (unique in the run)."""
+        self.availability: dict[str, str] = {}
+        """Node name to the availability annotation last published."""
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self.extender: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=self.namespace)))
+        # What the serviceaccount controller would add at once: pods name it by default.
+        self.core.create_namespaced_service_account(
+            self.namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
+        )
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_node(
+        self, short: str, profile: str, used: Iterable[int], *, occupied: bool = False
+    ) -> str:
+        """A Ready GPU Node of `profile` with `used` GPUs taken, as the agent publishes it.
+
+        `occupied`: a pod (bound directly, as if the scheduler had placed it) holds the used GPUs,
+        so the scheduler's own count agrees with the agent's; otherwise only the agent knows.
+        """
+        name = f"{short}-{unique('n').split('-', 1)[1]}"
+        self.core.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {"kubernetes.io/hostname": name, GROUP_LABEL: self.group},
+                },
+            }
+        )
+        self.nodes[short] = name
+        resources = {**NODE_CAPACITY, GPU: str(GPUS_PER_NODE)}
+        self.core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                }
+            },
+        )
+        # What the node lifecycle controller does for a Ready node: the not-ready taint goes.
+        self.core.patch_node(name, {"spec": {"taints": None}})
+        taken = sorted(set(used))
+        run_agent(self.server, name, profile)
+        self.publish_availability(name, taken)
+        if occupied and taken:
+            self.core.create_namespaced_pod(
+                self.namespace,
+                gpu_pod(
+                    f"holds-{short}",
+                    len(taken),
+                    scheduler=self.scheduler_name,
+                    group=self.group,
+                    node=name,
+                ),
+            )
+        return name
+
+    def publish_availability(self, node: str, used: Iterable[int]) -> None:
+        """The availability annotation and labels of `node` with `used` GPUs taken, as the agent
+        writes them (`reporter.availability` on the topology the agent published)."""
+        taken = set(used)
+        topology = decode_node(self.core.read_node(node), PREFIX)
+        a = compute_availability(topology, [g.index for g in topology.gpus if g.index not in taken])
+        text = encode_availability(a)
+        self.core.patch_node(
+            node,
+            {
+                "metadata": {
+                    "labels": availability_labels(a, PREFIX),
+                    "annotations": {f"{PREFIX}/availability": text},
+                }
+            },
+        )
+        self.availability[node] = text
+
+    def start(self) -> None:
+        """The extender, then (once it sees every node as published) the scheduler: both list
+        the Nodes as they are now, so neither starts with a partial view."""
+        log = self.work / "extender.log"
+        self.extender = start_harness(
+            Path(sys.executable),
+            [
+                "-m",
+                "reporter.cli",
+                "extender",
+                "--listen",
+                "127.0.0.1:0",
+                "--kubeconfig",
+                str(self.server.kubeconfig),
+                "--log-format",
+                "json",
+            ],
+            log,
+        )
+        self._processes.append(self.extender)
+        self.url = f"http://{self._serving_address(log)}"
+        self.wait_for_the_extender()
+        config = self.work / "scheduler.yaml"
+        config.write_text(yaml.safe_dump(scheduler_configuration(self.url, self.scheduler_name)))
+        self._processes.append(
+            start_harness(
+                self.server.binary,
+                ["scheduler", "--config", str(config), "--kubeconfig", str(self.server.kubeconfig)],
+                self.work / "scheduler.log",
+            )
+        )
+
+    def _serving_address(self, log: Path) -> str:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            for line in log.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if isinstance(event, dict) and event.get("event") == "serving":
+                        return str(event["address"])
+            self._alive()
+            assert time.monotonic() < deadline, f"the extender never served: {self.logs()}"
+            time.sleep(0.1)
+
+    def wait_for_the_extender(self) -> None:
+        """Until the extender's view of every node is the availability last published.
+
+        Its filter answer to a pod of more GPUs than any node has names each node's free count
+        (a node it has not read yet is never filtered)."""
+        want = {
+            node: f"topo-reporter: {len(decode_availability(text).free)} free {GPU}, "
+            f"the pod needs {PROBE_GPUS}"
+            for node, text in self.availability.items()
+        }
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        deadline = time.monotonic() + WAIT_S
+        seen: Any = None
+        while True:
+            self._alive()
+            connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+            try:
+                connection.request("POST", "/filter", probe_args(want))
+                response = connection.getresponse()
+                seen = json.loads(response.read()) if response.status == 200 else None
+            except OSError:
+                seen = None  # not listening yet
+            finally:
+                connection.close()
+            if seen is not None and seen["FailedNodes"] == want:
+                return
+            assert time.monotonic() < deadline, f"the extender sees {seen}, not {want}"
+            time.sleep(0.1)
+
+    def create_pod(self, name: str, gpus: int) -> str:
+        self.core.create_namespaced_pod(
+            self.namespace, gpu_pod(name, gpus, scheduler=self.scheduler_name, group=self.group)
+        )
+        return name
+
+    def wait_bound(self, pod: str) -> str:
+        """The node the scheduler binds `pod` to."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = self.core.read_namespaced_pod(pod, self.namespace)
+            if found.spec.node_name:
+                return str(found.spec.node_name)
+            self._alive()
+            assert time.monotonic() < deadline, (
+                f"{pod} not bound: {found.status.conditions}\n{self.logs()}"
+            )
+            time.sleep(0.1)
+
+    def schedule(self, pod: str, gpus: int) -> str:
+        return self.wait_bound(self.create_pod(pod, gpus))
+
+    def wait_unschedulable(self, pod: str) -> str:
+        """The scheduler's message once it has found no node for `pod`."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = self.core.read_namespaced_pod(pod, self.namespace)
+            assert not found.spec.node_name, f"{pod} was bound to {found.spec.node_name}"
+            for condition in found.status.conditions or ():
+                if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                    return str(condition.message)
+            self._alive()
+            assert time.monotonic() < deadline, f"{pod} never judged: {self.logs()}"
+            time.sleep(0.1)
+
+    def extender_calls(self, verb: str) -> float:
+        """The calls of `verb` the extender answered, from its /metrics."""
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        try:
+            connection.request("GET", "/metrics")
+            text = connection.getresponse().read().decode()
+        finally:
+            connection.close()
+        line = f'topo_reporter_extender_requests_total{{result="ok",verb="{verb}"}} '
+        return sum(float(x.removeprefix(line)) for x in text.splitlines() if x.startswith(line))
+
+    def kill_extender(self) -> None:
+        assert self.extender is not None
+        self.extender.kill()
+        self.extender.wait(timeout=WAIT_S)
+
+    def _alive(self) -> None:
+        for proc in self._processes:
+            if proc is not self.extender or proc.returncode is None:
+                assert proc.poll() is None, f"{proc.args[1]} exited: {self.logs()}"
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+            for log in sorted(self.work.glob("*.log"))
+        )
+
+    def close(self) -> None:
+        for proc in reversed(self._processes):
+            stop_process(proc)
+        with contextlib.suppress(k8s.ApiException):
+            for pod in self.core.list_namespaced_pod(self.namespace).items:
+                # No kubelet confirms a graceful delete: a bound pod goes only when forced.
+                self.core.delete_namespaced_pod(
+                    pod.metadata.name, self.namespace, grace_period_seconds=0
+                )
+        for node in self.nodes.values():
+            with contextlib.suppress(k8s.ApiException):
+                self.core.delete_node(node)
+        with contextlib.suppress(k8s.ApiException):
+            self.core.delete_namespace(self.namespace)
+            # No namespace controller runs to finish the delete: finalize as it would.
+            self.core.replace_namespace_finalize(
+                self.namespace,
+                k8s.V1Namespace(
+                    metadata=k8s.V1ObjectMeta(name=self.namespace), spec=k8s.V1NamespaceSpec()
+                ),
+            )
+
+
+def simulated(profile: str) -> Topology:
+    """The machine `topo-reporter run --simulate PROFILE` scans."""
+    topology = build_scanner("auto", Path("/nonexistent"), profile).scan().topology
+    assert topology is not None
+    return topology
+
+
+def held(reader: PodResourcesReader, topology: Topology, want: Iterable[int]) -> frozenset[int]:
+    """The GPUs the kubelet says are held, once it says `want` (it rereads its state file on its
+    own time)."""
+    wanted = frozenset(want)
+    view: AllocationView = converge(
+        lambda: reader.allocated(topology), lambda v: v.allocated == wanted
+    )
+    return view.allocated
+
+
+def run_agent(server: RealApiServer, node: str, profile: str) -> None:
+    """The real agent, once: it publishes the node's topology labels and annotations."""
+    result = subprocess.run(
+        [*CLI, "run", "--once", "--simulate", profile, "--node", node, "--listen", ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(KUBECONFIG=str(server.kubeconfig), TOPO_REPORTER_LOG_FORMAT="json"),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+PLACEMENT: Mapping[str, tuple[str, tuple[int, ...]]] = {
+    # short name: (profile, used GPUs)
+    "pcie-free": ("pcie-8x", ()),  # 8 free, no NVLink between any two
+    "h100-free": ("dgx-h100", ()),  # 8 free on NVSwitch
+    "h100-half": ("dgx-h100", (0, 1, 2, 3)),  # 4 free: one NUMA node, an island of exactly 4
+    "a100-pair": ("dgx-a100", (2, 3, 4, 5, 6, 7)),  # 2 free: one NVLink pair, one NUMA node
+}
+
+
+@pytest.fixture(scope="module")
+def placement(
+    real_apiserver: RealApiServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Four nodes whose used GPUs are held by pods, so the scheduler's count agrees: count-only
+    scoring (LeastAllocated) prefers the emptiest nodes, the extender the best free set."""
+    with Cluster(real_apiserver, tmp_path_factory.mktemp("placement")) as cluster:
+        for short, (profile, used) in PLACEMENT.items():
+            cluster.add_node(short, profile, used, occupied=True)
+        cluster.start()
+        yield cluster
+
+
+@pytest.mark.parametrize(
+    ("gpus", "best"),
+    [(2, "a100-pair"), (4, "h100-half"), (8, "h100-free")],
+    ids=[
+        "2 GPUs: the NVLink pair that is exactly big enough",
+        "4 GPUs: the 4-GPU island on one NUMA node, not a cut of a whole free NVSwitch node",
+        "8 GPUs: the free NVSwitch node, not the free PCIe node",
+    ],
+)
+def test_a_pod_lands_on_the_node_with_the_best_free_connected_set(
+    placement: Cluster, gpus: int, best: str
+) -> None:
+    scores = {
+        short: node_score(decode_availability(placement.availability[node]), gpus)
+        for short, node in placement.nodes.items()
+    }
+    # The design: one node ranks first, and it is not the node with the most free GPUs.
+    assert sorted(scores.values())[-2] < scores[best], scores
+    assert best != "pcie-free"
+
+    calls = placement.extender_calls("prioritize")
+    assert placement.schedule(f"train-{gpus}", gpus) == placement.nodes[best]
+    assert placement.extender_calls("prioritize") > calls  # the scheduler asked it
+
+
+def test_with_the_extender_down_pods_are_still_scheduled(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        # The agent says 2 free; the scheduler, which sees no pod there, counts 8: only the
+        # extender stands between a 4-GPU pod and this node.
+        node = cluster.add_node("h100", "dgx-h100", range(6))
+        cluster.start()
+        cluster.create_pod("while-up", 4)
+        assert f"topo-reporter: 2 free {GPU}, the pod needs 4" in cluster.wait_unschedulable(
+            "while-up"
+        )
+
+        cluster.kill_extender()
+        assert cluster.schedule("while-down", 4) == node
+
+
+def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(
+    real_apiserver: RealApiServer, controlplane_bin: Path, tmp_path: Path
+) -> None:
+    # Node A's allocations come from the kubelet's own PodResources server (the harness), read
+    # by the agent's PodResourcesReader; node B's are simulated.
+    topology = simulated("dgx-h100")
+    ids = [str(g.uuid) for g in topology.gpus]
+    socket_dir = Path(tempfile.mkdtemp(prefix="e2e-k-", dir="/tmp"))  # a unix socket path is short
+    kubelet = KubeletPodResources(
+        controlplane_bin, socket_dir / "kubelet.sock", socket_dir / "state.json"
+    )
+    holder = pod_state("holder", GPU, ids[:4])
+    kubelet.write({"devices": devices_state(GPU, ids), "pods": [holder]})
+    kubelet.start()
+    try:
+        with (
+            Cluster(real_apiserver, tmp_path) as cluster,
+            PodResourcesReader(kubelet.socket) as reader,
+        ):
+            # Both have 4 free; the scheduler counts 8 free on each (no pod holds the others).
+            a = cluster.add_node("h100-a", "dgx-h100", held(reader, topology, range(4)))  # 4-7 free
+            b = cluster.add_node("h100-b", "dgx-h100", (0, 1, 6, 7))  # free 2-5: two NUMA nodes
+            cluster.start()
+            assert cluster.schedule("first", 4) == a
+
+            # The kubelet starts `first` on GPUs 4-7. The scheduler still counts 4 free on A,
+            # and A's old best set would still win; the agent's next read says none is free.
+            kubelet.write(
+                {
+                    "devices": devices_state(GPU, ids),
+                    "pods": [holder, pod_state("first", GPU, ids[4:], cluster.namespace)],
+                }
+            )
+            cluster.publish_availability(a, held(reader, topology, range(8)))
+            cluster.wait_for_the_extender()
+            assert cluster.schedule("second", 4) == b
+    finally:
+        kubelet.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
