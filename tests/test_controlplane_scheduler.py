@@ -3,9 +3,9 @@ KubeSchedulerConfiguration stanza of docs/scheduling.md, calls `topo-reporter ex
 process, watching the real kube-apiserver) and binds GPU pods.
 
 The Nodes are built from the simulated profiles: Ready, `nvidia.com/gpu` in capacity and
-allocatable, the topology published by the real agent (`topo-reporter run --once --simulate`), and
-the availability annotation for a chosen set of used GPUs: simulated, or what the agent's
-PodResourcesReader reads from the kubelet's own PodResources server (the harness). No kubelet
+allocatable, and the topology and availability published by the real agent (`topo-reporter run
+--once --simulate PROFILE --availability`), for a chosen set of used GPUs: `--simulate-used`, or
+what the agent reads from the kubelet's own PodResources server (the harness). No kubelet
 runs, so a bound pod never starts; the scheduler still counts its GPUs, and the tests plan
 allocatable for that. Everything waits on polling deadlines, never on timing; every process is
 stopped at the end.
@@ -30,12 +30,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from reporter import decode_node
 from reporter.availability import (
-    availability_labels,
-    compute_availability,
     decode_availability,
-    encode_availability,
     node_score,
 )
 from reporter.collect import build_scanner
@@ -66,11 +62,16 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "scheduling.md"
 
 
 def docs_scheduler_configuration() -> dict[str, Any]:
-    """The KubeSchedulerConfiguration the docs tell users to write (the one yaml block with it)."""
+    """The KubeSchedulerConfiguration with our extender that the docs tell users to write (the one
+    yaml block with both; another configures scheduler-plugins for NodeResourceTopology)."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
     docs = [yaml.safe_load(block) for block in blocks]
     (config,) = [
-        d for d in docs if isinstance(d, dict) and d.get("kind") == "KubeSchedulerConfiguration"
+        d
+        for d in docs
+        if isinstance(d, dict)
+        and d.get("kind") == "KubeSchedulerConfiguration"
+        and d.get("extenders")
     ]
     assert isinstance(config, dict)
     return config
@@ -152,12 +153,20 @@ class Cluster:
         self.close()
 
     def add_node(
-        self, short: str, profile: str, used: Iterable[int], *, occupied: bool = False
+        self,
+        short: str,
+        profile: str,
+        used: Iterable[int],
+        *,
+        occupied: bool = False,
+        pod_resources: Path | None = None,
     ) -> str:
         """A Ready GPU Node of `profile` with `used` GPUs taken, as the agent publishes it.
 
         `occupied`: a pod (bound directly, as if the scheduler had placed it) holds the used GPUs,
         so the scheduler's own count agrees with the agent's; otherwise only the agent knows.
+        `pod_resources`: the agent reads the used GPUs from this PodResources socket (the caller
+        has seen it say `used`), not from `--simulate-used`.
         """
         name = f"{short}-{unique('n').split('-', 1)[1]}"
         self.core.create_node(
@@ -185,8 +194,7 @@ class Cluster:
         # What the node lifecycle controller does for a Ready node: the not-ready taint goes.
         self.core.patch_node(name, {"spec": {"taints": None}})
         taken = sorted(set(used))
-        run_agent(self.server, name, profile)
-        self.publish_availability(name, taken)
+        self.publish_availability(name, profile, taken, pod_resources)
         if occupied and taken:
             self.core.create_namespaced_pod(
                 self.namespace,
@@ -200,22 +208,22 @@ class Cluster:
             )
         return name
 
-    def publish_availability(self, node: str, used: Iterable[int]) -> None:
-        """The availability annotation and labels of `node` with `used` GPUs taken, as the agent
-        writes them (`reporter.availability` on the topology the agent published)."""
-        taken = set(used)
-        topology = decode_node(self.core.read_node(node), PREFIX)
-        a = compute_availability(topology, [g.index for g in topology.gpus if g.index not in taken])
-        text = encode_availability(a)
-        self.core.patch_node(
-            node,
-            {
-                "metadata": {
-                    "labels": availability_labels(a, PREFIX),
-                    "annotations": {f"{PREFIX}/availability": text},
-                }
-            },
+    def publish_availability(
+        self, node: str, profile: str, used: Iterable[int], pod_resources: Path | None = None
+    ) -> None:
+        """The agent, once, with availability on: the node's topology, and its free GPUs with
+        `used` taken (from `--simulate-used`, or from the PodResources socket, which says so)."""
+        taken = sorted(set(used))
+        source = (
+            ["--simulate-used", ",".join(map(str, taken))]
+            if pod_resources is None
+            else ["--pod-resources-socket", str(pod_resources)]
         )
+        run_agent(self.server, node, profile, "--availability", *source)
+        meta = self.core.read_node(node).metadata
+        text = (meta.annotations or {})[f"{PREFIX}/availability"]
+        free = [g.index for g in simulated(profile).gpus if g.index not in taken]
+        assert decode_availability(text).free == tuple(free), text
         self.availability[node] = text
 
     def start(self) -> None:
@@ -394,10 +402,10 @@ def held(reader: PodResourcesReader, topology: Topology, want: Iterable[int]) ->
     return view.allocated
 
 
-def run_agent(server: RealApiServer, node: str, profile: str) -> None:
+def run_agent(server: RealApiServer, node: str, profile: str, *args: str) -> None:
     """The real agent, once: it publishes the node's topology labels and annotations."""
     result = subprocess.run(
-        [*CLI, "run", "--once", "--simulate", profile, "--node", node, "--listen", ""],
+        [*CLI, "run", "--once", "--simulate", profile, "--node", node, "--listen", "", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -491,7 +499,12 @@ def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(
             PodResourcesReader(kubelet.socket) as reader,
         ):
             # Both have 4 free; the scheduler counts 8 free on each (no pod holds the others).
-            a = cluster.add_node("h100-a", "dgx-h100", held(reader, topology, range(4)))  # 4-7 free
+            a = cluster.add_node(
+                "h100-a",
+                "dgx-h100",
+                held(reader, topology, range(4)),  # 4-7 free
+                pod_resources=kubelet.socket,
+            )
             b = cluster.add_node("h100-b", "dgx-h100", (0, 1, 6, 7))  # free 2-5: two NUMA nodes
             cluster.start()
             assert cluster.schedule("first", 4) == a
@@ -504,7 +517,9 @@ def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(
                     "pods": [holder, pod_state("first", GPU, ids[4:], cluster.namespace)],
                 }
             )
-            cluster.publish_availability(a, held(reader, topology, range(8)))
+            cluster.publish_availability(
+                a, "dgx-h100", held(reader, topology, range(8)), kubelet.socket
+            )
             cluster.wait_for_the_extender()
             assert cluster.schedule("second", 4) == b
     finally:
