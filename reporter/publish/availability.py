@@ -28,7 +28,13 @@ from reporter.availability import (
 from reporter.errors import PublishError
 from reporter.publish import errors_map
 from reporter.publish.api import NODES, ApiClient
-from reporter.publish.patch import Desired, NodeMetadata, node_metadata
+from reporter.publish.patch import (
+    Desired,
+    NodeMetadata,
+    metadata_patch,
+    node_metadata,
+    section_changes,
+)
 from reporter.schema import keys
 
 
@@ -59,22 +65,10 @@ def carried(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: s
 
 def patch_body(current: Desired, want: Desired) -> dict[str, Any] | None:
     """The JSON merge patch from `current` to `want` (both of our keys only); None when equal."""
-
-    def section(have: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
-        changes: dict[str, str | None] = {k: v for k, v in wanted.items() if have.get(k) != v}
-        changes.update({k: None for k in sorted(have) if k not in wanted})
-        return changes
-
-    labels = section(current.labels, want.labels)
-    annotations = section(current.annotations, want.annotations)
-    if not labels and not annotations:
-        return None
-    metadata: dict[str, Any] = {}
-    if labels:
-        metadata["labels"] = labels
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"metadata": metadata}
+    return metadata_patch(
+        section_changes(current.labels, want.labels, current.labels),
+        section_changes(current.annotations, want.annotations, current.annotations),
+    )
 
 
 class AvailabilitySink:

@@ -11,7 +11,7 @@ it was read, and the caller re-reads and recomputes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,12 +99,32 @@ def ours(current: NodeMetadata, prefix: str) -> Desired:
     )
 
 
-def _section(
-    current: Mapping[str, str], wanted: Mapping[str, str], deletable: frozenset[str]
+def section_changes(
+    current: Mapping[str, str], wanted: Mapping[str, str], deletable: Iterable[str]
 ) -> dict[str, str | None]:
+    """The merge patch of one map (labels or annotations): what `wanted` sets or changes, and
+    None for each key of `deletable` that `current` has and `wanted` has not."""
     changes: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
     changes.update({k: None for k in sorted(deletable) if k in current and k not in wanted})
     return changes
+
+
+def metadata_patch(
+    labels: Mapping[str, str | None],
+    annotations: Mapping[str, str | None],
+    resource_version: str | None = None,
+) -> dict[str, Any] | None:
+    """The JSON merge patch of a Node's metadata with these changes; None when there are none."""
+    if not labels and not annotations:
+        return None
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    return {"metadata": metadata}
 
 
 def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str, Any] | None:
@@ -113,18 +133,11 @@ def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str
         if not under_prefix(k, prefix):
             raise ValueError(f"desired key {excerpt(k)} is outside the prefix {excerpt(prefix)}")
     deletable = owned(current.annotations, prefix)
-    labels = _section(current.labels, want.labels, deletable)
-    annotations = _section(current.annotations, want.annotations, deletable)
-    if not labels and not annotations:
-        return None
-    metadata: dict[str, Any] = {}
-    if labels:
-        metadata["labels"] = labels
-    if annotations:
-        metadata["annotations"] = annotations
-    if current.resource_version is not None:
-        metadata["resourceVersion"] = current.resource_version
-    return {"metadata": metadata}
+    return metadata_patch(
+        section_changes(current.labels, want.labels, deletable),
+        section_changes(current.annotations, want.annotations, deletable),
+        current.resource_version,
+    )
 
 
 def apply(current: NodeMetadata, patch: Mapping[str, Any]) -> NodeMetadata:
