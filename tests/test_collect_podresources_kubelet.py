@@ -30,6 +30,9 @@ from reporter.schema.nrt import PodRef
 from tests.podresources_double import devices_state, pod_state
 from tests.test_collect_podresources import GPU, MIG_1G, a100_topology, uuids
 
+# The kubelet's server code comes from the control-plane harness (Go).
+pytestmark = pytest.mark.controlplane
+
 # Bounds on waiting for the harness: generous for a loaded two-core machine, never a timing claim.
 READY_S = 60.0
 CONVERGE_S = 20.0
