@@ -221,6 +221,8 @@ def test_a_connection_reset_is_retried_and_the_node_is_published(
             assert rest == [], client
         else:
             assert [e.status for e in rest] == [200], client
+        # Either way the Node was written once, and operators are told so once.
+        assert node_events(real_apiserver, run.node) == ["GPUTopologyChanged"], client
 
 
 def test_a_write_slower_than_the_read_timeout_is_abandoned_and_retried(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import structlog
 import urllib3
 import yaml
 
@@ -18,8 +20,9 @@ from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, P
 from reporter.publish.api import EVENTS, NODES, ApiClient
 from reporter.publish.client import EventType, event_body
 from reporter.publish.kube import load_configuration
-from reporter.publish.patch import node_metadata
-from tests.agent_support import ApiClientFactory
+from reporter.publish.patch import desired, node_metadata
+from reporter.publish.sink import NodePatchSink
+from tests.agent_support import FAST, ApiClientFactory
 from tests.kube_double import AGENT_PERMISSIONS, ApiServerDouble, Fault, write_kubeconfig
 from tests.kube_double.tls import Certificate
 
@@ -342,3 +345,43 @@ def test_the_inline_token_stands_in_until_the_token_file_can_be_read(
     apiserver.tokens["file-token"] = AGENT_PERMISSIONS
     del apiserver.tokens["inline-token"]
     assert get_node(kube)["metadata"]["name"] == NODE
+
+
+class AnswerLost:
+    """A double around a real ApiClient: its first merge patch reaches the server and the answer
+    is lost, as a connection reset after forwarding loses it (tests/fault_proxy.py shows the real
+    server and clients doing so)."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def merge_patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        answer = self._api.merge_patch(*args, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            raise ApiTransientError("patch node gpu-node-1: the connection was cut")
+        return answer
+
+
+def test_a_patch_whose_answer_was_lost_is_a_write_once_the_node_shows_it(
+    apiserver: ApiServerDouble, kubeconfig: Path, node_client: ApiClientFactory
+) -> None:
+    api = AnswerLost(client(node_client, kubeconfig))
+    sink = NodePatchSink(
+        cast(ApiClient, api),
+        node=NODE,
+        prefix="gpu.topology.io",
+        stop=threading.Event(),
+        backoff=FAST,
+        log=structlog.get_logger(),
+    )
+    want = desired({"gpu.topology.io/count": "8"}, {}, "gpu.topology.io")
+    # True: the agent posts its "published" Event, though the second read found nothing to send.
+    assert sink.publish(want) is True
+    assert api.lost == 1
+    assert [r.method for r in apiserver.writes(f"/api/v1/nodes/{NODE}")] == ["PATCH"]
+    assert sink.publish(want) is False

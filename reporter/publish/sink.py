@@ -87,17 +87,23 @@ class NodePatchSink:
         return node_patch.ours(self._retry(self._current, what="read node"), self._prefix)
 
     def publish(self, want: Desired) -> bool:
+        sent = False
+
         def attempt() -> bool:
+            nonlocal sent
             current = self._current()
             body = node_patch.minimal_patch(current, want, self._prefix)
             if body is None:
-                return False
+                # After a patch whose answer was lost, the Node carrying `want` is that patch
+                # landed: a write, which the caller tells operators about.
+                return sent
             node_patch.check_annotation_budget(current, body, self._prefix)
             try:
                 self._known = node_metadata(self._api.merge_patch(NODES, self._node, body))
             except ApiTransientError:
                 # A conflict, or a write that may or may not have landed: read before retrying.
                 self._known = None
+                sent = True
                 raise
             self._log.info(
                 "node_patched",
