@@ -26,7 +26,6 @@ from reporter.availability import (
     encode_availability,
 )
 from reporter.errors import PublishError
-from reporter.publish import errors_map
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.patch import (
     Desired,
@@ -35,6 +34,7 @@ from reporter.publish.patch import (
     node_metadata,
     section_changes,
 )
+from reporter.publish.sink import read_node
 from reporter.schema import keys
 
 
@@ -108,10 +108,7 @@ class AvailabilitySink:
         """
         try:
             if self._known is None:
-                found = self._api.get(NODES, self._node)
-                if found is None:
-                    raise errors_map.node_not_found(self._node)
-                node = node_metadata(found)
+                node = read_node(self._api, self._node)
                 self._known = carried(node.labels, node.annotations, self._prefix)
             want = desired(availability, self._prefix)
             body = patch_body(self._known, want)

@@ -46,6 +46,14 @@ class Sink(Protocol):
         ...
 
 
+def read_node(api: ApiClient, node: str) -> NodeMetadata:
+    """The Node's metadata. Raises PublishError; a missing Node is a permanent one."""
+    found = api.get(NODES, node)
+    if found is None:
+        raise errors_map.node_not_found(node)
+    return node_metadata(found)
+
+
 class NodePatchSink:
     """Patches the agent's own Node: one GET when unknown, one PATCH per change, 409 re-reads."""
 
@@ -72,10 +80,7 @@ class NodePatchSink:
         self._known: NodeMetadata | None = None
 
     def _read(self) -> NodeMetadata:
-        node = self._api.get(NODES, self._node)
-        if node is None:
-            raise errors_map.node_not_found(self._node)
-        return node_metadata(node)
+        return read_node(self._api, self._node)
 
     def _current(self) -> NodeMetadata:
         if self._known is None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import urllib3
 
-from reporter.errors import ApiPermanentError, ApiTransientError
+from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
 from reporter.publish import errors_map
 from reporter.publish.api import Resource, WatchExpired
 
@@ -99,18 +99,7 @@ class WireClient:
                 and errors_map.names_object(data, resource, name)
             ):
                 raise _Missing
-
-            raise errors_map.api_error(
-                response.status,
-                response.reason or "",
-                data,
-                response.headers,
-                verb=verb,
-                resource=resource,
-                name=name,
-                namespace=namespace,
-                what=what,
-            )
+            raise _refusal(response, data, verb, resource, name, namespace, what)
         answer = errors_map.answer_json(data, what)
         if not isinstance(answer, dict):
             raise ApiPermanentError(f"{what}: the API server's answer is not an object")
@@ -214,17 +203,7 @@ class WireClient:
         )
         if response.status >= 400:
             data = self._read(response, _ERROR_BODY_BYTES, what)
-            raise errors_map.api_error(
-                response.status,
-                response.reason or "",
-                data,
-                response.headers,
-                verb="watch",
-                resource=resource,
-                name=None,
-                namespace=None,
-                what=what,
-            )
+            raise _refusal(response, data, "watch", resource, None, None, what)
         return self._events(response, stop, what)
 
     def _events(
@@ -239,6 +218,29 @@ class WireClient:
             raise errors_map.transport_error(e, what, self._transport.host) from e
         finally:
             response.release_conn()
+
+
+def _refusal(
+    response: urllib3.BaseHTTPResponse,
+    data: bytes,
+    verb: str,
+    resource: Resource,
+    name: str | None,
+    namespace: str | None,
+    what: str,
+) -> PublishError:
+    """The error for an answer with a failing status (its body read within bounds)."""
+    return errors_map.api_error(
+        response.status,
+        response.reason or "",
+        data,
+        response.headers,
+        verb=verb,
+        resource=resource,
+        name=name,
+        namespace=namespace,
+        what=what,
+    )
 
 
 def _lines(response: urllib3.BaseHTTPResponse, stop: threading.Event, what: str) -> Iterator[bytes]:
