@@ -31,10 +31,6 @@ class Resource:
     kind: str
     namespaced: bool
 
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         """The URL path of the collection (name None) or of one object; a namespaced resource
         without a namespace is the collection across all namespaces."""
