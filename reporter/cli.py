@@ -41,6 +41,7 @@ from reporter.errors import (
     SchemaError,
     TopoReporterError,
 )
+from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
 from reporter.hostfs import DirHostFS, HostFS
 from reporter.inputs import read_bounded
 from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
@@ -231,12 +232,14 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document) + "\n")
         return EXIT_OK
     links, numa, nic, pcie = best.score
-    policy = (
-        f"policy: packing (the best set of the best split of the available GPUs into sets of "
-        f"{args.gpus})\n"
-        if args.policy is Policy.PACKING
-        else ""
-    )
+    policy = {
+        Policy.BEST: "",
+        Policy.PACKING: "policy: packing (connected where it can be, cutting into the smallest "
+        "connected set: the largest stay whole)\n",
+        Policy.NVIDIA_BESTEFFORT: f"policy: nvidia-besteffort (go-gpuallocator "
+        f"{GO_GPUALLOCATOR_VERSION}'s best-effort choice, as NVIDIA's device plugin makes it; "
+        "ties go to the order of --available)\n",
+    }[args.policy]
     inexact = (
         ""
         if best.exact
@@ -422,6 +425,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             log=log,
             interval_s=config.availability_interval_s if config.availability else config.interval_s,
             resync_s=config.resync_s,
+            policy=Policy(config.on_node_policy),
             outputs=(nrt_output(config, api, log, stop=stop, metrics=metrics),)
             if config.nrt
             else (),
@@ -692,8 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Policy,
         choices=list(Policy),
         default=Policy.BEST,
-        help="best: the best single set (default); packing: split all available GPUs into sets "
-        "of K as NVIDIA's allocator does, and return the best set of the best split",
+        help="best: the best single set (default); packing: keep the largest NVLink-connected "
+        "sets whole; nvidia-besteffort: what NVIDIA's device plugin takes (go-gpuallocator)",
     )
     best_set.add_argument(
         "--budget",
