@@ -29,6 +29,7 @@ import structlog
 
 from reporter.availability import Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.placement import Policy
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.patch import Desired
 from reporter.schema.model import Topology
@@ -98,8 +99,10 @@ class AvailabilityLoop:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         outputs: Sequence[LiveOutput] = (),
+        policy: Policy = Policy.NVIDIA_BESTEFFORT,
     ) -> None:
         self.interval_s = interval_s
+        self._policy = policy
         self._source = source
         self._sink = sink
         self._state = state
@@ -157,7 +160,11 @@ class AvailabilityLoop:
             output(topology, view)
         free = view.free
         if self._computed is None or self._computed[:2] != (topology, free):
-            self._computed = (topology, free, compute_availability(topology, free))
+            self._computed = (
+                topology,
+                free,
+                compute_availability(topology, free, policy=self._policy),
+            )
         return True
 
     def _publish(self, availability: Availability | None) -> bool:

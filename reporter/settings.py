@@ -19,6 +19,7 @@ from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
+from reporter.placement import Policy
 from reporter.schema import keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
@@ -86,6 +87,10 @@ class Settings:
     """Seconds between reads of which GPUs are free; at most one Node write per interval."""
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
+    on_node_policy: str = Policy.NVIDIA_BESTEFFORT.value
+    """How the node's device plugin picks GPUs (GetPreferredAllocation), which the availability
+    annotation describes for every request size: nvidia-besteffort (NVIDIA's device plugin), or
+    best or packing (a device plugin answering with reporter.placement.best_gpu_set)."""
     simulate_used: tuple[int, ...] | None = None
     """With `simulate`: the GPU indexes taken as allocated, instead of asking a kubelet."""
     gpu_resources: tuple[str, ...] | None = None
@@ -130,6 +135,7 @@ class Settings:
             ("sink", self.sink, SINKS),
             ("log-format", self.log_format, LOG_FORMATS),
             ("log-level", self.log_level, LOG_LEVELS),
+            ("on-node-policy", self.on_node_policy, tuple(Policy)),
         ):
             if value not in allowed:
                 raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
@@ -216,6 +222,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
     "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
     "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
+    "on_node_policy": (("TOPO_REPORTER_ON_NODE_POLICY",), str),
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
@@ -401,6 +408,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="availability_interval_s",
         metavar="DURATION",
         help="between reads of the free GPUs; at most one Node write each (default 10s)",
+    )
+    add(
+        "--on-node-policy",
+        dest="on_node_policy",
+        metavar="POLICY",
+        help="how the node's device plugin picks GPUs, which the availability describes: "
+        "nvidia-besteffort (NVIDIA's device plugin; default), best or packing",
     )
     add(
         "--pod-resources-socket",

@@ -370,12 +370,15 @@ def test_availability_turns_the_agent_on_with_its_interval_and_the_mounted_socke
     variables = env(rendered)
     assert variables["TOPO_REPORTER_AVAILABILITY"] == "true"
     assert variables["TOPO_REPORTER_AVAILABILITY_INTERVAL"] == "30s"
+    assert variables["TOPO_REPORTER_ON_NODE_POLICY"] == "nvidia-besteffort"
     mount = next(m for m in container(rendered)["volumeMounts"] if m["name"] == "pod-resources")
     assert variables["TOPO_REPORTER_POD_RESOURCES_SOCKET"] == mount["mountPath"] + "/kubelet.sock"
     assert (
         env(render({"availability": {"enabled": True}}))["TOPO_REPORTER_AVAILABILITY_INTERVAL"]
         == "10s"
     )
+    packing = {"availability": {"enabled": True, "onNodePolicy": "packing"}}
+    assert env(render(packing))["TOPO_REPORTER_ON_NODE_POLICY"] == "packing"
 
 
 def test_availability_off_sets_none_of_its_variables(default: Rendered) -> None:
