@@ -18,8 +18,9 @@ import structlog
 from reporter.agent import Agent, SchemaProjection
 from reporter.availability import compute_availability, encode_availability
 from reporter.collect.podresources import AllocationView, PodResourcesError
-from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
+from reporter.live import WITHDRAW_AFTER, AvailabilityLoop, LiveOutput, SimulatedFreeSource
 from reporter.publish.availability import AvailabilitySink
+from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
@@ -44,6 +45,7 @@ OWNED = f"{PREFIX}/owned"
 INTERVAL_S = 10.0
 SCAN_S = 60.0
 RESYNC_S = 300.0
+LEASE_NAMESPACE = "gpu-topology"
 
 
 @dataclass
@@ -89,18 +91,22 @@ def wire_live(
     scanner: FakeScanner | None = None,
     outputs: tuple[LiveOutput, ...] = (),
     waits: int = 1_000,
+    withdraw_after: int = WITHDRAW_AFTER,
+    heartbeat_s: float | None = None,
+    node: str = NODE,
 ) -> Live:
-    """An agent with its live loop, as `run --availability` wires it (one client for both sinks)."""
+    """An agent with its live loop, as `run --availability` wires it (one client for both sinks);
+    `heartbeat_s`: renew a heartbeat Lease of that duration in LEASE_NAMESPACE."""
     clock = FakeClock()
     stop = ClockedStop(clock, waits=waits)
     metrics = Metrics()
     state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
+    log = structlog.get_logger("topo_reporter").bind(node=node)
     api = client(kubeconfig, (2.0, 2.0))
     scanner = scanner or FakeScanner([ok(topology())])
     sink = NodePatchSink(
         api,
-        node=NODE,
+        node=node,
         prefix=PREFIX,
         stop=stop,
         backoff=FAST,
@@ -110,7 +116,7 @@ def wire_live(
     )
     loop = AvailabilityLoop(
         source=source,
-        sink=AvailabilitySink(api, node=NODE, prefix=PREFIX, log=log, on_written=sink.observe),
+        sink=AvailabilitySink(api, node=node, prefix=PREFIX, log=log, on_written=sink.observe),
         state=state,
         metrics=metrics,
         log=log,
@@ -118,6 +124,17 @@ def wire_live(
         resync_s=RESYNC_S,
         clock=clock,
         outputs=outputs,
+        withdraw_after=withdraw_after,
+        heartbeat=None
+        if heartbeat_s is None
+        else LeaseHeartbeat(
+            api,
+            node=node,
+            namespace=LEASE_NAMESPACE,
+            prefix=PREFIX,
+            duration_s=heartbeat_s,
+            log=log,
+        ),
     )
     agent = Agent(
         scanner=scanner,
@@ -246,14 +263,15 @@ def test_a_failed_read_keeps_the_last_good_availability_and_is_counted(
     before = apiserver.annotations(NODE)[AVAILABILITY]
     apiserver.clear_requests()
     source.error = PodResourcesError("kubelet restarting", reason="unavailable", method="List")
-    for _ in range(3):
+    # Up to the withdrawal (tests/test_availability_freshness.py), the last good value stays.
+    for _ in range(WITHDRAW_AFTER - 1):
         w.clock.advance(INTERVAL_S)
         assert not w.loop.tick(topology())
     assert apiserver.writes() == []
     assert apiserver.annotations(NODE)[AVAILABILITY] == before
     assert apiserver.labels(NODE)[FREE] == "7"
     reads = "topo_reporter_podresources_reads_total"
-    assert sample(w.metrics, reads, {"result": "unavailable"}) == 3
+    assert sample(w.metrics, reads, {"result": "unavailable"}) == WITHDRAW_AFTER - 1
     assert sample(w.metrics, "topo_reporter_podresources_gpus", {"state": "free"}) == 7
     # Back: the next good read that differs is written.
     source.error, source.used = None, {0, 1}

@@ -23,6 +23,11 @@ TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
 TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
 CPU_MANAGER_POLICY = "cpu-manager-policy"
 
+# The label of the agent's heartbeat Lease (reporter.publish.lease), not of the Node: the
+# extender selects the Leases with `<prefix>/heartbeat=availability`.
+HEARTBEAT = "heartbeat"
+HEARTBEAT_AVAILABILITY = "availability"
+
 # Annotations
 TOPOLOGY = "topology"
 MATRIX = "matrix"
