@@ -63,6 +63,7 @@ from reporter.schema.codec import encode
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
+from reporter.settings import WITHDRAW_AFTER
 from tests.agent_support import ClockedStop, FakeClock
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
@@ -246,6 +247,7 @@ def availability_cost(
         interval_s=TICK_S,
         resync_s=LIVE_RESYNC_S,
         clock=clock,
+        withdraw_after=WITHDRAW_AFTER,
     )
     agent = Agent(
         scanner=FixedScanner(scan),

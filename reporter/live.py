@@ -84,12 +84,6 @@ class SimulatedFreeSource:
         )
 
 
-WITHDRAW_AFTER = 2
-"""Failed PodResources reads in a row after which the availability keys leave the Node: one
-failure (a kubelet restart, a timeout) is ridden out; at the default 10 s interval the keys go
-10 to 20 s after the last good read."""
-
-
 def check_simulated_used(used: Iterable[int], gpus: Iterable[int], profile: str) -> None:
     """Raises ConfigError for an index that is not a GPU of the simulated profile."""
     known = set(gpus)
@@ -116,7 +110,7 @@ class AvailabilityLoop:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         outputs: Sequence[LiveOutput] = (),
-        withdraw_after: int = WITHDRAW_AFTER,
+        withdraw_after: int,
         heartbeat: LeaseHeartbeat | None = None,
     ) -> None:
         """`withdraw_after`: failed reads in a row after which the keys leave the Node.

@@ -18,13 +18,14 @@ import structlog
 from reporter.agent import Agent, SchemaProjection
 from reporter.availability import compute_availability, encode_availability
 from reporter.collect.podresources import AllocationView, PodResourcesError
-from reporter.live import WITHDRAW_AFTER, AvailabilityLoop, LiveOutput, SimulatedFreeSource
+from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState, Verdict
+from reporter.settings import WITHDRAW_AFTER
 from tests.agent_support import (
     FAST,
     NODE,

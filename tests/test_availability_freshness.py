@@ -10,6 +10,10 @@ scenarios run on the real kube-apiserver in tests/test_controlplane_freshness.py
 
 from __future__ import annotations
 
+import http.client
+import json
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +21,8 @@ import pytest
 
 from reporter.availability import NEUTRAL_SCORE
 from reporter.collect.podresources import PodResourcesError
-from reporter.live import WITHDRAW_AFTER
 from reporter.serve.state import Verdict
+from reporter.settings import WITHDRAW_AFTER
 from tests.agent_support import NODE, PREFIX, topology
 from tests.heartbeat_support import eventually, running_extender
 from tests.kube_double import ApiServerDouble, Fault
@@ -32,10 +36,14 @@ from tests.test_agent_availability import (
     Live,
     sample,
 )
+from tests.test_agent_cli import CLI, env
+from tests.test_extender_protocol import pod
 
 ALL_USED = set(range(8))
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
 HEARTBEAT_S = 40.0
+HEARTBEAT_RUN = ("--availability", "--simulate-used", "0,1,2,3,4,5,6,7", "--heartbeat")
+"""`run` flags: every GPU of the simulated machine taken, a heartbeat Lease renewed."""
 DOWN = PodResourcesError("kubelet.sock: connection refused", reason="unavailable", method="List")
 
 
@@ -382,3 +390,71 @@ def test_an_extender_that_may_not_watch_leases_is_not_ready_and_judges_every_nod
         assert watcher.problem.startswith(f"heartbeat Leases in {LEASE_NAMESPACE}: list leases")
         assert "`list` on `leases.coordination.k8s.io`" in watcher.problem
         assert not extender.filtered(NODE, 1)
+
+
+# -- both commands as an operator runs them ---------------------------------------------------
+
+
+def test_run_with_heartbeat_creates_the_nodes_lease_in_its_namespace(
+    apiserver: ApiServerDouble, kubeconfig: Path
+) -> None:
+    result = subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", "", *HEARTBEAT_RUN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(KUBECONFIG=str(kubeconfig), NODE_NAME=NODE, POD_NAMESPACE=LEASE_NAMESPACE),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert apiserver.labels(NODE)[FREE] == "0"
+    lease = apiserver.leases.get(LEASE_NAMESPACE, NODE)
+    assert lease is not None
+    assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseDurationSeconds"]) == (NODE, 40)
+
+
+def test_the_extender_command_judges_by_the_leases_of_its_heartbeat_namespace(
+    apiserver: ApiServerDouble, extender_kubeconfig: Path, live: Callable[..., Live]
+) -> None:
+    assert live(source=FakeSource(used=ALL_USED)).agent.step()
+    with subprocess.Popen(
+        [*CLI, "extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(extender_kubeconfig)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(TOPO_REPORTER_LOG_FORMAT="json", TOPO_REPORTER_HEARTBEAT_NAMESPACE=LEASE_NAMESPACE),
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            address = next(
+                json.loads(line)["address"]
+                for line in proc.stderr
+                if json.loads(line)["event"] == "serving"
+            )
+            host, port = address.rsplit(":", 1)
+
+            def get(path: str, body: object = None) -> tuple[int, str]:
+                connection = http.client.HTTPConnection(host, int(port), timeout=10)
+                try:
+                    method = "GET" if body is None else "POST"
+                    payload = None if body is None else json.dumps(body)
+                    connection.request(method, path, payload)
+                    response = connection.getresponse()
+                    return response.status, response.read().decode()
+                finally:
+                    connection.close()
+
+            def filtered() -> bool:
+                status, text = get("/filter", {"Pod": pod(1), "NodeNames": [NODE]})
+                return status == 200 and NODE in json.loads(text)["FailedNodes"]
+
+            eventually(lambda: get("/readyz")[0] == 200, "the extender's lists")
+            # No Lease: the node's 0 free GPUs are nobody's word. Not filtered, neutral.
+            assert not filtered()
+            assert 'topo_reporter_extender_heartbeats{state="fresh"} 0.0' in get("/metrics")[1]
+            beating = live(source=FakeSource(used=ALL_USED), heartbeat_s=HEARTBEAT_S)
+            assert beating.agent.step()
+            eventually(filtered, "the node's first heartbeat")
+            assert 'topo_reporter_extender_heartbeats{state="fresh"} 1.0' in get("/metrics")[1]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
