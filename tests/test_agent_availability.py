@@ -95,9 +95,10 @@ def wire_live(
     withdraw_after: int = WITHDRAW_AFTER,
     heartbeat_s: float | None = None,
     node: str = NODE,
+    lease_namespace: str = LEASE_NAMESPACE,
 ) -> Live:
     """An agent with its live loop, as `run --availability` wires it (one client for both sinks);
-    `heartbeat_s`: renew a heartbeat Lease of that duration in LEASE_NAMESPACE."""
+    `heartbeat_s`: renew a heartbeat Lease of that duration in `lease_namespace`."""
     clock = FakeClock()
     stop = ClockedStop(clock, waits=waits)
     metrics = Metrics()
@@ -131,7 +132,7 @@ def wire_live(
         else LeaseHeartbeat(
             api,
             node=node,
-            namespace=LEASE_NAMESPACE,
+            namespace=lease_namespace,
             prefix=PREFIX,
             duration_s=heartbeat_s,
             log=log,
