@@ -96,6 +96,10 @@ class Recorded:
     body: Any
     status: int
     accept: str | None
+    request_bytes: int = 0
+    """The request body's length, as sent."""
+    answer_bytes: int = 0
+    """The answer body's length (0 for a watch, which streams)."""
 
 
 _REASONS = {
@@ -806,12 +810,19 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = self._route(method, path, query, content_type, body)
         except _StatusError as reply:
             status, payload, headers = reply.code, reply.body, reply.headers
+        data = json.dumps(payload).encode()
         # Recorded before answering, so that a test reading `requests` after the client returned
         # sees every request the client made.
         self._record(
-            method, path=path, query=query, content_type=content_type, body=body, status=status
+            method,
+            path=path,
+            query=query,
+            content_type=content_type,
+            body=body,
+            status=status,
+            sizes=(len(raw), len(data)),
         )
-        self._send(status, payload, headers)
+        self._send(status, data, headers)
 
     def _record(
         self,
@@ -822,10 +833,11 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str | None,
         body: Any,
         status: int,
+        sizes: tuple[int, int] = (0, 0),
     ) -> None:
-        self.owner.record(
-            Recorded(method, path, query, content_type, body, status, self.headers.get("Accept"))
-        )
+        """`sizes`: (request, answer) body bytes."""
+        accept = self.headers.get("Accept")
+        self.owner.record(Recorded(method, path, query, content_type, body, status, accept, *sizes))
 
     @staticmethod
     def _verb_resource(method: str, path: str) -> tuple[str, str, str]:
@@ -986,8 +998,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client left
         self.close_connection = True
 
-    def _send(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, code: int, data: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
