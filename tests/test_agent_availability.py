@@ -13,19 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import structlog
 
-from reporter.agent import Agent, SchemaProjection
+from reporter.agent import Agent
+from reporter.assembly import build_agent
 from reporter.availability import compute_availability, encode_availability
 from reporter.collect.podresources import AllocationView, PodResourcesError
 from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
-from reporter.publish.availability import AvailabilitySink
-from reporter.publish.lease import LeaseHeartbeat
-from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import Topology
-from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
-from reporter.settings import WITHDRAW_AFTER
+from reporter.settings import WITHDRAW_AFTER, Settings
 from tests.agent_support import (
     FAST,
     NODE,
@@ -47,6 +44,7 @@ INTERVAL_S = 10.0
 SCAN_S = 60.0
 RESYNC_S = 300.0
 LEASE_NAMESPACE = "gpu-topology"
+HEARTBEAT_DEFAULT_S = 40.0
 
 
 @dataclass
@@ -97,62 +95,38 @@ def wire_live(
     node: str = NODE,
     lease_namespace: str = LEASE_NAMESPACE,
 ) -> Live:
-    """An agent with its live loop, as `run --availability` wires it (one client for both sinks);
-    `heartbeat_s`: renew a heartbeat Lease of that duration in `lease_namespace`."""
+    """An agent with its live loop, built as `run --availability` builds it (one client for both
+    sinks); `source=None` is availability off, whose loop only takes our keys off the Node.
+    `heartbeat_s`: `run --heartbeat` with that Lease duration, the Lease in `lease_namespace`."""
     clock = FakeClock()
     stop = ClockedStop(clock, waits=waits)
-    metrics = Metrics()
-    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=node)
-    api = client(kubeconfig, (2.0, 2.0))
     scanner = scanner or FakeScanner([ok(topology())])
-    sink = NodePatchSink(
-        api,
-        node=node,
-        prefix=PREFIX,
-        stop=stop,
-        backoff=FAST,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-        on_wait=state.waiting,
-    )
-    loop = AvailabilityLoop(
-        source=source,
-        sink=AvailabilitySink(api, node=node, prefix=PREFIX, log=log, on_written=sink.observe),
-        state=state,
-        metrics=metrics,
-        log=log,
-        interval_s=INTERVAL_S,
-        resync_s=RESYNC_S,
-        clock=clock,
-        outputs=outputs,
-        withdraw_after=withdraw_after,
-        heartbeat=None
-        if heartbeat_s is None
-        else LeaseHeartbeat(
-            api,
+    parts = build_agent(
+        Settings(
             node=node,
             namespace=lease_namespace,
             prefix=PREFIX,
-            duration_s=heartbeat_s,
-            log=log,
+            interval_s=SCAN_S,
+            resync_s=RESYNC_S,
+            availability=source is not None,
+            availability_interval_s=INTERVAL_S,
+            availability_withdraw_after=withdraw_after,
+            heartbeat=heartbeat_s is not None,
+            heartbeat_duration_s=HEARTBEAT_DEFAULT_S if heartbeat_s is None else heartbeat_s,
         ),
-    )
-    agent = Agent(
+        api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
+        source=source,
+        live_outputs=outputs,
+        kubelet=lambda: None,
         stop=stop,
-        interval_s=SCAN_S,
-        resync_s=RESYNC_S,
         clock=clock,
-        live=loop,
+        backoff=FAST,
+        stall_after_s=180,
     )
-    stop.probe = state.liveness
-    return Live(agent, loop, scanner, source, metrics, state, clock, stop)
+    assert parts.live is not None
+    stop.probe = parts.state.liveness
+    return Live(parts.agent, parts.live, scanner, source, parts.metrics, parts.state, clock, stop)
 
 
 @pytest.fixture
