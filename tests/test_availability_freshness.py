@@ -21,6 +21,7 @@ import pytest
 
 from reporter.availability import NEUTRAL_SCORE
 from reporter.collect.podresources import PodResourcesError
+from reporter.publish.lease import beat as lease_beat
 from reporter.serve.state import Verdict
 from reporter.settings import WITHDRAW_AFTER
 from tests.agent_support import NODE, PREFIX, topology
@@ -245,6 +246,60 @@ def test_a_failed_renewal_makes_the_agent_not_ready_and_the_next_tick_reads_and_
         ("PUT", f"{LEASES}/{NODE}"),
     ]
     assert w.state.readiness() == Verdict(True, "ok")
+
+
+def test_a_renewal_sends_the_lease_back_without_its_managed_fields(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    w = live(source=FakeSource(), heartbeat_s=HEARTBEAT_S)
+    assert w.agent.step()
+    lease = apiserver.leases.get(LEASE_NAMESPACE, NODE)
+    assert lease is not None
+    # As the real server answers: with managedFields, which it keeps when an update omits them.
+    fields = [{"manager": "python", "operation": "Update", "apiVersion": "coordination.k8s.io/v1"}]
+    apiserver.leases.put({**lease, "metadata": {**lease["metadata"], "managedFields": fields}})
+    apiserver.clear_requests()
+    for _ in range(2):  # the first reads again (the replace met a 409), the second renews
+        w.clock.advance(INTERVAL_S)
+        w.loop.tick(topology())
+    (put,) = [r for r in apiserver.requests if r.method == "PUT" and r.status == 200]
+    assert "managedFields" not in put.body["metadata"]
+    assert put.body["metadata"]["labels"] == {f"{PREFIX}/heartbeat": "availability"}
+    assert put.body["spec"]["holderIdentity"] == NODE
+
+
+@pytest.mark.parametrize(
+    ("spec", "beat"),
+    [
+        ({"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": "t"}, ("t", 40)),
+        ({"holderIdentity": "other", "leaseDurationSeconds": 40, "renewTime": "t"}, (None, 40)),
+        ({"holderIdentity": NODE, "renewTime": "t"}, ("t", None)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": 0, "renewTime": "t"}, ("t", None)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": True, "renewTime": "t"}, ("t", None)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": 10**400, "renewTime": "t"}, ("t", None)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": "40", "renewTime": "t"}, ("t", None)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": 5}, (None, 40)),
+        ({"holderIdentity": NODE, "leaseDurationSeconds": 40}, (None, 40)),
+        ([], (None, None)),
+    ],
+    ids=[
+        "held by the node",
+        "held by another identity",
+        "no duration",
+        "a zero duration",
+        "a boolean duration",
+        "a duration of 400 digits",
+        "a duration in text",
+        "a renewTime that is not text",
+        "never renewed",
+        "a spec that is not an object",
+    ],
+)
+def test_a_lease_vouches_only_when_held_by_its_node_with_a_sane_duration(
+    spec: object, beat: tuple[str | None, int | None]
+) -> None:
+    read = lease_beat({"metadata": {"name": NODE}, "spec": spec})
+    assert (read.node, read.renew_time, read.duration_s) == (NODE, *beat)
 
 
 def test_a_lease_of_that_name_that_is_not_a_heartbeat_is_never_taken_over(
