@@ -24,7 +24,7 @@ from reporter.collect.podresources import PodResourcesError
 from reporter.publish.lease import beat as lease_beat
 from reporter.serve.state import Verdict
 from reporter.settings import WITHDRAW_AFTER
-from tests.agent_support import NODE, PREFIX, topology
+from tests.agent_support import NODE, PREFIX, ApiClientFactory, topology
 from tests.heartbeat_support import eventually, running_extender
 from tests.kube_double import ApiServerDouble, Fault
 from tests.test_agent_availability import (
@@ -36,6 +36,7 @@ from tests.test_agent_availability import (
     FakeSource,
     Live,
     sample,
+    wire_live,
 )
 from tests.test_agent_cli import CLI, env
 from tests.test_extender_protocol import pod
@@ -49,8 +50,8 @@ DOWN = PodResourcesError("kubelet.sock: connection refused", reason="unavailable
 
 
 @pytest.fixture
-def live(kubeconfig: Path, node_client: Callable[..., object]) -> Callable[..., Live]:
-    from tests.test_agent_availability import wire_live  # noqa: PLC0415  # one wiring for both files
+def live(kubeconfig: Path, node_client: ApiClientFactory) -> Callable[..., Live]:
+    """An agent with its live loop, wired as test_agent_availability wires it, per API client."""
 
     def make(**kwargs: object) -> Live:
         return wire_live(kubeconfig, node_client, **kwargs)  # type: ignore[arg-type]
