@@ -276,7 +276,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         )
     for status in result.failed:
         print(f"topo-reporter: warning: {status.name}: {status.error}", file=sys.stderr)
-    sys.stdout.write(format_topology(result.topology, args.format, args.prefix))
+    node = args.node or socket.gethostname().lower()
+    sys.stdout.write(format_topology(result.topology, args.format, args.prefix, node))
     return EXIT_OK
 
 
@@ -429,7 +430,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     agent = Agent(
         scanner=scanner,
         sink=sink,
-        projection=SchemaProjection(config.prefix),
+        projection=SchemaProjection(config.prefix, node),
         state=state,
         metrics=metrics,
         log=log,
@@ -608,6 +609,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TOPO_REPORTER_SIMULATE"),
         help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a "
         "profile YAML file (env TOPO_REPORTER_SIMULATE)",
+    )
+    collect.add_argument(
+        "--node",
+        metavar="NAME",
+        default=os.environ.get("TOPO_REPORTER_NODE") or os.environ.get("NODE_NAME"),
+        help="the Node's name, which a node without a multi-node NVLink fabric names its "
+        "nvlink-domain after (default: TOPO_REPORTER_NODE, NODE_NAME, else the lower-cased "
+        "hostname, as `run` uses)",
     )
     _add_format(collect)
     collect.set_defaults(handler=_cmd_collect)

@@ -182,6 +182,7 @@ def wire_agent(
     backoff: Backoff = FAST,
     stall_after_s: float = 180,
     node: str = NODE,
+    projection: SchemaProjection | None = None,
 ) -> Wired:
     """An agent on `node`, publishing through `client` to whatever kubeconfig names."""
     clock = clock or FakeClock()
@@ -202,7 +203,7 @@ def wire_agent(
     agent = Agent(
         scanner=scanner,
         sink=sink,
-        projection=SchemaProjection(PREFIX),
+        projection=projection or SchemaProjection(PREFIX),
         state=state,
         metrics=metrics,
         log=log,
