@@ -93,16 +93,26 @@ class SchemaProjection:
 
 
 def _worse(old: Topology, new: Topology) -> bool:
-    """Fewer GPUs or NICs, more lost GPUs, or a smaller NVLink island: worth a Warning."""
+    """Fewer GPUs or NICs, more lost GPUs, a smaller NVLink island, more NVLinks down or a
+    fabric less healthy: worth a Warning."""
 
     def island(t: Topology) -> int:
         return max((len(i) for i in t.islands), default=0)
+
+    def down(t: Topology) -> int:
+        return sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None)
+
+    def fabric(t: Topology) -> int:
+        health = node_fabric(t).health
+        return {None: 0, "healthy": 0, "degraded": 1}.get(health, 2)
 
     return (
         len(new.gpus) < len(old.gpus)
         or len(new.nics) < len(old.nics)
         or sum(g.lost for g in new.gpus) > sum(g.lost for g in old.gpus)
         or island(new) < island(old)
+        or down(new) > down(old)
+        or fabric(new) > fabric(old)
     )
 
 
