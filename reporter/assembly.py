@@ -271,7 +271,7 @@ def build_agent(
     agent = Agent(
         scanner=scanner,
         sink=sink,
-        projection=SchemaProjection(config.prefix),
+        projection=SchemaProjection(config.prefix, node),
         state=state,
         metrics=metrics,
         log=log,

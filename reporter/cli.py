@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -351,7 +352,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         )
     for status in result.failed:
         terminal.write(sys.stderr, f"topo-reporter: warning: {status.name}: {status.error}\n")
-    terminal.write(sys.stdout, format_topology(result.topology, args.format, args.prefix))
+    node = args.node or socket.gethostname().lower()
+    terminal.write(sys.stdout, format_topology(result.topology, args.format, args.prefix, node))
     return EXIT_OK
 
 
@@ -380,6 +382,14 @@ def _collect_command(commands: Commands) -> None:
         default=os.environ.get("TOPO_REPORTER_SIMULATE"),
         help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a "
         "profile YAML file (env TOPO_REPORTER_SIMULATE)",
+    )
+    collect.add_argument(
+        "--node",
+        metavar="NAME",
+        default=os.environ.get("TOPO_REPORTER_NODE") or os.environ.get("NODE_NAME"),
+        help="the Node's name, which a node without a multi-node NVLink fabric names its "
+        "nvlink-domain after (default: TOPO_REPORTER_NODE, NODE_NAME, else the lower-cased "
+        "hostname, as `run` uses)",
     )
     _add_format(collect)
     collect.set_defaults(handler=_cmd_collect)
