@@ -725,9 +725,14 @@ def plot(results: Sequence[Result], path: Path) -> None:
 
     rows = _rows(results)
     loads = sorted({load for load, _, _ in rows})
-    fig, axes = plt.subplots(1, len(loads) + 1, figsize=(6 * len(loads) + 6, 6.5), squeeze=False)
+    columns = 2 if loads else 1
+    lines = (len(loads) + 1 + columns - 1) // columns
+    fig, axes = plt.subplots(lines, columns, figsize=(7 * columns, 6 * lines), squeeze=False)
+    panels = [ax for line in axes for ax in line]
+    for spare in panels[len(loads) + 1 :]:
+        spare.set_axis_off()
     colours = dict(zip(ON_NODE_POLICIES, ("C0", "C1", "C2", "C3"), strict=True))
-    for ax, load in zip(axes[0], loads, strict=False):
+    for ax, load in zip(panels, loads, strict=False):
         keys = [
             (load, n, o)
             for n in NODE_POLICIES
@@ -735,7 +740,7 @@ def plot(results: Sequence[Result], path: Path) -> None:
             if (load, n, o) in rows and not (n == "greedy-best" and o != "best")
         ]
         data = [[r.nvlink * 100 for r in rows[key]] for key in keys]
-        boxes = ax.boxplot(data, vert=False, patch_artist=True, whis=(0, 100))
+        boxes = ax.boxplot(data, orientation="horizontal", patch_artist=True, whis=(0, 100))
         for patch, key in zip(boxes["boxes"], keys, strict=True):
             patch.set_facecolor(colours[key[2]])
             patch.set_alpha(0.5)
@@ -749,7 +754,7 @@ def plot(results: Sequence[Result], path: Path) -> None:
         )
         ax.invert_yaxis()
         ax.grid(alpha=0.3, axis="x")
-    ax = axes[0][-1]
+    ax = panels[len(loads)]
     target = (0.80, TARGET[1], TARGET[2]) if (0.80, *TARGET[1:]) in rows else None
     if target is not None:
         reference = upper_reference(results)
@@ -948,6 +953,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plot", type=Path, help="write the PNG plot here")
     parser.add_argument("--json", type=Path, help="write every run's figures here (JSON lines)")
     parser.add_argument(
+        "--from-json",
+        type=Path,
+        help="print the tables (and --plot) of the runs a --json file holds, running nothing",
+    )
+    parser.add_argument(
         "--trace",
         type=Path,
         help="with --seed: write the lost connected sets here (JSON lines), at the first of "
@@ -961,6 +971,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     quiet()
+    if args.from_json is not None:
+        results = [Result(**json.loads(line)) for line in args.from_json.read_text().splitlines()]
+        for r in results:
+            r.by_k = {int(k): (v[0], v[1]) for k, v in r.by_k.items()}
+        print(seeds_table(results))
+        print()
+        print(target_table(results))
+        if args.plot is not None:
+            plot(results, args.plot)
+        return
     if args.trace is not None:
         if args.seed is None:
             parser.error("--trace needs --seed")

@@ -202,6 +202,9 @@ class BestEffort:
         return held == self.required_set and None not in group
 
     def _descend(self, devices: list[int | None], value: int, sets: Split) -> None:
+        # Units priced to cost about the time they do in reporter.placement (a microsecond or so):
+        # one per device left here, one per combination tried, and for a set kept its pairs and
+        # the copy of the rest.
         self.spend(len(devices))
         if len(devices) == self.size:
             group = tuple(devices)
@@ -219,9 +222,10 @@ class BestEffort:
         for picks in itertools.combinations(range(len(rest)), self.size - 1):
             group = (first, *(rest[i] for i in picks))
             empty = group.count(None)
-            self.spend(self.size)
+            self.spend(1)
             if (empty and empty != self.padding) or not self._valid(group):
                 continue
+            self.spend(self.size * (self.size - 1) // 2 + len(rest))
             taken = set(picks)
             remaining = [d for i, d in enumerate(rest) if i not in taken]
             if empty:  # the set holds every empty place: none stays behind
