@@ -531,11 +531,13 @@ def run_all(
 
 
 def _one_seed(
-    args: tuple[tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str],
+    args: tuple[
+        tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str, tuple[str, ...]
+    ],
 ) -> list[Result]:
-    layout, pods, seed, loads, repeats, ranking = args
+    layout, pods, seed, loads, repeats, ranking, node_policies = args
     quiet()
-    return run_all(layout, pods, seed, loads, repeats=repeats, ranking=ranking)
+    return run_all(layout, pods, seed, loads, node_policies, repeats=repeats, ranking=ranking)
 
 
 def run_seeds(
@@ -547,9 +549,13 @@ def run_seeds(
     progress: Callable[[Result], None] | None = None,
     repeats: int = 1,
     ranking: str = "fit",
+    node_policies: Sequence[str] = NODE_POLICIES,
 ) -> list[Result]:
     """Every combination on every seed, `jobs` seeds at a time in worker processes."""
-    work = [(tuple(layout), pods, seed, tuple(loads), repeats, ranking) for seed in seeds]
+    work = [
+        (tuple(layout), pods, seed, tuple(loads), repeats, ranking, tuple(node_policies))
+        for seed in seeds
+    ]
     runs: Iterator[list[Result]]
     if jobs <= 1:
         runs = map(_one_seed, work)
@@ -964,12 +970,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--loads (default 80)",
     )
     parser.add_argument(
+        "--node-choices",
+        type=lambda text: tuple(part for part in text.split(",") if part),
+        default=NODE_POLICIES,
+        help=f"the node choices to run, comma-separated (default all: {','.join(NODE_POLICIES)})",
+    )
+    parser.add_argument(
         "--ranking",
         choices=sorted(RANKINGS),
         default="fit",
         help="the extender's node score: fit (default) or v1, the one best fit replaced",
     )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.node_choices) - set(NODE_POLICIES))
+    if unknown:
+        parser.error(f"--node-choices: {unknown[0]} is not one of {', '.join(NODE_POLICIES)}")
     quiet()
     if args.from_json is not None:
         results = [Result(**json.loads(line)) for line in args.from_json.read_text().splitlines()]
@@ -996,6 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.pods,
             args.seed,
             args.loads,
+            args.node_choices,
             progress=lambda r: print(summary_line(r), flush=True),
             ranking=args.ranking,
         )
@@ -1012,6 +1028,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             progress=lambda r: print(f"seed {r.seed}.{r.repeat}: {summary_line(r)}", flush=True),
             repeats=args.repeats,
             ranking=args.ranking,
+            node_policies=args.node_choices,
         )
         print(seeds_table(results))
         print()

@@ -89,7 +89,7 @@ _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 
 DEFAULT_BUDGET = 2_000_000
 """Work units one search may spend before it settles for the best set known: 1 to 3.5 s of one
-core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,000."""
+core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,100."""
 
 
 class Policy(StrEnum):
