@@ -23,6 +23,11 @@ TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
 TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
 CPU_MANAGER_POLICY = "cpu-manager-policy"
 
+# DRA DeviceTaintRules (reporter.schema.devicetaints): the taint's key on a GPU, and the label that
+# names the node on the rules the agent owns.
+DEVICE_TAINT = "gpu-unhealthy"
+DEVICE_TAINT_NODE = "node"
+
 # Annotations
 TOPOLOGY = "topology"
 MATRIX = "matrix"
