@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, che
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
+from reporter.publish.devicetaints import DeviceTaintOutput, DeviceTaintSink
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
 from reporter.publish.nrt import NrtOutput, NrtSink
@@ -54,7 +55,7 @@ from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink, Sink
-from reporter.schema import keys
+from reporter.schema import dra, keys
 from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
@@ -340,18 +341,46 @@ def nrt_output(
     )
 
 
-def _free_source(config: settings.Settings) -> FreeSource:
-    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+def _free_source(config: settings.Settings, node: str) -> FreeSource:
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet (its
+    device plugin's allocations, and the claims of --dra-drivers in the node's pool)."""
     if config.simulate_used is not None:
         assert config.simulate is not None  # validate() requires it
         machine = load_machine(config.simulate)
         check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
         return SimulatedFreeSource(config.simulate_used)
-    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+    from reporter.collect.podresources import (  # noqa: PLC0415  # loads grpc
+        DEFAULT_RESOURCES,
+        DraScope,
+        PodResourcesReader,
+    )
 
-    if config.gpu_resources is None:
-        return PodResourcesReader(Path(config.pod_resources_socket))
-    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+    return PodResourcesReader(
+        Path(config.pod_resources_socket),
+        config.gpu_resources or DEFAULT_RESOURCES,
+        dra=DraScope(config.dra_drivers, node) if config.dra_drivers else None,
+    )
+
+
+def _outputs(
+    config: settings.Settings, api: ApiClient, node: str, log: structlog.typing.FilteringBoundLogger
+) -> tuple[Callable[[Topology], None], ...]:
+    """The per-scan outputs beside the sink: Koordinator's file, DeviceTaintRules."""
+    outputs: list[Callable[[Topology], None]] = []
+    if config.koordinator_dir is not None:
+        outputs.append(DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log))
+    if config.dra_device_taints:
+        sink = DeviceTaintSink(
+            api,
+            node=node,
+            prefix=config.prefix,
+            resync_s=config.resync_s,
+            log=log,
+            # A dry run asks no server which version it serves: it prints 1.34's and 1.35's.
+            versions=(dra.DRY_RUN_VERSION,) if config.dry_run else dra.VERSIONS,
+        )
+        outputs.append(DeviceTaintOutput(sink, log))
+    return tuple(outputs)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -413,7 +442,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if isinstance(sink, NodePatchSink) and (config.availability or not config.dry_run):
         live = AvailabilityLoop(
             # Off: the loop only takes our keys off the Node, where an earlier run left them.
-            source=_free_source(config) if config.availability else None,
+            source=_free_source(config, node) if config.availability else None,
             sink=AvailabilitySink(
                 api, node=node, prefix=config.prefix, log=log, on_written=sink.observe
             ),
@@ -437,9 +466,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         interval_s=config.interval_s,
         resync_s=config.resync_s,
         kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=()
-        if config.koordinator_dir is None
-        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        outputs=_outputs(config, api, node, log),
         live=live,
     )
     if config.once:

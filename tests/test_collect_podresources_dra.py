@@ -8,6 +8,8 @@ a sentence of behaviour; the bad input the issue lists (another driver, another 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +48,12 @@ def topology(tmp_path: Path) -> Topology:
 
 
 @pytest.fixture
-def kubelet(socket_dir: Path) -> Iterator[PodResourcesDouble]:
-    with PodResourcesDouble(socket_dir / "kubelet.sock") as double:
+def kubelet() -> Iterator[PodResourcesDouble]:
+    # A short directory: a unix socket path must fit in 107 bytes, pytest's tmp_path may not.
+    directory = Path(tempfile.mkdtemp(prefix="podres-dra-", dir="/tmp"))
+    with PodResourcesDouble(directory / "kubelet.sock") as double:
         yield double
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import stat
 import threading
 from collections.abc import Iterable, Iterator
@@ -62,7 +61,7 @@ import structlog
 
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
-from reporter.schema.dra import DRIVER, gpu_minor
+from reporter.schema.dra import DRIVER, check_driver_name, gpu_minor
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
 
@@ -83,9 +82,7 @@ _MAX_DETAIL = 200
 DEFAULT_DRA_DRIVERS = (DRIVER,)
 """NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu)."""
 _MAX_DRA_DRIVERS = 8
-# A DRA driver name is a DNS subdomain of at most 63 characters (resource.k8s.io validation).
-_DRA_DRIVER = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_MAX_DRA_NAME = 63
+
 SOURCE_DEVICE_PLUGIN = "device-plugin"
 SOURCE_DRA = "dra"
 
@@ -121,11 +118,7 @@ class DraScope:
                 "e.g. gpu.nvidia.com, or none to count device plugin allocations only"
             )
         for driver in self.drivers:
-            if len(driver) > _MAX_DRA_NAME or not _DRA_DRIVER.fullmatch(driver):
-                raise ConfigError(
-                    f"DRA driver name {driver[:80]!r} is not a driver name: a DNS subdomain of at "
-                    f"most {_MAX_DRA_NAME} characters, such as gpu.nvidia.com"
-                )
+            check_driver_name(driver)
         if not self.pool:
             raise ConfigError("the DRA pool (the node's name) is empty")
 
@@ -257,7 +250,7 @@ def allocation_view(
 
     offered_ids = list(offered)
     allocatable = gpus(offered_ids)
-    sources = (SOURCE_DEVICE_PLUGIN,) if offered_ids else ()
+    sources: tuple[str, ...] = (SOURCE_DEVICE_PLUGIN,) if offered_ids else ()
     if dra is not None:
         sources += (SOURCE_DRA,)
         if not offered_ids:

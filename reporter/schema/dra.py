@@ -53,6 +53,17 @@ _MAX_DEVICE_NAME = 63
 _GPU_DEVICE = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-mig-[a-z0-9][a-z0-9-]*-[0-9]+-[0-9]+)?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE_MAX = 63
+_MAX_DRIVER_NAME = 63
+"""resource.k8s.io validates a driver name as a DNS subdomain of at most 63 characters."""
+
+
+def check_driver_name(driver: str) -> None:
+    """Raises ConfigError for a name that cannot be a DRA driver's."""
+    if len(driver) > _MAX_DRIVER_NAME or not _DNS1123_SUBDOMAIN.fullmatch(driver):
+        raise ConfigError(
+            f"DRA driver name {driver[:80]!r} is not a driver name: a DNS subdomain of at most "
+            f"{_MAX_DRIVER_NAME} characters, such as {DRIVER}"
+        )
 
 
 def gpu_device(minor: int) -> str:

@@ -90,6 +90,19 @@ nrt.enabled, whatever the sink, under the same admissionPolicy.enabled switch.
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the policy confining the agent to DeviceTaintRules of its own node's pool is rendered:
+with dra.deviceTaints, under the same admissionPolicy.enabled switch.
+*/}}
+{{- define "topo-reporter.deviceTaintPolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if .Values.dra.deviceTaints }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The agent's Kubernetes username, as the API server sees its service account token. */}}
 {{- define "topo-reporter.serviceAccountUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}
