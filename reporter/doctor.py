@@ -237,14 +237,22 @@ def node_findings(
     agent: AgentObservation,
     dra_seen: DraObservation = DraObservation(),
 ) -> list[Finding]:
-    """Every finding for one Node object (as the API returns it) and its decoded topology."""
+    """Every finding for one Node object (as the API returns it) and its decoded topology.
+
+    `topology` None with the annotation present means it does not decode: `examine` reports that
+    (topology-unreadable); here it is not "no topology data", whose evidence would be false.
+    """
     name = node.get("metadata", {}).get("name", "?")
     status = node.get("status") or {}
     allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
     capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
     findings: list[Finding] = []
     if topology is None:
-        if capacity or allocatable:
+        if _annotations(node).get(keys.key(prefix, keys.TOPOLOGY)) is not None:
+            # Its fix (delete it, the agent republishes) needs an agent: say where there is none.
+            if agent.pod_found is False or agent.pod_ready is False:
+                findings.append(_agent_not_ready(name, agent))
+        elif capacity or allocatable:
             findings.append(_no_data(name, capacity or allocatable or 0, agent))
         return findings
     seen = len(topology.gpus)
@@ -399,6 +407,10 @@ def _claims_on_lost(
 
 def _labels(node: Mapping[str, Any]) -> dict[str, str]:
     return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
 
 
 def _no_data(name: str, gpus: int, agent: AgentObservation) -> Finding:
@@ -602,9 +614,7 @@ def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
 
 def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Finding]:
     """Every finding for one Node: its annotation decoded, its agent observed."""
-    annotation = ((node.get("metadata") or {}).get("annotations") or {}).get(
-        keys.key(prefix, keys.TOPOLOGY)
-    )
+    annotation = _annotations(node).get(keys.key(prefix, keys.TOPOLOGY))
     topology: Topology | None = None
     findings: list[Finding] = []
     if annotation is not None:

@@ -161,6 +161,20 @@ def test_one_node_per_finding(
     assert finding["fix"]
 
 
+def test_an_invalid_annotation_is_only_unreadable_not_missing(
+    apiserver: ApiServerDouble, admin_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    publish(apiserver, "edited", dgx())
+    apiserver.edit_node("edited", {"metadata": {"annotations": {f"{PREFIX}/topology": '{"v":1}'}}})
+    status, out, _ = doctor(admin_kubeconfig, capsys, "--node", "edited", "--format", "json")
+    assert status == 1
+    (node,) = json.loads(out)["nodes"]
+    assert [f["code"] for f in node["findings"]] == ["topology-unreadable"]
+    _, text, _ = doctor(admin_kubeconfig, capsys, "--node", "edited")
+    assert "no topology annotation" not in text
+    assert "no-topology-data" not in text
+
+
 def test_the_agent_degraded_event_is_found(
     apiserver: ApiServerDouble, admin_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

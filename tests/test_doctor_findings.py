@@ -271,7 +271,16 @@ def test_an_edited_annotation_is_a_finding_not_a_crash() -> None:
     bad = _annotated(dgx())
     bad["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":1}'
     findings = examine(FakeReader([bad]), bad, "gpu.topology.io")
-    assert codes(findings) == ["topology-unreadable", "no-topology-data"]
+    # The annotation exists: "no topology annotation" would be false evidence.
+    assert codes(findings) == ["topology-unreadable"]
+
+
+def test_an_unreadable_annotation_still_says_when_no_agent_can_republish_it() -> None:
+    bad = _annotated(dgx())
+    bad["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":1}'
+    findings = examine(FakeReader([bad], pods={}), bad, "gpu.topology.io")
+    assert codes(findings) == ["topology-unreadable", "agent-not-ready"]
+    assert not any("no topology annotation" in e for f in findings for e in f.evidence)
 
 
 def test_observation_without_permission_to_read_pods_or_events_is_unknown() -> None:
