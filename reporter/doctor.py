@@ -475,6 +475,12 @@ class ClusterReader(Protocol):
     def dra(self, node: str) -> DraObservation: ...
 
 
+def _field(obj: Any, name: str) -> Mapping[str, Any]:
+    """`obj[name]` where both are objects, else empty: a list item of any shape reads safely."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
 def dra_observation(
     node: str, slices: list[dict[str, Any]] | None, claims: list[dict[str, Any]] | None
 ) -> DraObservation:
@@ -485,16 +491,17 @@ def dra_observation(
         mine = sum(
             1
             for s in slices
-            if (spec := s.get("spec") or {}).get("driver") == dra.DRIVER
-            and node in (spec.get("nodeName"), (spec.get("pool") or {}).get("name"))
+            if (spec := _field(s, "spec")).get("driver") == dra.DRIVER
+            and node in (spec.get("nodeName"), _field(spec, "pool").get("name"))
         )
     held = None
     if claims is not None:
         found: list[tuple[str, str]] = []
         for claim in claims:
-            meta = claim.get("metadata") or {}
-            allocation = (claim.get("status") or {}).get("allocation") or {}
-            for result in (allocation.get("devices") or {}).get("results") or ():
+            meta = _field(claim, "metadata")
+            devices = _field(_field(_field(claim, "status"), "allocation"), "devices")
+            results = devices.get("results")
+            for result in results if isinstance(results, list) else ():
                 if (
                     isinstance(result, dict)
                     and result.get("driver") == dra.DRIVER
