@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from reporter.publish.client import NODE_EVENT_NAMESPACE
-from reporter.publish.nodefeature import RBAC_VERBS
 from reporter.publish.devicetaints import RBAC_VERBS as DEVICE_TAINT_RBAC_VERBS
+from reporter.publish.nodefeature import RBAC_VERBS
 from reporter.publish.nrt import RBAC_VERBS as NRT_RBAC_VERBS
 from tests.helm_chart import (
     ALL_ON,
@@ -675,7 +675,7 @@ def test_the_extender_container_is_locked_down(all_on: Rendered) -> None:
     assert not any("hostPath" in v for v in pod["volumes"])
 
 
-# --- DRA: the drivers availability counts, DeviceTaintRules ----------------------------------------
+# --- DRA: the drivers availability counts, DeviceTaintRules -------------------------------------
 
 
 def test_dra_drivers_go_with_availability_and_device_taints_are_off_by_default(
