@@ -67,9 +67,9 @@ class DeviceTaintSink:
         self._listed_at = -float("inf")
         self._foreign: set[str] = set()
         """Names taken by someone else's rule: not tried again until the next list."""
-        self._refused: tuple[tuple[DeviceTaint, ...], float] | None = None
-        """Taints whose writes the API refused for good, and when: not sent again until they
-        change or a resync period passed."""
+        self._refused: tuple[tuple[DeviceTaint, ...], float, ApiPermanentError] | None = None
+        """Taints whose writes the API refused for good, when, and the refusal: not sent again
+        until they change or a resync period passed (the refusal is raised again meanwhile)."""
 
     @property
     def served(self) -> bool:
@@ -79,14 +79,16 @@ class DeviceTaintSink:
     def publish(self, taints: Sequence[DeviceTaint]) -> int:
         """Make this node's rules be `taints`; returns the writes made (creates and deletes).
 
-        Raises PublishError; what the cluster holds is then listed again next time.
+        Raises PublishError; what the cluster holds is then listed again next time. A permanent
+        refusal is raised again, without a request, until the taints change or a resync period
+        passed.
         """
         if not self._served:
             return 0
         wanted = tuple(taints)
         refused = self._refused
         if refused and refused[0] == wanted and self._clock() - refused[1] < self._resync_s:
-            return 0
+            raise refused[2]
         self._refused = None
         try:
             if self._known is None or self._clock() - self._listed_at >= self._resync_s:
@@ -97,7 +99,7 @@ class DeviceTaintSink:
         except PublishError as e:
             self._known = None
             if isinstance(e, ApiPermanentError):
-                self._refused = (wanted, self._clock())
+                self._refused = (wanted, self._clock(), e)
             raise
 
     def _list(self) -> None:
