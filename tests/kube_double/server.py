@@ -29,7 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import nodefeatures, nrt
+from . import devicetaintrules, nodefeatures, nrt
+from .devicetaintrules import DeviceTaintRuleStore
 from .nodefeatures import ApiStatusError, NodeFeatureStore
 from .nrt import NrtStore
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
@@ -242,10 +243,13 @@ class ApiServerDouble:
     """NFD's NodeFeature objects; `nodefeatures.installed = False` serves a cluster without NFD."""
     nrt: NrtStore = field(init=False)
     """NodeResourceTopology objects; `nrt.installed = False` serves a cluster without the CRD."""
+    device_taint_rules: DeviceTaintRuleStore = field(init=False)
+    """DRA DeviceTaintRules; off (404) unless `device_taint_rules.installed = True`."""
 
     def __post_init__(self) -> None:
         self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
         self.nrt = NrtStore(revision=lambda: next(self._revision))
+        self.device_taint_rules = DeviceTaintRuleStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -827,6 +831,11 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any,
     ) -> tuple[int, Any]:
         owner = self.owner
+        if path.startswith(devicetaintrules.PREFIX):
+            try:
+                return owner.device_taint_rules.serve(method, path, dict(query), body)
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
         if path.startswith(nrt.PREFIX):
             try:
                 return owner.nrt.serve(method, path, body)
