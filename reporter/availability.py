@@ -11,7 +11,8 @@ The annotation value (`encode_availability`), version 1, in ASCII:
 
 - `<free>`: the free GPU indexes as a canonical Linux list string (`0-3,6`); empty for none.
 - each `<best k>`: `links.connected.numa.nic.island`, five decimal integers: the link points of
-  the best free k-set, 1 if every pair of it is NVLink-connected else 0, the NUMA nodes it spans,
+  the best free k-set, 1 if every pair of it is NVLink-connected at full bond (no GPU of it has an
+  NVLink down) else 0, the NUMA nodes it spans,
   its NIC points (0 without RDMA NICs), and the size of the free NVLink island it was taken from.
 
 Example (a DGX A100 with GPUs 0-3 and 6 free): `1;0-3,6;0.1.1.4.5/120.1.1.4.5/360.1.2.4.5/...`.
@@ -93,7 +94,8 @@ class FreeSet:
     links: int
     """Link points of the set (reporter.placement.Score.links)."""
     connected: bool
-    """Every pair of the set is NVLink-connected (true for one GPU: it has no pair to miss)."""
+    """Every pair of the set is NVLink-connected at full bond: no GPU of it has an NVLink down
+    (true for one GPU: it has no pair to miss)."""
     numa: int
     """NUMA nodes the set spans (>= 1; GPUs of unknown NUMA node count as one)."""
     nic: int
@@ -113,15 +115,22 @@ class Availability:
     """best[k-1] = the best free k-set, for k = 1..len(free)."""
 
 
+def nvlink_degraded(topology: Topology, index: int) -> bool:
+    """Whether GPU `index` has NVLinks down (degraded or all down), as the source observed."""
+    health = topology.gpus[index].nvlink
+    return health is not None and health.state != "ok"
+
+
 def free_set(topology: Topology, chosen: GpuSet, free: Iterable[int]) -> FreeSet:
     """Summarise `chosen` (a set of free GPUs) against the free GPUs of `topology`."""
     pool = set(free)
     gpus = chosen.gpus
+    # A degraded GPU still shows NV<k> to its peers, with a lower bond: the set is not whole.
     connected = all(
         topology.links[a][b].is_nvlink or topology.links[b][a].is_nvlink
         for i, a in enumerate(gpus)
         for b in gpus[i + 1 :]
-    )
+    ) and (len(gpus) < 2 or not any(nvlink_degraded(topology, g) for g in gpus))
     # The island: every free GPU reachable over NVLink from the set, walking free GPUs only.
     reached, stack = set(gpus), list(gpus)
     while stack:
@@ -263,7 +272,8 @@ def node_score(a: Availability | None, k: int) -> int:
     None (no or damaged annotation) and k < 1 give NEUTRAL_SCORE; a node that cannot fit k gives 0.
     Otherwise, by the node's best free k-set, most important first:
 
-    1. NVLink-connected sets score 4..10, others 1..3;
+    1. NVLink-connected sets (at full bond: no GPU of it with an NVLink down) score 4..10, others,
+       degraded NVLink sets included, 1..3;
     2. one NUMA node beats several;
     3. a close RDMA NIC (PXB or PIX, points >= 4) beats a far or no NIC;
     4. a just-big-enough island (island == k) beats a larger one, so whole islands stay free for

@@ -81,10 +81,14 @@ def test_a_node_shows_its_matrix_islands_and_the_doctors_findings(
 ) -> None:
     result = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
     assert result.returncode == 0, result.stderr
-    matrix = describe_matrix(machines()["profile dgx-h100"]).rstrip("\n")
+    topology = machines()["profile dgx-h100"]
+    matrix = describe_matrix(topology).rstrip("\n")
+    gpus = "".join(f"  GPU{i}   gpu-{i}        unknown   ok 18/18\n" for i in range(8))
     assert result.stdout == (
         f"Node: {NODE}\n{matrix}\n\nNVLink islands: GPU0-7 (8 GPUs)\n"
         "Free GPUs: unknown: the agent does not publish availability on this node\n"
+        "\nGPUs:\n  GPU    DRA DEVICE   STATE     NVLINK\n"
+        f"{gpus}"
         f"\nnode {NODE}: no findings\n"
     )
 
