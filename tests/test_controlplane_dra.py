@@ -14,7 +14,10 @@ deadline. No kubelet runs: a bound pod never starts, which the allocation does n
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +27,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from reporter import kubectl_plugin
+from reporter.availability import decode_availability
+from reporter.extender.protocol import node_rank
 from reporter.schema import dra, keys
 from tests.controlplane_fixtures import (
     SCHEDULER_FEATURE_GATES,
@@ -33,8 +39,10 @@ from tests.controlplane_fixtures import (
     stop_process,
     unique,
 )
+from tests.podresources_double import claim_pod_state, claim_state
 from tests.test_agent_cli import CLI, env
-from tests.test_controlplane_scheduler import WAIT_S
+from tests.test_collect_podresources_kubelet import KubeletPodResources
+from tests.test_controlplane_scheduler import WAIT_S, simulated
 
 pytestmark = pytest.mark.controlplane
 
@@ -354,3 +362,77 @@ def test_the_real_scheduler_allocates_around_the_agents_rules_and_leaves_a_pod_p
                 core.delete_namespaced_pod(
                     pod.metadata.name, real_namespace, grace_period_seconds=0
                 )
+
+
+def test_a_dra_node_publishes_claimed_gpus_as_taken_for_the_extender_and_the_plugin(
+    real_apiserver: RealApiServer,
+    real_node_factory: NodeFactory,
+    controlplane_bin: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 22's "done when": on a simulated DRA node (no device plugin; the kubelet's own
+    PodResources server reports two claims), the agent's availability, the extender's rank and
+    `kubectl gpu-topology` all count the claimed GPUs as taken."""
+    node = real_node_factory()
+    topology = simulated("dgx-h100")
+    minors = [g.minor for g in topology.gpus]
+    directory = Path(tempfile.mkdtemp(prefix="podres-dra-", dir="/tmp"))
+    kubelet = KubeletPodResources(
+        controlplane_bin, directory / "kubelet.sock", directory / "state.json"
+    )
+    kubelet.write(
+        {
+            "devices": [],
+            "pods": [
+                claim_pod_state("train", [claim_state("gpus", [f"gpu-{minors[0]}"], node)]),
+                claim_pod_state(
+                    "infer",
+                    [
+                        claim_state("one", [f"gpu-{minors[1]}"], node),
+                        claim_state("stray", ["gpu-99", "gpu--1"], node),
+                    ],
+                ),
+            ],
+        }
+    )
+    kubelet.start()
+    try:
+        publish(
+            real_apiserver, node, "--availability", "--pod-resources-socket", str(kubelet.socket)
+        )
+    finally:
+        kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    annotations = real_apiserver.core().read_node(node).metadata.annotations
+    assert decode_availability(annotations[f"{PREFIX}/availability"]).free == tuple(range(2, 8))
+    assert annotations[f"{PREFIX}/allocation"] == "1;dra;0-1"
+    whole = real_apiserver.api().sanitize_for_serialization(real_apiserver.core().read_node(node))
+    rank = node_rank(whole, f"{PREFIX}/availability")
+    assert rank is not None
+    assert rank.free == 6
+
+    assert (
+        kubectl_plugin.main(
+            [node, "--kubeconfig", str(real_apiserver.kubeconfig), "--format", "json"]
+        )
+        == 0
+    )
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["claimed"] == [0, 1]
+    assert shown["counted"] == ["dra"]
+    assert [g["state"] for g in shown["gpus"]] == ["claimed"] * 2 + ["free"] * 6
+    assert [g["device"] for g in shown["gpus"]] == [f"gpu-{m}" for m in minors]
+
+
+def publish(server: RealApiServer, node: str, *args: str) -> None:
+    """The real agent, once, on the simulated DGX H100."""
+    result = subprocess.run(
+        [*CLI, "run", "--once", "--simulate", "dgx-h100", "--node", node, "--listen", "", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(KUBECONFIG=str(server.kubeconfig), TOPO_REPORTER_LOG_FORMAT="json"),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "podresources_unknown_devices" in result.stderr
