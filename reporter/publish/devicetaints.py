@@ -129,9 +129,9 @@ class DeviceTaintSink:
             "device_taints_not_served",
             versions=[f"{devicetaints.GROUP}/{v}" for v in self._versions],
             hint="this cluster serves no DeviceTaintRules: on Kubernetes 1.34 and 1.35 start the "
-            "kube-apiserver with --feature-gates=DRADeviceTaints=true and "
-            "--runtime-config=resource.k8s.io/v1alpha3=true, and the kube-scheduler with "
-            "--feature-gates=DRADeviceTaints=true, then restart the agent; no rule is written "
+            "kube-apiserver with --feature-gates=DRADeviceTaints=true (1.35: also "
+            "DRADeviceTaintRules=true) and --runtime-config=resource.k8s.io/v1alpha3=true, and "
+            "the kube-scheduler with the same gates, then restart the agent; no rule is written "
             "until then",
         )
 
