@@ -24,7 +24,7 @@ import structlog
 from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
 from parsers.nvsmi import parse_topo
-from reporter import assembly, doctor, logs, settings
+from reporter import assembly, doctor, logs, settings, terminal
 from reporter.agent import run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.errors import (
@@ -161,7 +161,7 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_parse(args: argparse.Namespace) -> int:
     topology = topology_from_text(read_input(args.file), args.file)
-    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
 
 
@@ -188,7 +188,7 @@ def _parse_command(commands: Commands) -> None:
 
 def _cmd_render(args: argparse.Namespace) -> int:
     topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
-    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
 
 
@@ -246,7 +246,7 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
     if args.format == "json":
         document = best.to_document()
         document["policy"] = str(args.policy)
-        sys.stdout.write(json.dumps(document) + "\n")
+        terminal.write(sys.stdout, json.dumps(document) + "\n")
         return EXIT_OK
     links, numa, nic, pcie = best.score
     policy = (
@@ -261,11 +261,12 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
         else f"note: not proven optimal: the search budget of {args.budget} work units ran out "
         "first; this is the best set found (raise --budget to search further)\n"
     )
-    sys.stdout.write(
+    terminal.write(
+        sys.stdout,
         f"GPUs: {','.join(map(str, best.gpus))}\n"
         f"score: {links} {numa} {nic} {pcie} (link points, minus NUMA nodes spanned, NIC points, "
         f"PCIe points; larger is better; {best.points_per_pair:.1f} points per pair)\n"
-        f"why: {best.explain()}\n{policy}{inexact}"
+        f"why: {best.explain()}\n{policy}{inexact}",
     )
     return EXIT_OK
 
@@ -348,8 +349,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
             "is this a GPU node, and is the host's /sys mounted there?"
         )
     for status in result.failed:
-        print(f"topo-reporter: warning: {status.name}: {status.error}", file=sys.stderr)
-    sys.stdout.write(format_topology(result.topology, args.format, args.prefix))
+        terminal.write(sys.stderr, f"topo-reporter: warning: {status.name}: {status.error}\n")
+    terminal.write(sys.stdout, format_topology(result.topology, args.format, args.prefix))
     return EXIT_OK
 
 
@@ -387,7 +388,7 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
     profiles = list_profiles()
     width = max(len(p.name) for p in profiles)
     for profile in profiles:
-        sys.stdout.write(f"{profile.name:<{width}}  {profile.description}\n")
+        terminal.write(sys.stdout, f"{profile.name:<{width}}  {profile.description}\n")
     return EXIT_OK
 
 
@@ -567,9 +568,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
     }
     if args.format == "json":
-        sys.stdout.write(doctor.report_json(by_node))
+        terminal.write(sys.stdout, doctor.report_json(by_node))
     else:
-        sys.stdout.write(doctor.report_text(by_node, summary=args.all))
+        terminal.write(sys.stdout, doctor.report_text(by_node, summary=args.all))
     worst = doctor.worst(by_node)
     return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
 
@@ -643,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.handler(args)
     except TopoReporterError as e:
-        print(f"topo-reporter: error: {e}", file=sys.stderr)
+        terminal.write(sys.stderr, f"topo-reporter: error: {e}\n")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

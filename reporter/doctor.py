@@ -28,6 +28,7 @@ from reporter.publish.api import (
     resource_claims,
     resource_slices,
 )
+from reporter.publish.client import COMPONENT, NODE_EVENT_NAMESPACE
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode
 from reporter.schema.labels import gpus_per_numa
@@ -526,8 +527,9 @@ class ApiClusterReader:
         namespace: str | None = None,
         tool: str = "topo-reporter doctor",
     ) -> None:
-        """`namespace`: where the agent runs, to look up its pods and Events there only (None:
-        every namespace); `tool`: the command that 403 messages say needs the permission."""
+        """`namespace`: where the agent runs, to look up its pods there only (None: every
+        namespace); its Events are read where it posts them (NODE_EVENT_NAMESPACE) only. `tool`:
+        the command that 403 messages say needs the permission."""
         self._api = api
         self._agent_selector = agent_selector
         self._namespace = namespace
@@ -561,10 +563,10 @@ class ApiClusterReader:
         return node
 
     def _optional(
-        self, resource: Resource, query: Mapping[str, str]
+        self, resource: Resource, namespace: str | None, query: Mapping[str, str]
     ) -> list[dict[str, Any]] | None:
         try:
-            return list(self._api.list(resource, self._namespace, query=query)["items"])
+            return list(self._api.list(resource, namespace, query=query)["items"])
         except ApiPermanentError as e:
             if e.status == 403:
                 return None
@@ -572,11 +574,11 @@ class ApiClusterReader:
 
     def agent_pods(self, node: str) -> list[dict[str, Any]] | None:
         query = {"labelSelector": self._agent_selector, "fieldSelector": f"spec.nodeName={node}"}
-        return self._optional(PODS, query)
+        return self._optional(PODS, self._namespace, query)
 
     def node_events(self, node: str) -> list[dict[str, Any]] | None:
         selector = f"involvedObject.kind=Node,involvedObject.name={node}"
-        return self._optional(EVENTS, {"fieldSelector": selector})
+        return self._optional(EVENTS, NODE_EVENT_NAMESPACE, {"fieldSelector": selector})
 
     def _dra_list(self, kind: str) -> list[dict[str, Any]] | None:
         """Every ResourceSlice or ResourceClaim, listed once per reader in the newest version
@@ -599,6 +601,23 @@ class ApiClusterReader:
         return dra_observation(node, self._dra_list("slices"), self._dra_list("claims"))
 
 
+def is_agent_event(event: Mapping[str, Any], node: str) -> bool:
+    """An Event our agent posted about `node`: in NODE_EVENT_NAMESPACE, from COMPONENT, about the
+    cluster-scoped Node (no involvedObject namespace), as reporter.publish.client writes it.
+
+    The API server takes an Event about a Node in any namespace whose name the involvedObject
+    repeats, so whoever may create Events there can write any reason, source and message about
+    any Node; only these are the agent's word (a finding, its evidence)."""
+    involved = event.get("involvedObject") or {}
+    return (
+        (event.get("metadata") or {}).get("namespace") == NODE_EVENT_NAMESPACE
+        and (event.get("source") or {}).get("component") == COMPONENT
+        and involved.get("kind") == "Node"
+        and involved.get("name") == node
+        and not involved.get("namespace")
+    )
+
+
 def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
     """What the cluster says about the agent on `node` (unknown parts stay None)."""
     pods = reader.agent_pods(node)
@@ -610,7 +629,9 @@ def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
             for c in (pod.get("status") or {}).get("conditions") or []
         )
     events = reader.node_events(node)
-    degraded = [e for e in events or [] if e.get("reason") == DEGRADED_REASON]
+    degraded = [
+        e for e in events or [] if e.get("reason") == DEGRADED_REASON and is_agent_event(e, node)
+    ]
     degraded.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     return AgentObservation(
         pod_found=None if pods is None else bool(pods),
