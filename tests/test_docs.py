@@ -231,11 +231,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         )
         dgx = machines()["profile dgx-h100"]
         policies = KubeletPolicies("best-effort", "container", "static")
-        wire_agent(agent, FakeScanner([ok(dgx)]), kubelet=lambda: policies).agent.step()
+        wire_agent(
+            agent,
+            FakeScanner([ok(dgx)]),
+            kubelet=lambda: policies,
+        ).agent.step()
         # The other nodes carry what the same agent would publish on them.
-        want = SchemaProjection(PREFIX).desired(dgx, policies)
         for node in NODES:
             if node != NODE:
+                want = SchemaProjection(PREFIX, node).desired(dgx, policies)
                 metadata = {"labels": dict(want.labels), "annotations": dict(want.annotations)}
                 double.edit_node(node, {"metadata": metadata})
             double.add_pod("gpu-system", f"topo-reporter-{node}", node=node, labels=AGENT)

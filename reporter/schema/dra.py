@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reporter.errors import ConfigError
-from reporter.schema import keys
+from reporter.schema import fabric, keys
 from reporter.schema.model import Topology
 from reporter.schema.nrt import MANAGED_BY, MANAGER
 
@@ -90,10 +90,22 @@ class DeviceTaint:
 
 
 def gpu_health_reason(topology: Topology, index: int) -> str | None:
-    """Why GPU `index` should not take new claims, or None when it is healthy."""
+    """Why GPU `index` should not take new claims, or None when it is healthy: lost; NVLinks down
+    (all of them: `nvlink-down`, some: `nvlink-degraded`); a multi-node fabric that completed but
+    is degraded or unhealthy (`fabric-<health>`). A fabric still forming (in progress, not
+    started) is not marked: it is a state the GPU leaves by itself, and the fabric-health label
+    says so."""
     gpu = topology.gpus[index]
     if gpu.lost:
         return REASON_LOST
+    if gpu.nvlink is not None and gpu.nvlink.state == "down":
+        return REASON_NVLINK_DOWN
+    if gpu.nvlink is not None and gpu.nvlink.state == "degraded":
+        return REASON_NVLINK_DEGRADED
+    if gpu.fabric is not None:
+        health = fabric.gpu_health(gpu.fabric)
+        if health in (fabric.DEGRADED, fabric.UNHEALTHY):
+            return REASON_FABRIC + health
     return None
 
 
