@@ -411,6 +411,7 @@ def test_a_dra_node_publishes_claimed_gpus_as_taken_for_the_extender_and_the_plu
     assert rank is not None
     assert rank.free == 6
 
+    capsys.readouterr()  # what came before: the scan's debug lines
     assert (
         kubectl_plugin.main(
             [node, "--kubeconfig", str(real_apiserver.kubeconfig), "--format", "json"]
