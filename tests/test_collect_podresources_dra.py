@@ -281,3 +281,19 @@ def test_claims_of_other_drivers_need_no_minor(topology: Topology) -> None:
 def test_a_bad_dra_scope_is_a_config_error(drivers: tuple[str, ...], pool: str) -> None:
     with pytest.raises(ConfigError):
         DraScope(drivers, pool)
+
+
+def test_gpus_offered_under_an_unmanaged_name_are_no_dra_node(
+    kubelet: PodResourcesDouble, reader: PodResourcesReader, topology: Topology
+) -> None:
+    """A device plugin renamed (`example.com/gpu`) is not a DRA node: publishing every GPU free
+    would be wrong, so the read fails as without DRA, naming the resource."""
+    ids = uuids(topology)
+    kubelet.state = {
+        "devices": devices_state("example.com/gpu", ids),
+        "pods": [pod_state("a", "example.com/gpu", ids[:2])],
+    }
+    with pytest.raises(PodResourcesError, match=r"offers this node's GPUs as example\.com/gpu"):
+        reader.allocated(topology)
+    kubelet.state = {"devices": devices_state("example.com/fpga", ["fpga-0"]), "pods": []}
+    assert reader.allocated(topology).sources == ("dra",)

@@ -17,10 +17,12 @@ pool, device). NVIDIA's driver names a GPU `gpu-<minor>` and a MIG device
 `gpu-<minor>-mig-<profile>-<profile id>-<placement start>`, in a pool named after the node, so a
 claimed device maps to a GPU through the minor numbers of the topology; a MIG device holds its
 parent. Devices of other drivers are not GPUs of ours and are ignored. The kubelet's
-`GetAllocatableResources` knows nothing of DRA: where no device plugin offers a managed device and
-DRA drivers are configured, the node is taken as a DRA node and every GPU with a known minor that
-NVML has not lost is offered (the driver's own health is in its ResourceSlices, which the doctor
-reads). `AllocationView.sources` says which of the two the view counts.
+`GetAllocatableResources` knows nothing of DRA: where it offers none of this node's GPUs, under any
+resource name, and DRA drivers are configured, the node is taken as a DRA node and every GPU with a
+known minor that NVML has not lost is offered (the driver's own health is in its ResourceSlices,
+which the doctor reads). GPUs offered under names that are not managed are a device plugin named
+otherwise, not DRA: that is `no_devices`, as without DRA. `AllocationView.sources` says which of the
+two the view counts.
 
 A GPU is *free* when it is offered (the kubelet offers at least one of its devices, so healthy, or
 the node is a DRA node), no container holds any of its devices or a claim on it, and NVML has not
@@ -450,13 +452,29 @@ class PodResourcesReader:
         listed: api_pb2.ListPodResourcesResponse,
     ) -> AllocationView:
         offered = list(self._managed_ids(allocatable.devices))
-        if not offered and self.dra is None:
-            raise PodResourcesError(
-                f"the kubelet offers no device named {', '.join(self.resources)}: is the device "
-                "plugin running, and do these names match the resources it advertises?",
-                reason="no_devices",
-                method="GetAllocatableResources",
+        if not offered:
+            # A DRA node offers no GPU at all; GPUs offered under other names are a device plugin
+            # whose names are not managed here: counting it as DRA would publish them all free.
+            keys = device_gpu_keys(topology)
+            named = sorted(
+                {
+                    group.resource_name[:64]
+                    for group in allocatable.devices
+                    if any(device_key(i) in keys for i in group.device_ids)
+                }
             )
+            if self.dra is None or named:
+                hint = (
+                    f": it offers this node's GPUs as {', '.join(named[:4])} (--gpu-resource)"
+                    if named
+                    else ": is the device plugin running, and do these names match the "
+                    "resources it advertises?"
+                )
+                raise PodResourcesError(
+                    f"the kubelet offers no device named {', '.join(self.resources)}{hint}",
+                    reason="no_devices",
+                    method="GetAllocatableResources",
+                )
         held = (
             device_id
             for pod in listed.pod_resources
