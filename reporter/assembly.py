@@ -147,7 +147,10 @@ def free_source(config: settings.Settings) -> FreeSource:
 
 
 def scan_outputs(
-    config: settings.Settings, api: ApiClient, log: Log
+    config: settings.Settings,
+    api: ApiClient,
+    log: Log,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Callable[[Topology], None], ...]:
     """The per-scan outputs beside the sink: Koordinator's device file, DeviceTaintRules.
 
@@ -164,6 +167,7 @@ def scan_outputs(
             log=log,
             # A dry run asks no server which version it serves: it prints 1.34's and 1.35's.
             versions=(dra.DRY_RUN_VERSION,) if config.dry_run else dra.VERSIONS,
+            clock=clock,
         )
         outputs.append(DeviceTaintOutput(sink, log))
     return tuple(outputs)
@@ -316,7 +320,7 @@ def build_agent(
         kubelet=kubelet
         if kubelet is not None
         else functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=scan_outputs(config, api, log),
+        outputs=scan_outputs(config, api, log, clock),
         live=live,
     )
     return AgentParts(agent, api, sink, live, state, metrics, stop, log)
