@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,14 @@ import yaml
 from kubernetes import client as k8s
 
 from reporter import kubectl_plugin
-from reporter.availability import decode_availability
+from reporter.availability import (
+    compute_availability,
+    decode_availability,
+    encode_availability,
+)
 from reporter.extender.protocol import node_rank
 from reporter.schema import dra, keys
+from reporter.schema.codec import encode
 from tests.controlplane_fixtures import (
     SCHEDULER_FEATURE_GATES,
     NodeFactory,
@@ -437,3 +443,66 @@ def publish(server: RealApiServer, node: str, *args: str) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "podresources_unknown_devices" in result.stderr
+
+
+def test_the_doctor_names_a_claim_on_a_lost_gpu_and_slices_availability_does_not_count(
+    real_apiserver: RealApiServer,
+    real_namespace: str,
+    real_node_factory: NodeFactory,
+    dra_api: Dra,
+) -> None:
+    """The doctor reads the real server's ResourceSlices and ResourceClaims (resource.k8s.io/v1):
+    a claim allocated GPU 2's device, which the topology says is lost, and availability published
+    without counting DRA on a node that NVIDIA's driver publishes."""
+    topology = simulated("gb200-nvl")
+    gpus = list(topology.gpus)
+    gpus[2] = replace(gpus[2], lost=True)
+    lost = replace(topology, gpus=tuple(gpus))
+    node = real_node_factory(
+        annotations={
+            f"{PREFIX}/topology": encode(lost),
+            f"{PREFIX}/availability": encode_availability(compute_availability(lost, [0, 1, 3])),
+        }
+    )
+    dra_api.create(DRA_API, "resourceslices", nvidia_slice(node))
+    dra_api.create(DRA_API, "resourceclaims", one_gpu_claim("held"), real_namespace)
+    minor = lost.gpus[2].minor
+    dra_api.api.patch_namespaced_custom_object_status(
+        GROUP,
+        DRA_API,
+        real_namespace,
+        "resourceclaims",
+        "held",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": dra.DRIVER,
+                                "pool": node,
+                                "device": dra.gpu_device(int(minor or 0)),
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    result = subprocess.run(
+        [*CLI, "doctor", "--node", node, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(KUBECONFIG=str(real_apiserver.kubeconfig)),
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    (report,) = json.loads(result.stdout)["nodes"]
+    found = {f["code"]: f for f in report["findings"]}
+    assert found["dra-claims-on-lost-gpus"]["evidence"] == [
+        f"ResourceClaim {real_namespace}/held holds gpu-{minor} (GPU2, lost)"
+    ]
+    assert "dra-not-counted" in found
+    assert "device-plugin-missing" not in found
