@@ -27,11 +27,20 @@ are free), a stop ends a random running pod. Requests are counted by the double;
 the ticks whose free set differs from the tick before (what an ideal writer must write).
 
     python bench/api_cost.py --availability [--hours 24] [--client lean|official]
+
+Racks (`--racks N`): N simulated GB200 NVL72 racks of 18 nodes (reporter.collect.simulate.racks,
+every rack on the same clique ID, as real racks are), one agent per node as `run` wires it for that
+node's name, each scanning its own simulated tray for real (the fake pynvml, the fabric and platform
+reads, the link walk) every compressed minute, with its NVLink error counters moving at every scan:
+what a steady rack costs the API server, errors counted in metrics and never written.
+
+    python bench/api_cost.py --racks 2 [--client lean|official]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import random
 import sys
@@ -49,8 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent, SchemaProjection
-from reporter.collect import ScanResult, build_scanner
+from reporter.collect import CollectorScanner, Scanner, ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
+from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
+from reporter.collect.simulate.machine import Machine
+from reporter.collect.simulate.racks import rack_nodes
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.live import AvailabilityLoop
 from reporter.publish.api import ApiClient
 from reporter.publish.availability import AvailabilitySink
@@ -98,8 +111,15 @@ CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
+    node: str,
+    kubeconfig: Path,
+    scan: ScanResult | Scanner,
+    client: Callable[[Path], ApiClient],
+    *,
+    named: bool = False,
 ) -> Running:
+    """An agent on `node` scanning `scan` (one result every time, or a scanner); `named`: the
+    projection knows the node's name, as `run` wires it (a node's own NVLink domain)."""
     stop = threading.Event()
     metrics = Metrics()
     log = structlog.get_logger("topo_reporter").bind(node=node)
@@ -113,9 +133,9 @@ def start_agent(
         on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
     )
     agent = Agent(
-        scanner=FixedScanner(scan),
+        scanner=FixedScanner(scan) if isinstance(scan, ScanResult) else scan,
         sink=sink,
-        projection=SchemaProjection(PREFIX),
+        projection=SchemaProjection(PREFIX, node if named else None),
         state=AgentState(stall_after_s=300, stale_after_s=900),
         metrics=metrics,
         log=log,
@@ -322,15 +342,106 @@ def main_availability(client: Callable[[Path], ApiClient], name: str, hours: flo
     )
 
 
+def erring_scanner(machine: Machine) -> CollectorScanner:
+    """The node's real scanner, its NVLink error counters 7 higher at every scan."""
+    scans = itertools.count()
+
+    def load() -> FakeNvml:
+        counters = {g.index: {"replay": 7 * next(scans)} for g in machine.gpus}
+        return FakeNvml(machine, Faults(counters=counters))
+
+    return CollectorScanner("auto", memory_hostfs(machine), load, procfs=memory_procfs(machine))
+
+
+def main_racks(client: Callable[[Path], ApiClient], name: str, racks: int) -> None:
+    nodes = rack_nodes(racks, cliques=[17044] * racks)
+    machines = {n.name: n.machine() for n in nodes}
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = RandomFaultDouble(certificate=certificate)
+        for node in nodes:
+            double.add_node(node.name)
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            mark = len(double.requests)
+            agents = [
+                start_agent(
+                    n.name, kubeconfig, erring_scanner(machines[n.name]), client, named=True
+                )
+                for n in nodes
+            ]
+            partition = keys.key(PREFIX, keys.NVLINK_PARTITION)
+            start = time.monotonic()
+            while any(double.labels(n.name).get(partition) != n.partition for n in nodes):
+                if time.monotonic() - start > 120:
+                    raise SystemExit("the racks did not converge in 120 s")
+                time.sleep(0.1)
+            took = time.monotonic() - start
+            time.sleep(INTERVAL_S)
+            c = count(double, mark)
+            rows.append(
+                ["install (all start on empty Nodes)", f"{took:.1f} s", *per_node(c, len(nodes))]
+            )
+            mark = len(double.requests)
+            time.sleep(HOUR_S)
+            c = count(double, mark)
+            errors = sum(
+                a.metrics.registry.get_sample_value(
+                    "topo_reporter_nvlink_errors_total", {"counter": "replay"}
+                )
+                or 0.0
+                for a in agents
+            )
+            scans = sum(
+                a.metrics.registry.get_sample_value("topo_reporter_scans_total", {"result": "ok"})
+                or 0.0
+                for a in agents
+            )
+            rows.append(
+                [
+                    f"steady state, per node-hour ({scans:.0f} scans, {errors:.0f} NVLink replay "
+                    "errors counted)",
+                    f"{HOUR_S:.0f} s",
+                    *per_node(c, len(nodes)),
+                ]
+            )
+            stop_all(agents)
+    print(
+        f"{len(nodes)} agents on {racks} simulated NVL72 racks ({name} client), interval "
+        f"{INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n"
+    )
+    print(
+        table(
+            [
+                "phase",
+                "wall time",
+                "node reads/node",
+                "node writes/node",
+                "events/node",
+                "429s/node",
+                "requests",
+            ],
+            rows,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean")
     parser.add_argument("--availability", action="store_true", help="the live loop's cost instead")
     parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (availability)")
+    parser.add_argument("--racks", type=int, help="agents on N simulated NVL72 racks instead")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
+    if args.racks:
+        main_racks(client, args.client, args.racks)
+        return
     if args.availability:
         main_availability(client, args.client, args.hours)
         return
