@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from reporter.agent import REASON_FABRIC, SchemaProjection
+from reporter.agent import REASON_FABRIC
 from reporter.collect import ScanResult, build_scanner
 from reporter.collect.simulate.machine import shipped_profile
 from reporter.schema.model import NvlinkHealth, Topology
@@ -52,7 +52,6 @@ def test_a_fabric_still_joining_withholds_the_partition_until_it_completes(
         kubeconfig,
         scanner,
         client=API_CLIENTS["lean"],
-        projection=SchemaProjection(PREFIX, NODE),
     )
     assert w.agent.step()
     labels = ours(apiserver)
@@ -92,7 +91,6 @@ def test_garbage_from_the_driver_is_one_warning_and_the_node_stays_ready(
         kubeconfig,
         FakeScanner([garbled]),
         client=API_CLIENTS["lean"],
-        projection=SchemaProjection(PREFIX, NODE),
     )
     assert w.agent.step()
     assert w.agent.step()
@@ -125,7 +123,6 @@ def test_links_going_down_is_a_warning_that_counts_them(
         kubeconfig,
         FakeScanner([healthy, hurt]),
         client=API_CLIENTS["lean"],
-        projection=SchemaProjection(PREFIX, NODE),
     )
     assert w.agent.step()
     assert w.agent.step()
