@@ -541,11 +541,11 @@ class NvmlCollector:
                     f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"
                 ) from e
             answered += 1
-            remote, is_switch = self._far_end(index, handle, link)
             if state == n.NVML_FEATURE_ENABLED:
-                active.append((remote, is_switch))
+                active.append(self._far_end(index, handle, link))
                 continue
             down.append(link)
+            remote, is_switch = self._down_far_end(index, handle, link)
             if not is_switch and remote in by_pci and by_pci[remote] != index:
                 lost[by_pci[remote]] += 1
         links = count if trusted and count is not None else answered
@@ -566,6 +566,16 @@ class NvmlCollector:
             pci_class = self._sysfs(remote, "class", lambda t: parse_hex(t, field="class"))
             return remote, pci_class is not None and pci_class >> 8 == _NVSWITCH_CLASS
         return remote, kind == n.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def _down_far_end(self, index: int, handle: Any, link: int) -> tuple[str | None, bool]:
+        """The far end of an inactive link, where the driver still names it; (None, False) for
+        any error but a lost GPU: what a down link answers is not NVML's documented ground, and
+        a link being down must never fail the scan."""
+        try:
+            return self._far_end(index, handle, link)
+        except CollectError as e:
+            log.debug("nvml_down_link_far_end_unknown", gpu=index, link=link, error=str(e))
+            return None, False
 
     def _read_counters(self, index: int, handle: Any, gpu: Gpu, links: int) -> None:
         """NVLink error counters, as deltas since the last scan, where a memory is kept."""
