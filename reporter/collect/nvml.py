@@ -482,9 +482,14 @@ class NvmlCollector:
 
     def _fields(self, index: int, handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
         """Field values by (field ID, scope ID), None for each the driver does not give; all None
-        where the driver has no field API. Raises _GpuLostError, CollectError."""
+        where the driver has no field API or the call fails: the fields add to what the scan
+        knows (a link count, error counters) and never fail it. Raises _GpuLostError."""
         n = self._nvml
-        values = self._call(index, "nvmlDeviceGetFieldValues", handle, ids)
+        try:
+            values = self._call(index, "nvmlDeviceGetFieldValues", handle, ids)
+        except CollectError as e:
+            log.warning("nvml_field_values_failed", gpu=index, error=str(e))
+            values = None
         if values is None:
             return [None] * len(ids)
         out: list[int | None] = []
