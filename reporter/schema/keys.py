@@ -36,6 +36,11 @@ RACK_HOST = "rack-host"
 # The GPUs' NVLinks against their own link counts: ok, degraded, down.
 NVLINK_HEALTH = "nvlink-health"
 
+# The label of the agent's heartbeat Lease (reporter.publish.lease), not of the Node: the
+# extender selects the Leases with `<prefix>/heartbeat=availability`.
+HEARTBEAT = "heartbeat"
+HEARTBEAT_AVAILABILITY = "availability"
+
 # Annotations
 TOPOLOGY = "topology"
 MATRIX = "matrix"
