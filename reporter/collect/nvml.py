@@ -21,6 +21,7 @@ import structlog
 from parsers.cpulist import cpus_from_mask_words, parse_cpulist
 from parsers.errors import ParseError, excerpt
 from parsers.links import SELF, Link, LinkKind, link_from_nvml_level
+from parsers.nvidia_proc import MAX_MINOR
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_hex, parse_numa_node
 from reporter.collect import LinkErrors
@@ -58,8 +59,6 @@ _FALLBACK_WORDS = 64
 _WORD_BITS = 64
 # NVML has no more than seven MIG devices per GPU today; the bound keeps a bad answer finite.
 _MAX_MIG_SLOTS = 64
-# Linux minor numbers are 20 bits; the NVIDIA driver hands GPUs 0..254 (255 is nvidiactl).
-_MAX_MINOR = (1 << 20) - 1
 # Field IDs of nvml.h (stable: NVML only adds fields), by the name the binding gives them.
 _FI_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 # A link count beyond this is garbage: the schema holds link indexes up to 254, and NVML's own
@@ -251,7 +250,7 @@ class NvmlCollector:
         cpus = self._cpus(index, handle, pci)
         gpu_numa = self._call(index, "nvmlDeviceGetNumaNodeId", handle)
         minor = self._call(index, "nvmlDeviceGetMinorNumber", handle)
-        if minor is not None and not (isinstance(minor, int) and 0 <= minor <= _MAX_MINOR):
+        if minor is not None and not (isinstance(minor, int) and 0 <= minor <= MAX_MINOR):
             log.warning("nvml_minor_invalid", gpu=index, minor=excerpt(minor))
             minor = None
         return Gpu(
