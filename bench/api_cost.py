@@ -35,11 +35,29 @@ at 600 pod events an hour: Lease writes and reads per node-hour, the bytes of on
 body and answer body, as the double serves them), and the Node writes beside it. Then the same
 renewal on the real kube-apiserver (tests/controlplane's harness, built by Go as the tests build
 it): the body sent, and the Lease as the server answers it (its managedFields included).
+
+Racks (`--racks N`): N simulated GB200 NVL72 racks of 18 nodes (reporter.collect.simulate.racks,
+every rack on the same clique ID, as real racks are), one agent per node as `run` builds it for
+that node's name, each scanning its own simulated tray for real (the fake pynvml, the fabric and
+platform reads, the link walk) every compressed minute, with its NVLink error counters moving at
+every scan: what a steady rack costs the API server, errors counted in metrics and never written.
+
+    python bench/api_cost.py --racks 2 [--client lean|official]
+
+DeviceTaintRules (`--device-taints`): one agent with `run --dra-device-taints` (the Agent and its
+DeviceTaintRule output as `run` builds them, the real API client over HTTPS to the double, which
+serves resource.k8s.io/v1alpha3 DeviceTaintRules), on the simulated clock, scanning every 60 s with
+a 5 min resync. Rows: every GPU healthy all day; GPU 3 lost all day (steady: its rule stays); GPU 3
+flapping (lost, then healthy again, `--flaps` times a day). Requests to devicetaintrules are counted
+by the double: lists (at start and per resync), creates and deletes per node-hour.
+
+    python bench/api_cost.py --device-taints [--hours 24] [--flaps 4] [--client lean|official]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import random
@@ -49,7 +67,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,9 +78,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent
 from reporter.assembly import build_agent
-from reporter.collect import ScanResult, build_scanner
+from reporter.collect import CollectorScanner, Scanner, ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
+from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
+from reporter.collect.simulate.machine import Machine
+from reporter.collect.simulate.racks import rack_nodes
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.publish.api import NODES, ApiClient, Resource
+from reporter.publish.devicetaints import RBAC_VERBS as DEVICE_TAINT_VERBS
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.rest import RestApiClient, load_rest_config
@@ -73,7 +96,12 @@ from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
 from tests.agent_support import ClockedStop, FakeClock
 from tests.controlplane_fixtures import build_harness, start_harness, stop_process, wait_for_file
-from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.kube_double import (
+    AGENT_PERMISSIONS,
+    ApiServerDouble,
+    make_certificate,
+    write_kubeconfig,
+)
 
 PREFIX = keys.DEFAULT_PREFIX
 COMPRESSION = 60.0
@@ -107,12 +135,14 @@ CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
+    node: str, kubeconfig: Path, scan: ScanResult | Scanner, client: Callable[[Path], ApiClient]
 ) -> Running:
+    """An agent on `node`, as `run` builds it, scanning `scan`: one result every time, or a
+    scanner."""
     parts = build_agent(
         Settings(node=node, prefix=PREFIX, interval_s=INTERVAL_S, resync_s=RESYNC_S),
         api=client(kubeconfig),
-        scanner=FixedScanner(scan),
+        scanner=FixedScanner(scan) if isinstance(scan, ScanResult) else scan,
         stall_after_s=300,
     )
     agent, stop, metrics = parts.agent, parts.stop, parts.metrics
@@ -289,6 +319,118 @@ def availability_cost(
     ]
 
 
+class FlappingScanner:
+    """GPU `gpu` of the scan is lost during the first half of every `period_s` (None: always,
+    0: never), on the simulated clock."""
+
+    def __init__(
+        self, scan: ScanResult, gpu: int, period_s: float | None, clock: FakeClock
+    ) -> None:
+        assert scan.topology is not None
+        gpus = list(scan.topology.gpus)
+        gpus[gpu] = replace(gpus[gpu], lost=True)
+        self._healthy, self._lost = (
+            scan,
+            replace(scan, topology=replace(scan.topology, gpus=tuple(gpus))),
+        )
+        self._period_s, self._clock, self._start = period_s, clock, clock.now
+
+    def scan(self) -> ScanResult:
+        if self._period_s == 0:
+            return self._healthy
+        if self._period_s is None:
+            return self._lost
+        phase = (self._clock.now - self._start) % self._period_s
+        return self._lost if phase < self._period_s / 2 else self._healthy
+
+
+def device_taint_cost(
+    double: ApiServerDouble,
+    kubeconfig: Path,
+    scan: ScanResult,
+    client: Callable[[Path], ApiClient],
+    label: str,
+    period_s: float | None,
+    hours: float,
+) -> list[object]:
+    """One agent with DeviceTaintRules on, `hours` simulated: its rule requests per node-hour."""
+    node = f"gpu-taints-{len(double.nodes)}"
+    double.add_node(node)
+    clock = FakeClock()
+    stop = ClockedStop(clock, waits=int(hours * 3600 / SCAN_S))
+    parts = build_agent(
+        Settings(
+            node=node,
+            prefix=PREFIX,
+            interval_s=SCAN_S,
+            resync_s=LIVE_RESYNC_S,
+            dra_device_taints=True,
+        ),
+        api=client(kubeconfig),
+        scanner=FlappingScanner(scan, 3, period_s, clock),
+        stop=stop,
+        clock=clock,
+        stall_after_s=300,
+    )
+    parts.agent.step()  # install: the first scan and its rules, not counted
+    mark = len(double.requests)
+    wall = time.perf_counter()
+    parts.agent.run()
+    wall = time.perf_counter() - wall
+    ours = [r for r in double.requests[mark:] if "/devicetaintrules" in r.path]
+    by = Counter(r.method for r in ours)
+    return [
+        label,
+        f"{by['GET'] / hours:.2f}",
+        f"{by['POST'] / hours:.3f}",
+        f"{by['DELETE'] / hours:.3f}",
+        f"{(by['POST'] + by['DELETE']) / hours:.3f}",
+        f"{wall:.1f} s",
+    ]
+
+
+def main_device_taints(
+    client: Callable[[Path], ApiClient], name: str, hours: float, flaps: int
+) -> None:
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        with ApiServerDouble(certificate=certificate) as double:
+            double.device_taint_rules.installed = True
+            double.tokens["taints-token"] = AGENT_PERMISSIONS | {
+                f"{verb} devicetaintrules" for verb in DEVICE_TAINT_VERBS
+            }
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "taints-token", ca_cert=certificate.cert
+            )
+            for label, period in (
+                ("every GPU healthy", 0.0),
+                ("GPU 3 lost all day (steady)", None),
+                (f"GPU 3 lost and back {flaps} times a day", 24 * 3600 / flaps),
+            ):
+                rows.append(
+                    device_taint_cost(double, kubeconfig, scan, client, label, period, hours)
+                )
+    print(
+        f"one agent, simulated DGX H100, {name} client, {hours:g} simulated hours per row; scan "
+        f"{SCAN_S:.0f} s, resync {LIVE_RESYNC_S:.0f} s\n"
+    )
+    print(
+        table(
+            [
+                "health",
+                "lists / node-hour",
+                "creates / node-hour",
+                "deletes / node-hour",
+                "writes / node-hour",
+                "wall time",
+            ],
+            rows,
+        )
+    )
+
+
 def main_availability(
     client: Callable[[Path], ApiClient], name: str, hours: float, heartbeat: bool
 ) -> None:
@@ -416,6 +558,91 @@ def print_heartbeat(rows: list[list[object]], name: str, hours: float) -> None:
     )
 
 
+def erring_scanner(machine: Machine) -> CollectorScanner:
+    """The node's real scanner, its NVLink error counters 7 higher at every scan."""
+    scans = itertools.count()
+
+    def load() -> FakeNvml:
+        counters = {g.index: {"replay": 7 * next(scans)} for g in machine.gpus}
+        return FakeNvml(machine, Faults(counters=counters))
+
+    return CollectorScanner("auto", memory_hostfs(machine), load, procfs=memory_procfs(machine))
+
+
+def main_racks(client: Callable[[Path], ApiClient], name: str, racks: int) -> None:
+    nodes = rack_nodes(racks, cliques=[17044] * racks)
+    machines = {n.name: n.machine() for n in nodes}
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = RandomFaultDouble(certificate=certificate)
+        for node in nodes:
+            double.add_node(node.name)
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            mark = len(double.requests)
+            agents = [
+                start_agent(n.name, kubeconfig, erring_scanner(machines[n.name]), client)
+                for n in nodes
+            ]
+            partition = keys.key(PREFIX, keys.NVLINK_PARTITION)
+            start = time.monotonic()
+            while any(double.labels(n.name).get(partition) != n.partition for n in nodes):
+                if time.monotonic() - start > 120:
+                    raise SystemExit("the racks did not converge in 120 s")
+                time.sleep(0.1)
+            took = time.monotonic() - start
+            time.sleep(INTERVAL_S)
+            c = count(double, mark)
+            rows.append(
+                ["install (all start on empty Nodes)", f"{took:.1f} s", *per_node(c, len(nodes))]
+            )
+            mark = len(double.requests)
+            time.sleep(HOUR_S)
+            c = count(double, mark)
+            errors = sum(
+                a.metrics.registry.get_sample_value(
+                    "topo_reporter_nvlink_errors_total", {"counter": "replay"}
+                )
+                or 0.0
+                for a in agents
+            )
+            scans = sum(
+                a.metrics.registry.get_sample_value("topo_reporter_scans_total", {"result": "ok"})
+                or 0.0
+                for a in agents
+            )
+            rows.append(
+                [
+                    f"steady state, per node-hour ({scans:.0f} scans, {errors:.0f} NVLink replay "
+                    "errors counted)",
+                    f"{HOUR_S:.0f} s",
+                    *per_node(c, len(nodes)),
+                ]
+            )
+            stop_all(agents)
+    print(
+        f"{len(nodes)} agents on {racks} simulated NVL72 racks ({name} client), interval "
+        f"{INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n"
+    )
+    print(
+        table(
+            [
+                "phase",
+                "wall time",
+                "node reads/node",
+                "node writes/node",
+                "events/node",
+                "429s/node",
+                "requests",
+            ],
+            rows,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
@@ -425,11 +652,22 @@ def main() -> None:
     parser.add_argument(
         "--heartbeat", action="store_true", help="with --availability: the heartbeat Lease's cost"
     )
+    parser.add_argument("--racks", type=int, help="agents on N simulated NVL72 racks instead")
+    parser.add_argument(
+        "--device-taints", action="store_true", help="the DeviceTaintRule output's cost instead"
+    )
+    parser.add_argument("--flaps", type=int, default=4, help="health changes a day (device taints)")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
+    if args.racks:
+        main_racks(client, args.client, args.racks)
+        return
     if args.availability:
         main_availability(client, args.client, args.hours, args.heartbeat)
+        return
+    if args.device_taints:
+        main_device_taints(client, args.client, args.hours, args.flaps)
         return
     n = args.agents
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()

@@ -12,21 +12,22 @@ The annotation value (`encode_availability`), version 2, in ASCII:
 
 - `<free>`: the free GPU indexes as a canonical Linux list string (`0-3,6`); empty for none.
 - each `<k>`: `links.connected.numa.nic.island.fit`, six decimal integers about the k-set the
-  on-node policy takes: its link points, 1 if every pair of it is NVLink-connected else 0, the
-  NUMA nodes it spans, its NIC points (0 without RDMA NICs), the size of the free NVLink island it
-  is taken from, and its fit: the largest reach among its GPUs, a GPU's reach being the size of
-  the largest set of free GPUs, all pairwise NVLink-connected, that holds it (1 without a free
-  NVLink peer). A connected set of fit k uses a connected set whole, or takes GPUs nobody else
-  could use connected; a larger fit cuts into a larger connected set. Fit 0: the on-node policy
-  fails a k-GPU request here (go-gpuallocator's padded answer, `reporter.gpuallocator`); the other
-  fields then describe the best set.
+  on-node policy takes: its link points, 1 if every pair of it is NVLink-connected at full bond
+  (no GPU of it has an NVLink down) else 0, the NUMA nodes it spans, its NIC points (0 without
+  RDMA NICs), the size of the free NVLink island it is taken from, and its fit: the largest
+  reach among its GPUs, a GPU's reach being the size of the largest set of free GPUs, all
+  pairwise NVLink-connected, that holds it (1 without a free NVLink peer). A connected set of fit
+  k uses a connected set whole, or takes GPUs nobody else could use connected; a larger fit cuts
+  into a larger connected set. Fit 0: the on-node policy fails a k-GPU request here
+  (go-gpuallocator's padded answer, `reporter.gpuallocator`); the other fields then describe the
+  best set.
 
 Version 1 (`1;<free>;links.connected.numa.nic.island`, the best k-set, no fit) is still read:
 `FreeSet.fit` is None, and `node_score` takes the island, never smaller, for the fit.
 
 Example (a DGX A100 with GPUs 0-3 and 6 free, policy `best`):
 `2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/...`. A DGX H100 with all 8 free encodes in about
-80 characters; 256 GPUs (the schema's limit) in about 7 KB. `decode_availability` accepts only
+120 characters; 256 GPUs (the schema's limit) in about 7 KB. `decode_availability` accepts only
 what `encode_availability` writes (either version), byte for byte, and bounds every number, so a
 value someone edited either reads back exactly or raises SchemaError.
 
@@ -42,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.errors import ParseError
-from parsers.links import MAX_NVLINKS, LinkKind
+from parsers.links import MAX_NVLINKS
 from reporter.errors import PlacementError, SchemaError
 from reporter.placement import (
     NVLINK_POINTS,
@@ -56,18 +57,23 @@ from reporter.placement import (
 from reporter.schema.model import Topology
 
 __all__ = [
+    "ALLOCATION_KEY",
     "AVAILABILITY_BUDGET",
     "AVAILABILITY_KEY",
+    "DEVICE_PLUGIN_ONLY",
     "FORMAT_VERSION",
     "MAX_GPUS",
     "MAX_TEXT_CHARS",
     "NEUTRAL_SCORE",
+    "Allocation",
     "Availability",
     "FreeSet",
     "availability_labels",
     "can_fit",
     "compute_availability",
+    "decode_allocation",
     "decode_availability",
+    "encode_allocation",
     "encode_availability",
     "free_set",
     "node_score",
@@ -75,6 +81,8 @@ __all__ = [
 
 AVAILABILITY_KEY = "availability"
 """Annotation key suffix: the full key is f"{prefix}/availability"."""
+ALLOCATION_KEY = "allocation"
+"""Annotation key suffix of what availability counts and which GPUs claims hold."""
 GPU_FREE_LABEL = "gpu-free"
 GPU_FREE_NVLINK_MAX_LABEL = "gpu-free-nvlink-max"
 
@@ -93,8 +101,6 @@ MAX_GPUS = 256
 MAX_TEXT_CHARS = 8192
 """Longer than any value `encode_availability` writes for MAX_GPUS GPUs (about 6 KB)."""
 _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS
-_CLOSE_NIC_POINTS = PCIE_POINTS[LinkKind.PXB]
-"""NIC points from PXB up (PCIe switches only, no host bridge): where GPUDirect RDMA pays."""
 
 _ENTRY = re.compile(r"(\d{1,8})\.([01])\.(\d{1,3})\.(\d)\.(\d{1,3})(?:\.(\d{1,3}))?")
 
@@ -106,7 +112,8 @@ class FreeSet:
     links: int
     """Link points of the set (reporter.placement.Score.links)."""
     connected: bool
-    """Every pair of the set is NVLink-connected (true for one GPU: it has no pair to miss)."""
+    """Every pair of the set is NVLink-connected at full bond: no GPU of it has an NVLink down
+    (true for one GPU: it has no pair to miss)."""
     numa: int
     """NUMA nodes the set spans (>= 1; GPUs of unknown NUMA node count as one)."""
     nic: int
@@ -130,6 +137,12 @@ class Availability:
     version 1 and with policy `best`)."""
 
 
+def nvlink_degraded(topology: Topology, index: int) -> bool:
+    """Whether GPU `index` has NVLinks down (degraded or all down), as the source observed."""
+    health = topology.gpus[index].nvlink
+    return health is not None and health.state != "ok"
+
+
 def free_set(
     topology: Topology,
     chosen: GpuSet,
@@ -140,11 +153,12 @@ def free_set(
     `nvlink_reach` of those free GPUs (computed here when not given)."""
     pool = set(free)
     gpus = chosen.gpus
+    # A degraded GPU still shows NV<k> to its peers, with a lower bond: the set is not whole.
     connected = all(
         topology.links[a][b].is_nvlink or topology.links[b][a].is_nvlink
         for i, a in enumerate(gpus)
         for b in gpus[i + 1 :]
-    )
+    ) and (len(gpus) < 2 or not any(nvlink_degraded(topology, g) for g in gpus))
     # The island: every free GPU reachable over NVLink from the set, walking free GPUs only.
     reached, stack = set(gpus), list(gpus)
     while stack:
@@ -350,6 +364,8 @@ def node_score(a: Availability | None, k: int) -> int:
     | not connected, cutting into no connected set (fit 1)    | 2                              |
     | not connected otherwise; the on-node policy fails (0)   | 1                              |
 
+    Connected means at full bond: a set with a GPU whose NVLinks are down is not connected.
+
     Fit first: the pod takes from the node where it leaves the largest connected sets whole for
     the pods that need them (best fit), and so the policy that will run matters. Neighbouring
     classes stand two points apart, 100 of kube-scheduler's points at the extender weight 5 of the
@@ -371,3 +387,63 @@ def node_score(a: Availability | None, k: int) -> int:
         return 4
     base = 9 if fit == k else 6
     return base + (chosen.numa == 1)
+
+
+ALLOCATION_SOURCES = ("device-plugin", "dra")
+"""What availability can count, in the order the annotation lists them (the reader's names)."""
+_ALLOCATION_VERSION = 1
+_MAX_ALLOCATION_CHARS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """How the node's free GPUs were counted, and which of its GPUs DRA claims hold.
+
+    The annotation value (`encode_allocation`), version 1: `1;<sources>;<claimed>`, e.g.
+    `1;dra;0-1,5`: `<sources>` lists what availability counts (`device-plugin`: the kubelet's
+    device plugin allocations; `dra`: ResourceClaims' devices), comma-separated; `<claimed>` the
+    GPU indexes claims hold, as a Linux list string, empty for none. Written with availability,
+    so it costs no write of its own: a claim that comes or goes changes the free GPUs too. Absent
+    where availability counts the device plugin's allocations only (DEVICE_PLUGIN_ONLY), as it
+    did before DRA.
+    """
+
+    sources: tuple[str, ...]
+    claimed: tuple[int, ...] = ()
+
+
+DEVICE_PLUGIN_ONLY = Allocation(("device-plugin",))
+"""What a Node without an `allocation` annotation (but with availability) was counted from."""
+
+
+def encode_allocation(a: Allocation) -> str:
+    """The annotation value (see Allocation)."""
+    return f"{_ALLOCATION_VERSION};{','.join(a.sources)};{format_cpulist(a.claimed)}"
+
+
+def decode_allocation(text: str) -> Allocation:
+    """Read an annotation value back; exactly what `encode_allocation` writes, nothing else.
+
+    Raises SchemaError (field `allocation`) on anything else.
+    """
+    if not isinstance(text, str) or len(text) > _MAX_ALLOCATION_CHARS or not text.isascii():
+        raise SchemaError(ALLOCATION_KEY, "is not a short ASCII string")
+    parts = text.split(";")
+    if len(parts) != 3 or parts[0] != str(_ALLOCATION_VERSION):
+        raise SchemaError(ALLOCATION_KEY, f"is not {_ALLOCATION_VERSION};sources;claimed GPUs")
+    sources = tuple(parts[1].split(",")) if parts[1] else ()
+    if sources != tuple(s for s in ALLOCATION_SOURCES if s in sources):
+        raise SchemaError(
+            ALLOCATION_KEY,
+            f"sources {parts[1][:40]!r} are not some of {','.join(ALLOCATION_SOURCES)}",
+        )
+    try:
+        claimed = tuple(sorted(parse_cpulist(parts[2], field=ALLOCATION_KEY)))
+    except ParseError as e:
+        raise SchemaError(ALLOCATION_KEY, f"claimed GPUs: {e}") from None
+    if claimed and claimed[-1] >= MAX_GPUS:
+        raise SchemaError(ALLOCATION_KEY, f"claimed GPUs beyond the limit of {MAX_GPUS}")
+    decoded = Allocation(sources=sources, claimed=claimed)
+    if encode_allocation(decoded) != text:
+        raise SchemaError(ALLOCATION_KEY, "is not in canonical form (as the agent writes it)")
+    return decoded
