@@ -32,7 +32,7 @@ from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.collect.kubelet import read_kubelet_policies
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from reporter.collect.sysfs import numa_memory
+from reporter.collect.sysfs import numa_memory, pcie_root
 from reporter.errors import (
     CollectError,
     ConfigError,
@@ -317,11 +317,7 @@ def nrt_output(
     view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
     Manager policies from its config file. API errors and results go to `metrics`."""
     node = config.node or socket.gethostname().lower()
-    hostfs: HostFS = (
-        DirHostFS(Path(config.sysfs_root))
-        if config.simulate is None
-        else memory_hostfs(load_machine(config.simulate))
-    )
+    hostfs = _hostfs(config)
     sink = NrtSink(
         client,
         stop=stop,
@@ -337,6 +333,28 @@ def nrt_output(
         log=log,
         resync_s=config.resync_s,
         on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
+    )
+
+
+def _hostfs(config: settings.Settings) -> HostFS:
+    """The sysfs the agent reads: the host's (`--sysfs-root`), or the simulated machine's."""
+    if config.simulate is None:
+        return DirHostFS(Path(config.sysfs_root))
+    return memory_hostfs(load_machine(config.simulate))
+
+
+def koordinator_output(
+    config: settings.Settings, sink: Sink, log: structlog.typing.FilteringBoundLogger
+) -> DeviceInfoOutput:
+    """The output of `run --koordinator-dir`: koordlet's device-info file, each GPU's PCIe root
+    complex from sysfs (or the simulated machine), a withheld file told on the Node."""
+    assert config.koordinator_dir is not None
+    hostfs = _hostfs(config)
+    return DeviceInfoOutput(
+        DeviceInfoFile(Path(config.koordinator_dir)),
+        log,
+        pcie_root=functools.partial(pcie_root, hostfs),
+        event=sink.event,
     )
 
 
@@ -437,9 +455,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         interval_s=config.interval_s,
         resync_s=config.resync_s,
         kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=()
-        if config.koordinator_dir is None
-        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        outputs=() if config.koordinator_dir is None else (koordinator_output(config, sink, log),),
         live=live,
     )
     if config.once:
