@@ -25,11 +25,12 @@ import structlog
 
 from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.kubelet import KubeletPolicies
 from parsers.nvsmi import parse_topo
 from reporter import doctor, logs, settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
-from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.kubelet import nrt_policies, read_kubelet
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.collect.sysfs import numa_memory, pcie_root
@@ -318,6 +319,14 @@ def nrt_output(
     Manager policies from its config file. API errors and results go to `metrics`."""
     node = config.node or socket.gethostname().lower()
     hostfs = _hostfs(config)
+    stated = (
+        None
+        if config.topology_manager_policy is None
+        else KubeletPolicies(
+            topology_manager_policy=config.topology_manager_policy,
+            topology_manager_scope=config.topology_manager_scope,
+        )
+    )
     sink = NrtSink(
         client,
         stop=stop,
@@ -329,7 +338,7 @@ def nrt_output(
         sink,
         node=node,
         memory=lambda: numa_memory(hostfs),
-        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        policies=lambda: nrt_policies(read_kubelet(Path(config.kubelet_config)), stated),
         log=log,
         resync_s=config.resync_s,
         on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
@@ -454,7 +463,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stop=stop,
         interval_s=config.interval_s,
         resync_s=config.resync_s,
-        kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        kubelet=functools.partial(read_kubelet, Path(config.kubelet_config)),
         outputs=() if config.koordinator_dir is None else (koordinator_output(config, sink, log),),
         live=live,
     )

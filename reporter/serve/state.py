@@ -38,6 +38,7 @@ class AgentState:
         self._published_at: float | None = None
         self._publish_error: str | None = "no publish yet"
         self._degraded: str | None = None
+        self._notes: dict[str, str] = {}
         self._stopped = False
 
     def beat(self) -> None:
@@ -64,6 +65,15 @@ class AgentState:
     def set_degraded(self, reason: str | None) -> None:
         with self._lock:
             self._degraded = reason
+
+    def note(self, key: str, text: str | None) -> None:
+        """Something operators should know that does not make the agent unready (the kubelet
+        config cannot be read): shown in /readyz's detail; None takes note `key` away."""
+        with self._lock:
+            if text is None:
+                self._notes.pop(key, None)
+            else:
+                self._notes[key] = text
 
     def stopped(self) -> None:
         with self._lock:
@@ -94,4 +104,4 @@ class AgentState:
             age = self._clock() - self._published_at
             if age > self._stale_after_s:
                 return Verdict(False, f"data is {age:.0f}s old")
-            return Verdict(True, "ok")
+            return Verdict(True, "; ".join(["ok", *(self._notes[k] for k in sorted(self._notes))]))
