@@ -252,7 +252,7 @@ class Agent:
         if reading.problem != self._kubelet_problem:
             if reading.problem is not None:
                 # Once per distinct problem: the file is read every interval.
-                self._log.error("kubelet_config_unreadable", error=reading.problem)
+                self._log.warning("kubelet_config_unreadable", error=reading.problem)
             else:
                 self._log.info("kubelet_config_read")
             self._kubelet_problem = reading.problem
