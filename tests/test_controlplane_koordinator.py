@@ -76,9 +76,16 @@ def koordlet(binary: Path, server: RealApiServer, directory: Path, node: str) ->
     return report
 
 
+def minor(t: Topology, index: int) -> int:
+    """The driver's minor number of GPU `index`, which the scan knows on every simulated machine."""
+    found = t.gpus[index].minor
+    assert found is not None
+    return found
+
+
 def expected_partitions(t: Topology) -> set[tuple[int, ...]]:
-    """What the NVLink wiring allows, independently of how the file says it: every NVLinked pair,
-    and every NVLink island of more than two GPUs whose pairs are all NVLinked."""
+    """What the NVLink wiring allows, independently of how the file says it, in minors: every
+    NVLinked pair, and every NVLink island of more than two GPUs whose pairs are all NVLinked."""
     n = len(t.gpus)
 
     def linked(a: int, b: int) -> bool:
@@ -90,7 +97,7 @@ def expected_partitions(t: Topology) -> set[tuple[int, ...]]:
         for island in t.islands
         if len(island) > 2 and all(linked(a, b) for a in island for b in island if a < b)
     }
-    return pairs | islands
+    return {tuple(sorted(minor(t, i) for i in group)) for group in pairs | islands}
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -122,9 +129,9 @@ def test_koordlet_reports_every_gpu_of_the_file_and_the_scheduler_reads_its_part
 
     # koordlet reports the file's GPUs and nothing else: no GPU of ours is lost, none invented.
     devices = {d["minor"]: d for d in stored["spec"]["devices"]}
-    assert sorted(devices) == [g.index for g in t.gpus]
+    assert sorted(devices) == sorted(minor(t, g.index) for g in t.gpus)
     for gpu in t.gpus:
-        device = devices[gpu.index]
+        device = devices[minor(t, gpu.index)]
         home = t.home_numa(gpu.index)
         assert device["type"] == "gpu"
         assert device["id"] == gpu.uuid

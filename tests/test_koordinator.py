@@ -453,3 +453,31 @@ def test_run_keeps_publishing_when_the_directory_is_missing(tmp_path: Path) -> N
     assert json.loads(result.stdout)["metadata"]["labels"]["gpu.topology.io/count"] == "8"
     failures = [json.loads(x) for x in result.stderr.splitlines() if "koordinator_file" in x]
     assert [f["event"] for f in failures] == ["koordinator_file_failed"]
+
+
+def test_minors_are_the_drivers_where_known_peers_named_by_them_too() -> None:
+    t = topology(4)
+    numbered = dataclasses.replace(
+        t, gpus=tuple(dataclasses.replace(g, minor=10 + g.index) for g in t.gpus)
+    )
+    devices = device_infos(numbered, roots(numbered))
+    assert [d["minor"] for d in devices] == ["10", "11", "12", "13"]
+    assert partitions(devices) == {
+        (10, 11),
+        (10, 12),
+        (10, 13),
+        (11, 12),
+        (11, 13),
+        (12, 13),
+        (10, 11, 12, 13),
+    }
+    # One GPU without a minor (a parsed nvidia-smi text): the index for every GPU.
+    partly = _without(numbered, 2, minor=None)
+    assert [d["minor"] for d in device_infos(partly, roots(partly))] == ["0", "1", "2", "3"]
+
+
+def test_two_gpus_of_one_minor_are_refused() -> None:
+    t = topology(2)
+    same = dataclasses.replace(t, gpus=tuple(dataclasses.replace(g, minor=0) for g in t.gpus))
+    with pytest.raises(KoordinatorFileError, match="two GPUs have one minor number"):
+        device_infos(same, roots(same))

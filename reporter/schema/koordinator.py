@@ -21,8 +21,11 @@ verbatim; each entry's `resources` become the device's resources. So:
   (its memory), as koordlet's NVML path reports them (koordlet adds `gpu-memory-ratio` itself).
 - `pcieID` is the GPU's PCIe root complex, `pci<domain>:<bus>` (`pci0000:15`), as koordlet's NVML
   path finds it in the GPU's sysfs path; the scheduler groups GPUs and NICs by it.
-- `minor` is the GPU's index (NVML order, PCI bus order): the /dev/nvidia<minor> number wherever
-  the driver numbers devices in PCI order, its default.
+- `minor` is the driver's minor number (`/dev/nvidia<minor>`, NVML's nvmlDeviceGetMinorNumber),
+  what koordlet's NVML path reports and the device plugin's allocations are matched by; `peerMinor`
+  names peers by it too. A topology that does not know every GPU's minor (parsed `nvidia-smi`
+  text) uses the index (NVML order, PCI bus order), the minor wherever the driver numbers devices
+  in PCI order, its default.
 A file that cannot be all of this is not written: `device_infos` raises instead, and koordlet
 keeps reporting the GPUs NVML shows it.
 
@@ -92,15 +95,27 @@ def _model(topology: Topology) -> str:
     return label
 
 
-def _links(topology: Topology, index: int, island: tuple[int, ...]) -> list[dict[str, str]]:
+def minors(topology: Topology) -> list[int]:
+    """Each GPU's minor, by index: the driver's where every GPU's is known, else the index.
+    Raises KoordinatorFileError when two GPUs claim one minor."""
+    known = [g.minor for g in topology.gpus if g.minor is not None]
+    chosen = known if len(known) == len(topology.gpus) else [g.index for g in topology.gpus]
+    if len(set(chosen)) != len(chosen):
+        raise KoordinatorFileError(f"two GPUs have one minor number ({chosen})")
+    return chosen
+
+
+def _links(
+    topology: Topology, index: int, island: tuple[int, ...], minor: list[int]
+) -> list[dict[str, str]]:
     n = len(topology.gpus)
     links = [
-        {"peerMinor": str(j), "type": LINK_TYPE}
+        {"peerMinor": str(minor[j]), "type": LINK_TYPE}
         for j in range(n)
         if j != index and _nvlinked(topology, index, j)
     ]
     if len(island) > 2 and all(_nvlinked(topology, a, b) for a in island for b in island if a < b):
-        peers = ",".join(str(j) for j in island if j != index)
+        peers = ",".join(str(minor[j]) for j in island if j != index)
         links.append({"peerMinor": peers, "type": LINK_TYPE})
     return links
 
@@ -111,11 +126,12 @@ def device_infos(topology: Topology, pcie_roots: Mapping[int, str]) -> list[dict
     `pcie_roots` maps a GPU index to its PCIe root complex (`pci0000:15`). Raises
     KoordinatorFileError when the file cannot be what koordlet needs: a GPU without UUID, PCI
     address, memory size or root complex; an unknown model, GPUs of several models, or a model
-    that makes no label value (the module docstring says why each matters).
+    that makes no label value; two GPUs of one minor (the module docstring says why each matters).
     """
     if not topology.gpus:
         raise KoordinatorFileError("no GPU is known")
     model = _model(topology)
+    minor = minors(topology)
     island_of = {gpu: island for island in topology.islands for gpu in island}
     devices = []
     for gpu in topology.gpus:
@@ -133,7 +149,7 @@ def device_infos(topology: Topology, pcie_roots: Mapping[int, str]) -> list[dict
                 f"bus/pci/devices/{gpu.pci} does not resolve into the PCI tree (check --sysfs-root)"
             )
         placement: dict[str, Any] = {}
-        links = _links(topology, i, island_of.get(i, ()))
+        links = _links(topology, i, island_of.get(i, ()), minor)
         if links:
             placement["p2pLinks"] = links
         home = topology.home_numa(i)
@@ -146,7 +162,7 @@ def device_infos(topology: Topology, pcie_roots: Mapping[int, str]) -> list[dict
                 "vendor": VENDOR,
                 "model": model,
                 "uuid": gpu.uuid,
-                "minor": str(i),
+                "minor": str(minor[i]),
                 "resources": {GPU_CORE: WHOLE_GPU_CORE, GPU_MEMORY: f"{gpu.mem_mib}Mi"},
                 "topology": placement,
                 "status": {"healthy": not gpu.lost},
