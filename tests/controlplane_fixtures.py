@@ -125,8 +125,12 @@ class GoProgram:
         go = go_binary()
         out = self.cache_path()
         out.parent.mkdir(parents=True, exist_ok=True)
+        # cgo compiles its probes from files in TMPDIR, where `#include "x.h"` finds an x.h lying
+        # there before the package's own: a stray /tmp/nvml.h broke go-nvml's build. A private one.
+        scratch = out.parent / "tmp"
+        scratch.mkdir(exist_ok=True)
         # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
-        env = {**os.environ, "GOTOOLCHAIN": "local"}
+        env = {**os.environ, "GOTOOLCHAIN": "local", "TMPDIR": str(scratch)}
         try:
             result = subprocess.run(
                 [go, "build", "-o", str(out), "."],

@@ -86,3 +86,28 @@ def test_without_libpfm4_dev_the_consumers_build_fails_with_one_line(
     assert str(failed.value) == controlplane_fixtures.LIBPFM_MISSING
     assert "apt-get install -y libpfm4-dev" in str(failed.value)
     assert "\n" not in str(failed.value)
+
+
+def test_go_builds_with_a_private_tmpdir_so_no_stray_header_shadows_a_packages_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # cgo compiles its probes from files in TMPDIR: `#include "nvml.h"` there found a stray
+    # /tmp/nvml.h before go-nvml's own and broke the build. A double of `go` says where it ran.
+    seen = tmp_path / "seen"
+    go = tmp_path / "bin" / "go"
+    go.parent.mkdir()
+    go.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = env ] && { echo go1.26.8; exit 0; }\n'
+        f'echo "$TMPDIR" > {seen}\n'
+        ': > "$3"\n'
+    )
+    go.chmod(0o755)
+    monkeypatch.setenv("PATH", str(go.parent))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    program = GoProgram("consumers", controlplane_fixtures.CONSUMERS)
+    built = program.build()
+    private = Path(seen.read_text().strip())
+    assert private == built.parent / "tmp"
+    assert private.is_dir()
