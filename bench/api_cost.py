@@ -35,11 +35,20 @@ at 600 pod events an hour: Lease writes and reads per node-hour, the bytes of on
 body and answer body, as the double serves them), and the Node writes beside it. Then the same
 renewal on the real kube-apiserver (tests/controlplane's harness, built by Go as the tests build
 it): the body sent, and the Lease as the server answers it (its managedFields included).
+
+Racks (`--racks N`): N simulated GB200 NVL72 racks of 18 nodes (reporter.collect.simulate.racks,
+every rack on the same clique ID, as real racks are), one agent per node as `run` builds it for
+that node's name, each scanning its own simulated tray for real (the fake pynvml, the fabric and
+platform reads, the link walk) every compressed minute, with its NVLink error counters moving at
+every scan: what a steady rack costs the API server, errors counted in metrics and never written.
+
+    python bench/api_cost.py --racks 2 [--client lean|official]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import random
@@ -60,8 +69,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent
 from reporter.assembly import build_agent
-from reporter.collect import ScanResult, build_scanner
+from reporter.collect import CollectorScanner, Scanner, ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
+from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
+from reporter.collect.simulate.machine import Machine
+from reporter.collect.simulate.racks import rack_nodes
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.publish.api import NODES, ApiClient, Resource
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.lease import LeaseHeartbeat
@@ -107,12 +120,14 @@ CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
+    node: str, kubeconfig: Path, scan: ScanResult | Scanner, client: Callable[[Path], ApiClient]
 ) -> Running:
+    """An agent on `node`, as `run` builds it, scanning `scan`: one result every time, or a
+    scanner."""
     parts = build_agent(
         Settings(node=node, prefix=PREFIX, interval_s=INTERVAL_S, resync_s=RESYNC_S),
         api=client(kubeconfig),
-        scanner=FixedScanner(scan),
+        scanner=FixedScanner(scan) if isinstance(scan, ScanResult) else scan,
         stall_after_s=300,
     )
     agent, stop, metrics = parts.agent, parts.stop, parts.metrics
@@ -416,6 +431,91 @@ def print_heartbeat(rows: list[list[object]], name: str, hours: float) -> None:
     )
 
 
+def erring_scanner(machine: Machine) -> CollectorScanner:
+    """The node's real scanner, its NVLink error counters 7 higher at every scan."""
+    scans = itertools.count()
+
+    def load() -> FakeNvml:
+        counters = {g.index: {"replay": 7 * next(scans)} for g in machine.gpus}
+        return FakeNvml(machine, Faults(counters=counters))
+
+    return CollectorScanner("auto", memory_hostfs(machine), load, procfs=memory_procfs(machine))
+
+
+def main_racks(client: Callable[[Path], ApiClient], name: str, racks: int) -> None:
+    nodes = rack_nodes(racks, cliques=[17044] * racks)
+    machines = {n.name: n.machine() for n in nodes}
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = RandomFaultDouble(certificate=certificate)
+        for node in nodes:
+            double.add_node(node.name)
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            mark = len(double.requests)
+            agents = [
+                start_agent(n.name, kubeconfig, erring_scanner(machines[n.name]), client)
+                for n in nodes
+            ]
+            partition = keys.key(PREFIX, keys.NVLINK_PARTITION)
+            start = time.monotonic()
+            while any(double.labels(n.name).get(partition) != n.partition for n in nodes):
+                if time.monotonic() - start > 120:
+                    raise SystemExit("the racks did not converge in 120 s")
+                time.sleep(0.1)
+            took = time.monotonic() - start
+            time.sleep(INTERVAL_S)
+            c = count(double, mark)
+            rows.append(
+                ["install (all start on empty Nodes)", f"{took:.1f} s", *per_node(c, len(nodes))]
+            )
+            mark = len(double.requests)
+            time.sleep(HOUR_S)
+            c = count(double, mark)
+            errors = sum(
+                a.metrics.registry.get_sample_value(
+                    "topo_reporter_nvlink_errors_total", {"counter": "replay"}
+                )
+                or 0.0
+                for a in agents
+            )
+            scans = sum(
+                a.metrics.registry.get_sample_value("topo_reporter_scans_total", {"result": "ok"})
+                or 0.0
+                for a in agents
+            )
+            rows.append(
+                [
+                    f"steady state, per node-hour ({scans:.0f} scans, {errors:.0f} NVLink replay "
+                    "errors counted)",
+                    f"{HOUR_S:.0f} s",
+                    *per_node(c, len(nodes)),
+                ]
+            )
+            stop_all(agents)
+    print(
+        f"{len(nodes)} agents on {racks} simulated NVL72 racks ({name} client), interval "
+        f"{INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n"
+    )
+    print(
+        table(
+            [
+                "phase",
+                "wall time",
+                "node reads/node",
+                "node writes/node",
+                "events/node",
+                "429s/node",
+                "requests",
+            ],
+            rows,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
@@ -425,9 +525,13 @@ def main() -> None:
     parser.add_argument(
         "--heartbeat", action="store_true", help="with --availability: the heartbeat Lease's cost"
     )
+    parser.add_argument("--racks", type=int, help="agents on N simulated NVL72 racks instead")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
+    if args.racks:
+        main_racks(client, args.client, args.racks)
+        return
     if args.availability:
         main_availability(client, args.client, args.hours, args.heartbeat)
         return
