@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.utils import parse_quantity
 
 from reporter.collect import build_scanner
 from reporter.collect.simulate.machine import list_profiles, load_machine
@@ -142,11 +143,13 @@ def test_koordlet_reports_every_gpu_of_the_file_and_the_scheduler_reads_its_part
             "pcieID": pcie_root(hostfs, gpu.pci or ""),
             "busID": gpu.pci,
         }
-        # As koordlet's NVML path reports a whole GPU (its memory in bytes, as a quantity).
-        assert device["resources"] == {
-            "koordinator.sh/gpu-core": "100",
-            "koordinator.sh/gpu-memory": f"{gpu.mem_mib}Mi",
-            "koordinator.sh/gpu-memory-ratio": "100",
+        # As koordlet's NVML path reports a whole GPU: its memory, a quantity the server keeps in
+        # canonical form (32768Mi is stored as 32Gi).
+        resources = {k: parse_quantity(v) for k, v in device["resources"].items()}
+        assert resources == {
+            "koordinator.sh/gpu-core": 100,
+            "koordinator.sh/gpu-memory": (gpu.mem_mib or 0) << 20,
+            "koordinator.sh/gpu-memory-ratio": 100,
         }
         (healthy,) = device["conditions"]
         assert (healthy["type"], healthy["status"]) == ("Healthy", "False" if gpu.lost else "True")
