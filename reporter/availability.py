@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from parsers.links import MAX_NVLINKS, LinkKind
 from reporter.errors import PlacementError, SchemaError
 from reporter.placement import NVLINK_POINTS, PCIE_POINTS, GpuSet, best_gpu_set
@@ -76,7 +77,7 @@ _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS
 _CLOSE_NIC_POINTS = PCIE_POINTS[LinkKind.PXB]
 """NIC points from PXB up (PCIe switches only, no host bridge): where GPUDirect RDMA pays."""
 
-_ENTRY = re.compile(r"(\d{1,8})\.([01])\.(\d{1,3})\.(\d)\.(\d{1,3})")
+_ENTRY = re.compile(r"([0-9]{1,8})\.([01])\.([0-9]{1,3})\.([0-9])\.([0-9]{1,3})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,10 @@ def _decode_entry(entry: str, k: int, free: int) -> FreeSet:
         raise SchemaError(
             AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not links.c.numa.nic.island"
         )
-    links, connected, numa, nic, island = (int(g) for g in match.groups())
+    # The pattern admits only short ASCII digit runs: parse_decimal cannot refuse them.
+    links, connected, numa, nic, island = (
+        parse_decimal(g, field=AVAILABILITY_KEY) for g in match.groups()
+    )
     pairs = k * (k - 1) // 2
     problem = None
     if not pairs <= links <= pairs * _MAX_PAIR_POINTS:

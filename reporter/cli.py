@@ -25,6 +25,7 @@ import structlog
 
 from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from parsers.nvsmi import parse_topo
 from reporter import doctor, logs, settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
@@ -187,8 +188,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _gpu_count(value: str) -> int:
     try:
-        count = int(value)
-    except ValueError:
+        count = parse_decimal(value, field="--gpus")
+    except ParseError:
         raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
@@ -198,8 +199,10 @@ def _gpu_count(value: str) -> int:
 def _gpu_indices(value: str) -> list[int]:
     """A comma-separated list of GPU indexes; empty means none (no GPU free, nothing forced)."""
     try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
+        return [
+            parse_decimal(part.strip(), field="GPU") for part in value.split(",") if part.strip()
+        ]
+    except ParseError:
         raise argparse.ArgumentTypeError(
             f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
         ) from None
@@ -207,8 +210,8 @@ def _gpu_indices(value: str) -> list[int]:
 
 def _work_units(value: str) -> int:
     try:
-        units = int(value)
-    except ValueError:
+        units = parse_decimal(value, field="--budget")
+    except ParseError:
         raise argparse.ArgumentTypeError(f"{value[:64]!r} is not a number of work units") from None
     if units < 1:
         raise argparse.ArgumentTypeError(f"{units}: give at least 1 work unit")

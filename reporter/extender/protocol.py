@@ -26,6 +26,8 @@ from json.encoder import encode_basestring_ascii
 from operator import not_
 from typing import Any, cast
 
+from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from reporter.availability import NEUTRAL_SCORE, Availability, decode_availability, node_score
 from reporter.errors import ConfigError, InputError, SchemaError
 
@@ -39,7 +41,6 @@ KEPT_SIZES = 16
 RANKS_KEPT = 4096
 """Distinct annotation values whose rank is remembered (at most 8 KB each: 32 MB at worst)."""
 """Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
-_COUNT = re.compile(r"\d{1,7}")
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -202,8 +203,11 @@ def _count(value: Any, where: str) -> int:
     # the Quantity as a string or as a number.
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and _COUNT.fullmatch(value):
-        return int(value)
+    if isinstance(value, str):
+        try:
+            return parse_decimal(value, field=where, max_digits=7)
+        except ParseError:
+            pass
     raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
 
 
