@@ -8,6 +8,7 @@ cause ends here as one line on stderr (what happened, what to do) and a non-zero
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -42,8 +43,9 @@ from reporter.errors import (
     SchemaError,
     TopoReporterError,
 )
+from reporter.extender.protocol import MAX_REQUEST_BYTES
 from reporter.hostfs import DirHostFS, HostFS
-from reporter.inputs import read_bounded
+from reporter.inputs import read_bounded, size_text
 from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.api import NODES, ApiClient
@@ -61,7 +63,6 @@ from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
 from reporter.schema.node import node_name, topology_annotation
 from reporter.schema.normalize import topology_from_matrix
-from reporter.serve.http import HealthServer
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 
@@ -450,6 +451,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     address = settings.listen_address(config.listen)
     server = None
     if address is not None:
+        from reporter.serve.http import HealthServer  # noqa: PLC0415  # the HTTP server's imports
+
         try:
             server = HealthServer(address, state, metrics).start()
         except OSError as e:
@@ -482,6 +485,7 @@ def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBound
 def _cmd_extender(args: argparse.Namespace) -> int:
     from reporter.extender import cache, protocol, server  # noqa: PLC0415  # extender-only imports
     from reporter.publish.watch import NodeWatch  # noqa: PLC0415
+    from reporter.serve.tls import ServingCertificate  # noqa: PLC0415
 
     logs.configure(log_format=args.log_format, level=args.log_level, node=None)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.extender")
@@ -491,6 +495,13 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     if args.max_request_bytes < 1:
         raise ConfigError("--max-request-bytes must be at least 1")
     protocol.check_resource_name(args.resource)
+    tls = None
+    if args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file:
+        if not (args.tls_cert_file and args.tls_key_file):
+            raise ConfigError("TLS needs both --tls-cert-file and --tls-key-file")
+        tls = ServingCertificate(
+            args.tls_cert_file, args.tls_key_file, client_ca_file=args.tls_client_ca_file, log=log
+        ).context
     try:
         config = load_rest_config(args.kubeconfig)
     except LeanClientUnsupportedError as e:
@@ -509,21 +520,31 @@ def _cmd_extender(args: argparse.Namespace) -> int:
         log=log,
         on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
     )
+    limits = dataclasses.replace(server.LIMITS, max_body_bytes=args.max_request_bytes)
     try:
         http = server.ExtenderServer(
             address,
             cache=nodes,
             metrics=metrics,
             resource=args.resource,
-            max_body_bytes=args.max_request_bytes,
+            limits=limits,
+            tls=tls,
             watching=lambda: watcher.alive,
             problem=lambda: watcher.problem,
+            log=log,
         )
     except OSError as e:
         raise ConfigError(f"cannot listen on {args.listen}: {e.strerror}") from e
     watcher.start()
     http.start()
-    log.info("serving", address=f"{http.address[0]}:{http.address[1]}", resource=args.resource)
+    log.info(
+        "serving",
+        address=f"{http.address[0]}:{http.address[1]}",
+        resource=args.resource,
+        tls=tls is not None,
+        # What the memory limit must hold with these bounds (the chart's 256 MiB, by default).
+        memory_needed_mib=round(server.peak_bytes(limits) / 2**20),
+    )
     try:
         _wait_for_signal(stop, log)
     finally:
@@ -749,9 +770,30 @@ def build_parser() -> argparse.ArgumentParser:
     extender.add_argument(
         "--max-request-bytes",
         type=int,
-        default=64 * 1024 * 1024,
+        default=MAX_REQUEST_BYTES,
         metavar="N",
-        help="largest request body it reads (default: 64 MiB); larger ones are answered 413",
+        help=f"largest request body it reads (default: {size_text(MAX_REQUEST_BYTES)}, which the "
+        "chart's 256 MiB memory limit holds); larger ones are answered 413",
+    )
+    extender.add_argument(
+        "--tls-cert-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_CERT_FILE"),
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate (chain), read again when it changes (env "
+        "TOPO_REPORTER_TLS_CERT_FILE); kube-scheduler: enableHTTPS: true",
+    )
+    extender.add_argument(
+        "--tls-key-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_KEY_FILE"),
+        metavar="FILE",
+        help="the certificate's PEM private key (env TOPO_REPORTER_TLS_KEY_FILE)",
+    )
+    extender.add_argument(
+        "--tls-client-ca-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_CLIENT_CA_FILE"),
+        metavar="FILE",
+        help="require a client certificate this CA signed (kube-scheduler's tlsConfig.certFile); "
+        "read at start (env TOPO_REPORTER_TLS_CLIENT_CA_FILE)",
     )
     extender.add_argument(
         "--log-format",

@@ -34,6 +34,10 @@ from reporter.errors import ConfigError, InputError, SchemaError
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_GPUS_PER_POD = 1 << 20
 """A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+"""The default largest body: names of 50,000 nodes, or about 200 whole Nodes (the form without
+nodeCacheCapable). Answering costs up to 40 times the body's size in memory (whole Nodes about
+7 times): `reporter.extender.server.peak_bytes`."""
 MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
