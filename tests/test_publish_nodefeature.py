@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
+from reporter.assembly import build_agent
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
@@ -32,8 +32,9 @@ from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
-from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
+from reporter.settings import Settings
 from tests.agent_support import (
     API_CLIENTS,
     FAST,
@@ -63,7 +64,7 @@ _HTTP_VERB = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
 
 
 def want_for(t: Any) -> Desired:
-    return SchemaProjection(PREFIX).desired(t)
+    return SchemaProjection(PREFIX, NODE).desired(t)
 
 
 def body_for(t: Any, current: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def test_the_object_is_named_after_the_node_labelled_for_nfd_master_and_carries_
         "nfd.node.kubernetes.io/node-name": NODE,
         "app.kubernetes.io/managed-by": "topo-reporter",
     }
-    assert body["spec"]["labels"] == label_projection(topology(), PREFIX)
+    assert body["spec"]["labels"] == label_projection(topology(), PREFIX, NODE)
     assert schema_problems(body) == []
 
 
@@ -126,7 +127,8 @@ def test_node_attributes_are_the_label_values_plus_source_driver_and_nvswitch() 
     ]
     assert elements == {
         **{
-            k.removeprefix(PREFIX + "/"): v for k, v in label_projection(topology(), PREFIX).items()
+            k.removeprefix(PREFIX + "/"): v
+            for k, v in label_projection(topology(), PREFIX, NODE).items()
         },
         "source": "nvml",
         "driver": "550.54.15",
@@ -246,34 +248,18 @@ def wire_nf_agent(
     stall_after_s: float = 180,
 ) -> NfWired:
     clock = clock or FakeClock()
-    stop = stop if stop is not None else threading.Event()
-    state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
-    metrics = Metrics()
-    sink = nf.NodeFeatureSink(
-        client(kubeconfig, (2.0, 2.0)),
-        node=NODE,
-        prefix=PREFIX,
-        namespace=NAMESPACE,
-        stop=stop,
-        backoff=backoff,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-        on_wait=state.waiting,
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(node=NODE, prefix=PREFIX, sink="nodefeature", namespace=NAMESPACE),
+        api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
+        kubelet=lambda: None,
         stop=stop,
-        interval_s=60,
-        resync_s=300,
         clock=clock,
+        backoff=backoff,
+        stall_after_s=stall_after_s,
     )
-    return NfWired(agent, scanner, sink, state, clock, metrics)
+    assert isinstance(parts.sink, nf.NodeFeatureSink)
+    return NfWired(parts.agent, scanner, parts.sink, parts.state, clock, parts.metrics)
 
 
 WireNf = Callable[..., NfWired]
@@ -337,7 +323,7 @@ def test_a_change_is_one_update_that_drops_stale_labels(
     assert wired.agent.step()
     assert nf_requests(apiserver) == [("PUT", f"{PATH}/{NAME}")]
     labels = ours(apiserver)["spec"]["labels"]
-    assert labels == label_projection(blind, PREFIX)
+    assert labels == label_projection(blind, PREFIX, NODE)
     assert f"{PREFIX}/{keys.NVLINK_ISLAND_SIZE}" not in labels
     assert wired.agent.step()
     assert len(nf_requests(apiserver)) == 1
@@ -359,7 +345,7 @@ def test_drift_is_repaired_at_resync_hand_added_labels_included(
     wired.clock.advance(301)
     assert wired.agent.step()
     assert nf_requests(apiserver) == [("GET", f"{PATH}/{NAME}"), ("PUT", f"{PATH}/{NAME}")]
-    assert ours(apiserver)["spec"]["labels"] == label_projection(topology(), PREFIX)
+    assert ours(apiserver)["spec"]["labels"] == label_projection(topology(), PREFIX, NODE)
 
 
 def test_a_deleted_object_is_created_again_at_resync(

@@ -80,6 +80,19 @@ class Metrics:
             "1 while a source fails and the last good topology is kept.",
             registry=r,
         )
+        self.nvlink_errors = Counter(
+            "topo_reporter_nvlink_errors",
+            "NVLink errors the GPUs' counters added between scans, by counter: replay, recovery, "
+            "crc_flit, crc_data, recovery_failed (a counter that went back, a driver reload, "
+            "counts from zero). Which GPU: the nvlink_errors log line.",
+            ["counter"],
+            registry=r,
+        )
+        self.nvlinks_down = Gauge(
+            "topo_reporter_nvlinks_down",
+            "NVLinks not active, over the GPUs of the published topology.",
+            registry=r,
+        )
         self.source_success = Gauge(
             "topo_reporter_source_success",
             "1 when the source answered in the last scan (ok or no data), 0 when it failed.",
@@ -108,6 +121,24 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.podresources_failures = Gauge(
+            "topo_reporter_podresources_consecutive_failures",
+            "PodResources reads that failed in a row, since the last good one (0: the last read "
+            "was good).",
+            registry=r,
+        )
+        self.availability_withdrawn = Gauge(
+            "topo_reporter_availability_withdrawn",
+            "1 while the availability keys are withdrawn from the Node because PodResources reads "
+            "keep failing (--availability-withdraw-after).",
+            registry=r,
+        )
+        self.heartbeat_renewals = Counter(
+            "topo_reporter_heartbeat_renewals",
+            "Renewals of the node's heartbeat Lease by result: renewed, failed.",
+            ["result"],
+            registry=r,
+        )
         self.podresources_unknown = Gauge(
             "topo_reporter_podresources_unknown_devices",
             "Device IDs of a managed resource matching no GPU, in the last good read.",
@@ -125,6 +156,7 @@ class Metrics:
     def podresources_read(self, view: AllocationView) -> None:
         """A good PodResources read: count it and show what it saw."""
         self.podresources_reads.labels(result="ok").inc()
+        self.podresources_failures.set(0)
         self.podresources_gpus.labels(state="free").set(len(view.free))
         self.podresources_gpus.labels(state="allocated").set(len(view.allocated))
         self.podresources_gpus.labels(state="unhealthy").set(len(view.unhealthy))
@@ -133,6 +165,7 @@ class Metrics:
     def podresources_failed(self, error: PodResourcesError) -> None:
         """A failed read: the gauges keep the last good read, as the published value does."""
         self.podresources_reads.labels(result=error.reason).inc()
+        self.podresources_failures.inc()
 
     def scanned(self, result: ScanResult, duration_s: float) -> None:
         self.scan_duration.observe(duration_s)
@@ -144,6 +177,8 @@ class Metrics:
             self.source_success.labels(source=source.name).set(
                 0 if source.state is SourceState.FAILED else 1
             )
+        for errors in result.link_errors:
+            self.nvlink_errors.labels(counter=errors.counter).inc(errors.delta)
 
     def topology(self, t: Topology) -> None:
         self.gpus.set(len(t.gpus))
@@ -155,6 +190,7 @@ class Metrics:
         for kind, count in counts.items():
             self.links.labels(type=kind.value).set(count)
         self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
+        self.nvlinks_down.set(sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
