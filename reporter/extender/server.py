@@ -76,6 +76,11 @@ class ExtenderMetrics:
             "Calls being read or answered; at the concurrency bound, one more is answered 503.",
             registry=r,
         )
+        self.connections = Gauge(
+            "topo_reporter_extender_connections",
+            "Open connections; at the cap, the next ones wait in the listen backlog.",
+            registry=r,
+        )
         self.filtered = Counter(
             "topo_reporter_extender_filtered_nodes",
             "Nodes filter removed because they cannot give the pod its GPUs.",
@@ -143,6 +148,7 @@ class ExtenderServer:
             on_refused=self._refused,
         )
         metrics.in_flight.set_function(lambda: server.in_flight)
+        metrics.connections.set_function(lambda: server.connections)
 
     @property
     def address(self) -> tuple[str, int]:

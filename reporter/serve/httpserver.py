@@ -8,8 +8,9 @@ or of more than 20 digits, is a 400; headers past 16 KiB are refused), non-block
 backlog, and asyncio's accept loop, which waits a second at the file-descriptor limit instead of
 spinning. What this module adds, because a process that any pod can reach must outlive any client:
 
-- at most `max_connections` connections (and fewer than the file-descriptor limit): one more is
-  closed as soon as it is accepted;
+- at most `max_connections` connections (and fewer than the file-descriptor limit): at the cap
+  the server stops accepting, and the next connections wait in the listen backlog until one
+  closes;
 - a request head must arrive within `header_timeout_s` of the connection (or of its first byte
   after an answer), a TLS handshake too; an idle keep-alive connection closes after `idle_s`;
 - a body must state its length (411), stay within `max_body_bytes` (413) and arrive within
@@ -57,7 +58,7 @@ class Limits:
     concurrent_requests: int = 4
     """Requests with a body handled at once; one more is answered 503 at once."""
     max_connections: int = 1024
-    """Open connections; one more is closed as soon as it is accepted."""
+    """Open connections; at the cap the next ones wait in the listen backlog until one closes."""
     header_timeout_s: float = 10.0
     """From a connection (or the first byte of its next request) to a complete request head."""
     body_timeout_s: float = 10.0
@@ -144,6 +145,11 @@ class HttpServer:
     def address(self) -> tuple[str, int]:
         host, port = self._socket.getsockname()[:2]
         return str(host), int(port)
+
+    @property
+    def connections(self) -> int:
+        """Open connections (counted once their TLS handshake, if any, is done)."""
+        return len(self._server.server_state.connections)
 
     @property
     def in_flight(self) -> int:
@@ -251,8 +257,8 @@ async def _read_body(receive: Any) -> bytes | None:
 
 
 def _connection_cap(wanted: int) -> int:
-    """`wanted`, lowered below the file-descriptor limit: the server closes connections over the
-    cap itself, so it never meets EMFILE on their account."""
+    """`wanted`, lowered below the file-descriptor limit: the server stops accepting at the cap,
+    so it never meets EMFILE on its connections' account."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return wanted
@@ -267,9 +273,10 @@ def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > cap:
-                self.transport.close()
-                return
+            if len(self.connections) >= cap and isinstance(self.loop, _Loop):
+                # Full: the next connections wait in the listen backlog until one closes. One
+                # accepted meanwhile (or whose TLS handshake was under way) still comes in.
+                self.loop.pause_accepting()
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -285,6 +292,8 @@ def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+            if len(self.connections) < cap and isinstance(self.loop, _Loop):
+                self.loop.resume_accepting()
 
         def _arm(self) -> None:
             self._disarm()
@@ -313,6 +322,8 @@ class _Loop(asyncio.SelectorEventLoop):
     def __init__(self, handshake_timeout_s: float) -> None:
         super().__init__()
         self._handshake_timeout_s = handshake_timeout_s
+        self._listener: tuple[Any, ...] | None = None
+        self._paused = False
 
     async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
         if kwargs.get("ssl") is not None:
@@ -326,8 +337,23 @@ class _Loop(asyncio.SelectorEventLoop):
         # next argument, here 1024); when accept() fails for want of a descriptor it goes on
         # (CPython 3.11 to 3.13), logging each failure and scheduling one more retry for each: a
         # thousand refusals a second at the limit. One accept() per wake-up: one a second. The
-        # listen backlog itself is set elsewhere (Server), unchanged.
-        super()._start_serving(factory, sock, context, server, 1, *rest[1:])  # type: ignore[misc]
+        # listen backlog itself is set elsewhere (Server), unchanged. asyncio calls this again to
+        # retry after a refusal: while paused, the retry waits for resume_accepting.
+        self._listener = (factory, sock, context, server, 1, *rest[1:])
+        if not self._paused:
+            super()._start_serving(*self._listener)  # type: ignore[misc]
+
+    def pause_accepting(self) -> None:
+        """Accept nothing until resume_accepting: connections wait in the listen backlog, where
+        they cost the process neither a descriptor nor memory (as Go's LimitListener does)."""
+        if self._listener is not None and not self._paused:
+            self._paused = True
+            self.remove_reader(self._listener[1].fileno())
+
+    def resume_accepting(self) -> None:
+        if self._listener is not None and self._paused:
+            self._paused = False
+            super()._start_serving(*self._listener)  # type: ignore[misc]
 
 
 def _quiet_uvicorn(log: structlog.typing.FilteringBoundLogger) -> None:
