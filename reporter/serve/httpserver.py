@@ -117,9 +117,7 @@ class HttpServer:
         self._too_large_hint = too_large_hint
         self._on_refused = on_refused
         self._log = log or structlog.get_logger("topo_reporter.http")
-        host = address[0]
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server(address, family=family, backlog=limits.backlog)
+        self._socket = _listen(address, limits.backlog)
         self._in_flight = 0  # requests with a body being read or handled; the loop's own count
         self._pool = ThreadPoolExecutor(limits.concurrent_requests, thread_name_prefix=name)
         _quiet_uvicorn(self._log)
@@ -242,6 +240,25 @@ class HttpServer:
             # A defect of ours, not of the request: say so in one line, keep serving.
             self._log.exception("http_handler_failed", method=request.method, path=request.path)
             return text(500, "internal error: see the server's log")
+
+
+def _listen(address: tuple[str, int], backlog: int) -> socket.socket:
+    """A listening TCP socket. Raises OSError.
+
+    Made with IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets
+    whose protocol says TCP, and with it on, an answer's head and body (two writes) wait for
+    the client's delayed ACK: 40 ms a request.
+    """
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def _read_body(receive: Any) -> bytes | None:
