@@ -2,7 +2,8 @@
 
 `topo-reporter run`, the agent tests and the benchmarks all build the agent here, so that what
 they exercise is what ships: the API client, the Node or NodeFeature sink, the scanner, the live
-availability loop with its outputs (NodeResourceTopology, Koordinator's device file), the state,
+availability loop with its outputs (NodeResourceTopology), the per-scan outputs (Koordinator's
+device file, DRA DeviceTaintRules), the state,
 the metrics and the health server. A test or a benchmark hands in its doubles (a scanner, an API
 client, a free source, a clock, a stop signal) through the parameters; everything else comes from
 the Settings exactly as `run` resolves them.
@@ -28,10 +29,10 @@ from parsers.kubelet import KubeletPolicies
 from reporter import settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.collect import Scanner, build_scanner
-from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.kubelet import KubeletReading, nrt_policies, read_kubelet
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from reporter.collect.sysfs import numa_memory
+from reporter.collect.sysfs import numa_memory, pcie_root
 from reporter.errors import ConfigError, PublishError
 from reporter.hostfs import DirHostFS, HostFS
 from reporter.live import (
@@ -43,6 +44,7 @@ from reporter.live import (
 )
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
+from reporter.publish.devicetaints import DeviceTaintOutput, DeviceTaintSink
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
@@ -51,6 +53,8 @@ from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
+from reporter.schema import dra
+from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 
@@ -100,11 +104,16 @@ def nrt_output(
 ) -> NrtOutput:
     """The live output of `run --nrt`: the node's NodeResourceTopology, from each allocation
     view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
-    Manager policies from its config file. API errors and results go to `metrics`."""
-    hostfs: HostFS = (
-        DirHostFS(Path(config.sysfs_root))
-        if config.simulate is None
-        else memory_hostfs(load_machine(config.simulate))
+    Manager policies from its config file, else as the user states them (else no object). API
+    errors and results go to `metrics`."""
+    hostfs = host_sysfs(config)
+    stated = (
+        None
+        if config.topology_manager_policy is None
+        else KubeletPolicies(
+            topology_manager_policy=config.topology_manager_policy,
+            topology_manager_scope=config.topology_manager_scope,
+        )
     )
     sink = NrtSink(
         client,
@@ -117,25 +126,82 @@ def nrt_output(
         sink,
         node=agent_node(config),
         memory=lambda: numa_memory(hostfs),
-        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        policies=lambda: nrt_policies(read_kubelet(Path(config.kubelet_config)), stated),
         log=log,
         resync_s=config.resync_s,
         on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
     )
 
 
+def host_sysfs(config: settings.Settings) -> HostFS:
+    """The sysfs the agent reads: the host's (`--sysfs-root`), or the simulated machine's."""
+    if config.simulate is None:
+        return DirHostFS(Path(config.sysfs_root))
+    return memory_hostfs(load_machine(config.simulate))
+
+
+def koordinator_output(
+    config: settings.Settings, sink: NodePatchSink | NodeFeatureSink, log: Log
+) -> DeviceInfoOutput:
+    """The output of `run --koordinator-dir`: koordlet's device-info file, each GPU's PCIe root
+    complex from sysfs (or the simulated machine), a withheld file told on the Node."""
+    assert config.koordinator_dir is not None
+    return DeviceInfoOutput(
+        DeviceInfoFile(Path(config.koordinator_dir)),
+        log,
+        pcie_root=functools.partial(pcie_root, host_sysfs(config)),
+        event=sink.event,
+    )
+
+
 def free_source(config: settings.Settings) -> FreeSource:
-    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet (its
+    device plugin's allocations, and the claims of --dra-drivers in the node's pool)."""
     if config.simulate_used is not None:
         assert config.simulate is not None  # validate() requires it
         machine = load_machine(config.simulate)
         check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
         return SimulatedFreeSource(config.simulate_used)
-    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+    from reporter.collect.podresources import (  # noqa: PLC0415  # loads grpc
+        DEFAULT_RESOURCES,
+        DraScope,
+        PodResourcesReader,
+    )
 
-    if config.gpu_resources is None:
-        return PodResourcesReader(Path(config.pod_resources_socket))
-    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+    return PodResourcesReader(
+        Path(config.pod_resources_socket),
+        config.gpu_resources or DEFAULT_RESOURCES,
+        dra=DraScope(config.dra_drivers, agent_node(config)) if config.dra_drivers else None,
+    )
+
+
+def scan_outputs(
+    config: settings.Settings,
+    api: ApiClient,
+    sink: NodePatchSink | NodeFeatureSink,
+    log: Log,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Callable[[Topology], None], ...]:
+    """The per-scan outputs beside the sink: Koordinator's device file (its Warning Events go
+    through `sink`), DeviceTaintRules.
+
+    Raises ConfigError for a node name DeviceTaintRules cannot be labelled with."""
+    outputs: list[Callable[[Topology], None]] = []
+    if config.koordinator_dir is not None:
+        outputs.append(koordinator_output(config, sink, log))
+    if config.dra_device_taints:
+        taints = DeviceTaintSink(
+            api,
+            node=agent_node(config),
+            prefix=config.prefix,
+            resync_s=config.resync_s,
+            log=log,
+            # A dry run asks no server which version it serves: it prints 1.34's and 1.35's.
+            versions=(dra.DRY_RUN_VERSION,) if config.dry_run else dra.VERSIONS,
+            clock=clock,
+        )
+        outputs.append(DeviceTaintOutput(taints, log))
+    return tuple(outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +245,7 @@ def build_agent(
     scanner: Scanner | None = None,
     source: FreeSource | None = None,
     live_outputs: Sequence[LiveOutput] | None = None,
-    kubelet: Callable[[], KubeletPolicies | None] | None = None,
+    kubelet: Callable[[], KubeletReading] | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     backoff: Backoff | None = None,
@@ -287,10 +353,8 @@ def build_agent(
         clock=clock,
         kubelet=kubelet
         if kubelet is not None
-        else functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=()
-        if config.koordinator_dir is None
-        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        else functools.partial(read_kubelet, Path(config.kubelet_config)),
+        outputs=scan_outputs(config, api, sink, log, clock),
         live=live,
     )
     return AgentParts(agent, api, sink, live, state, metrics, stop, log)

@@ -20,13 +20,16 @@ from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
-from reporter.schema import keys
+from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
 BACKENDS = ("auto", "nvml", "sysfs")
 SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+"""The kubelet's topologyManagerPolicy values (KubeletConfiguration)."""
+TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """The kubelet's (reporter.collect.podresources.DEFAULT_SOCKET, which this module cannot import:
 it loads grpc)."""
@@ -50,6 +53,7 @@ DURATION_MAX_S = 86400.0
 any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_MAX_DRA_DRIVERS = 8
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -87,6 +91,11 @@ class Settings:
     """debug, info, warning or error."""
     kubelet_config: str = "/var/lib/kubelet/config.yaml"
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    topology_manager_policy: str | None = None
+    """The kubelet's Topology Manager policy, as the user states it: used for the
+    NodeResourceTopology only where the kubelet config cannot be read (it wins where it can)."""
+    topology_manager_scope: str = "container"
+    """The scope that goes with `topology_manager_policy` (the kubelet's default: container)."""
     koordinator_dir: str | None = None
     """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
     availability: bool = False
@@ -110,6 +119,12 @@ class Settings:
     gpu_resources: tuple[str, ...] | None = None
     """Resource names whose PodResources devices are GPUs (`nvidia.com/mig-*` for a family);
     None: the reader's default (reporter.collect.podresources.DEFAULT_RESOURCES)."""
+    dra_drivers: tuple[str, ...] = (dra.DRIVER,)
+    """DRA drivers whose devices, held by ResourceClaims in this node's pool, availability counts
+    as the node's GPUs (NVIDIA's `gpu.nvidia.com`); empty: the device plugin's allocations only."""
+    dra_device_taints: bool = False
+    """Mark each GPU that is lost, or whose NVLinks or fabric are degraded, with a DRA
+    DeviceTaintRule (NoSchedule), and delete the rule when it is healthy again."""
     nrt: bool = False
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
@@ -149,9 +164,18 @@ class Settings:
             ("sink", self.sink, SINKS),
             ("log-format", self.log_format, LOG_FORMATS),
             ("log-level", self.log_level, LOG_LEVELS),
+            ("topology-manager-scope", self.topology_manager_scope, TOPOLOGY_MANAGER_SCOPES),
         ):
             if value not in allowed:
                 raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
+        if (
+            self.topology_manager_policy is not None
+            and self.topology_manager_policy not in TOPOLOGY_MANAGER_POLICIES
+        ):
+            raise ConfigError(
+                f"topology-manager-policy {excerpt(self.topology_manager_policy)} is not one of "
+                f"{', '.join(TOPOLOGY_MANAGER_POLICIES)} (the kubelet's topologyManagerPolicy)"
+            )
         listen_address(self.listen)
         if self.nrt and not self.availability:
             raise ConfigError(
@@ -160,6 +184,10 @@ class Settings:
                 "availability.enabled)"
             )
         self._validate_availability()
+        if len(self.dra_drivers) > _MAX_DRA_DRIVERS:
+            raise ConfigError(f"dra-drivers: give at most {_MAX_DRA_DRIVERS} driver names")
+        for driver in self.dra_drivers:
+            dra.check_driver_name(driver)
         return self
 
     def _validate_availability(self) -> None:
@@ -257,6 +285,8 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "log_format": (("TOPO_REPORTER_LOG_FORMAT",), str),
     "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
     "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
+    "topology_manager_policy": (("TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY",), str),
+    "topology_manager_scope": (("TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE",), str),
     "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
     "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
     "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
@@ -267,6 +297,8 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
+    "dra_drivers": (("TOPO_REPORTER_DRA_DRIVERS",), "names-or-none"),
+    "dra_device_taints": (("TOPO_REPORTER_DRA_DEVICE_TAINTS",), "bool"),
 }
 _FLAG_NAMES = {
     "interval_s": "interval",
@@ -348,6 +380,11 @@ def _convert(name: str, raw: object, origin: str) -> object:
     if kind == "count":
         return parse_count(raw, name=f"{_flag(name)} ({origin})")
     if kind == "names":
+        return parse_names(raw, name=f"{_flag(name)} ({origin})")
+    if kind == "names-or-none":
+        # Empty says "none" here: the chart renders `dra.drivers: []` as an empty variable.
+        if raw == [] or (isinstance(raw, str) and not raw.strip()):
+            return ()
         return parse_names(raw, name=f"{_flag(name)} ({origin})")
     if kind == "bool":
         return parse_bool(raw, name=f"{_flag(name)} ({origin})")
@@ -441,6 +478,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
     add("--kubelet-config", dest="kubelet_config", help="kubelet config file")
     add(
+        "--topology-manager-policy",
+        dest="topology_manager_policy",
+        metavar="POLICY",
+        help="the kubelet's Topology Manager policy, for the NodeResourceTopology where the "
+        "kubelet config cannot be read (default: none stated: no NodeResourceTopology then)",
+    )
+    add(
+        "--topology-manager-scope",
+        dest="topology_manager_scope",
+        metavar="SCOPE",
+        help="with --topology-manager-policy: container or pod (default container)",
+    )
+    add(
         "--koordinator-dir",
         dest="koordinator_dir",
         metavar="DIR",
@@ -505,6 +555,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
         "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
+    )
+    add(
+        "--dra-drivers",
+        dest="dra_drivers",
+        metavar="NAMES",
+        help="DRA drivers whose claimed devices in this node's pool availability counts as its "
+        "GPUs, comma-separated; '' for none (default: gpu.nvidia.com)",
+    )
+    add(
+        "--dra-device-taints",
+        dest="dra_device_taints",
+        action="store_true",
+        default=None,
+        help="mark each lost or NVLink/fabric-degraded GPU with a DRA DeviceTaintRule "
+        "(NoSchedule) and delete it when healthy; needs a cluster serving DeviceTaintRules",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")
