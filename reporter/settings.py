@@ -369,10 +369,10 @@ def parse_count(raw: object, *, name: str) -> int:
     checks are validate()'s. Raises ConfigError."""
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**6:
         return raw
-    text = raw.strip() if isinstance(raw, str) else ""
-    if not (text.isascii() and text.isdigit() and len(text) <= 6):
-        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number")
-    return int(text)
+    try:
+        return parse_decimal(raw.strip() if isinstance(raw, str) else "", field=name, max_digits=6)
+    except ParseError:
+        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number") from None
 
 
 def _convert(name: str, raw: object, origin: str) -> object:

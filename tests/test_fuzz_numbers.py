@@ -21,13 +21,14 @@ from parsers.cpulist import parse_cpulist, parse_cpumask
 from parsers.errors import ParseError
 from parsers.integers import MAX_DIGITS, parse_decimal, parse_hex_digits
 from parsers.links import parse_link
+from parsers.nvidia_proc import parse_device_minor
 from parsers.nvsmi import parse_topo
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_node_memtotal
 from reporter.availability import decode_availability
 from reporter.errors import ConfigError, SchemaError
 from reporter.extender.protocol import BadRequestError, gpus_requested
-from reporter.settings import listen_address, parse_indexes
+from reporter.settings import listen_address, parse_count, parse_indexes
 from tests.fuzz import fuzz
 
 # Characters int() or str.isdigit() take for digits besides 0-9: Arabic-Indic three, fullwidth
@@ -92,6 +93,8 @@ READERS: list[tuple[str, Callable[[str], object], str, type[Exception]]] = [
     ("nvidia-smi CPU affinity", parse_topo, "\tGPU0\tCPU Affinity\nGPU0\t X \t{}\n", ParseError),
     ("nvidia-smi GPU NUMA ID", parse_topo, "\tGPU0\tGPU NUMA ID\nGPU0\t X \t{}\n", ParseError),
     ("nvidia-smi row label", parse_topo, "\tGPU0\nGPU{}\t X \n", ParseError),
+    ("driver minor number", parse_device_minor, "Model: x\nDevice Minor: {}\n", ParseError),
+    ("a settings count", lambda t: parse_count(t, name="--withdraw-after"), "{}", ConfigError),
 ]
 
 
