@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from parsers.links import MAX_NVLINKS
 from reporter.errors import PlacementError, SchemaError
 from reporter.placement import (
@@ -102,7 +103,7 @@ MAX_TEXT_CHARS = 8192
 """Longer than any value `encode_availability` writes for MAX_GPUS GPUs (about 6 KB)."""
 _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS
 
-_ENTRY = re.compile(r"(\d{1,8})\.([01])\.(\d{1,3})\.(\d)\.(\d{1,3})(?:\.(\d{1,3}))?")
+_ENTRY = re.compile(r"([0-9]{1,8})\.([01])\.([0-9]{1,3})\.([0-9])\.([0-9]{1,3})(?:\.([0-9]{1,3}))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,8 +304,11 @@ def _decode_entry(entry: str, k: int, free: int, version_1: bool) -> FreeSet:
     if match is None or (match.group(6) is None) != version_1:
         form = "links.c.numa.nic.island" + ("" if version_1 else ".fit")
         raise SchemaError(AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not {form}")
-    links, connected, numa, nic, island = (int(g) for g in match.groups()[:5])
-    fit = None if version_1 else int(match.group(6))
+    # The pattern admits only short ASCII digit runs: parse_decimal cannot refuse them.
+    links, connected, numa, nic, island = (
+        parse_decimal(g, field=AVAILABILITY_KEY) for g in match.groups()[:5]
+    )
+    fit = None if version_1 else parse_decimal(match.group(6), field=AVAILABILITY_KEY)
     pairs = k * (k - 1) // 2
     problem = None
     if not pairs <= links <= pairs * _MAX_PAIR_POINTS:

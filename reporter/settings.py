@@ -17,6 +17,7 @@ from typing import Any
 
 from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
 from reporter.placement import Policy
@@ -262,11 +263,15 @@ def listen_address(text: str) -> tuple[str, int] | None:
     if text == "":
         return None
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    try:
+        number = parse_decimal(port, field="port", max_digits=5)
+    except ParseError:
+        number = -1
+    if not sep or not 0 <= number <= 65535:
         raise ConfigError(
             f"listen {excerpt(text)} is not host:port (e.g. 0.0.0.0:8080, or '' to disable)"
         )
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "0.0.0.0", number
 
 
 # name -> (environment variables, most specific first; how the text becomes a value)
@@ -340,12 +345,14 @@ def parse_indexes(raw: object, *, name: str) -> tuple[int, ...]:
         parts.extend(str(raw).split(","))
     indexes: set[int] = set()
     for part in parts:
-        text = str(part).strip()
-        if isinstance(part, bool) or not text.isascii() or not text.isdigit() or len(text) > 4:
+        try:
+            if isinstance(part, bool):
+                raise ParseError("a boolean")
+            indexes.add(parse_decimal(str(part).strip(), field=name, max_digits=4))
+        except ParseError:
             raise ConfigError(
                 f"{name} {excerpt(raw)} is not a comma-separated list of GPU indexes (0,1,2)"
-            )
-        indexes.add(int(text))
+            ) from None
     return tuple(sorted(indexes))
 
 
@@ -369,10 +376,10 @@ def parse_count(raw: object, *, name: str) -> int:
     checks are validate()'s. Raises ConfigError."""
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**6:
         return raw
-    text = raw.strip() if isinstance(raw, str) else ""
-    if not (text.isascii() and text.isdigit() and len(text) <= 6):
-        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number")
-    return int(text)
+    try:
+        return parse_decimal(raw.strip() if isinstance(raw, str) else "", field=name, max_digits=6)
+    except ParseError:
+        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number") from None
 
 
 def _convert(name: str, raw: object, origin: str) -> object:
