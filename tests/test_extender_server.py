@@ -321,7 +321,8 @@ def test_metrics_count_calls_and_cached_nodes(
 ) -> None:
     apiserver.add_node("dgx", annotations={KEY: annotation("dgx-a100", (0,))})
     extender = extender_factory()
-    eventually(lambda: extender.cache.synced, "the first list")
+    # Ready once listed and watching: `synced` alone comes a moment before the watch is open.
+    eventually(lambda: extender.call("GET", "/readyz") == (200, b"ok\n"), "list and watch")
     extender.post("filter", {"Pod": pod(2), "NodeNames": ["dgx"]})
     extender.call("POST", "/prioritize", b"{")
     status, text = extender.call("GET", "/metrics")
