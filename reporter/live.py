@@ -11,8 +11,9 @@ A failed read never blanks or crashes what is published: the last good availabil
 the failure is counted (the reader logs it, once per reason) and makes the agent not ready. But a
 value nobody can vouch for must not go on excluding the node from schedulers that read it: after
 `withdraw_after` failed reads in a row the loop withdraws the availability keys from the Node
-(the gpu-free labels and the annotation; a reader then knows nothing, which filters nothing), and
-publishes again at the first good read. The topology stays whatever the kubelet says. A failed
+(the gpu-free labels and the annotation; a reader then knows nothing, which filters nothing) and
+has each live output withdraw what it published (the NodeResourceTopology), and publishes again
+at the first good read. The topology stays whatever the kubelet says. A failed
 write is logged once per distinct error, counted, and tried again at the next tick, or after the
 server's Retry-After, or, when the API refused it for good, once the availability changes or at
 the next resync.
@@ -51,9 +52,19 @@ from reporter.serve.state import AgentState
 if TYPE_CHECKING:
     from reporter.collect.podresources import AllocationView, PodResourcesError
 
-LiveOutput = Callable[[Topology, "AllocationView"], None]
-"""An output that needs the allocation view (NodeResourceTopology, ...): called once per good read,
-after it; it handles its own failures (log and count, never raise)."""
+
+class LiveOutput(Protocol):
+    """An output that needs the allocation view (NodeResourceTopology, ...). It handles its own
+    failures (log and count, never raise) and writes only what changed."""
+
+    def __call__(self, topology: Topology, view: AllocationView) -> None:
+        """A good read: publish what follows from `view`."""
+        ...
+
+    def withdraw(self) -> None:
+        """Called at each tick while the loop withdraws (reads keep failing): take back what the
+        last view said, so that no scheduler goes on excluding the node on it."""
+        ...
 
 
 class FreeSource(Protocol):
@@ -171,8 +182,10 @@ class AvailabilityLoop:
         fresh = self._read(self._source, topology)
         if self._failures >= self._withdraw_after:
             # Nobody can vouch for the last value any more (the kubelet's API keeps failing):
-            # say nothing rather than something stale.
+            # say nothing rather than something stale, here and in every output.
             want: tuple[Availability, Allocation | None] | None = None
+            for output in self._outputs:
+                output.withdraw()
         elif self._computed is None:
             return False
         else:

@@ -278,17 +278,47 @@ def test_unknown_devices_are_counted_and_free_no_gpu_away(
     assert apiserver.labels(NODE)[FREE] == "7"
 
 
-def test_live_outputs_get_each_good_read_with_its_topology(
+@dataclass
+class RecordingOutput:
+    """A live output that notes each call: (GPUs, free GPUs) per good read, "withdraw" else."""
+
+    seen: list[tuple[int, tuple[int, ...]] | str] = field(default_factory=list)
+
+    def __call__(self, t: Topology, view: AllocationView) -> None:
+        self.seen.append((len(t.gpus), view.free))
+
+    def withdraw(self) -> None:
+        self.seen.append("withdraw")
+
+
+def test_live_outputs_get_each_good_read_and_withdraw_with_the_keys(
     apiserver: ApiServerDouble, live: Callable[..., Live]
 ) -> None:
-    seen: list[tuple[int, tuple[int, ...]]] = []
+    output = RecordingOutput()
     source = FakeSource(used={5})
-    w = live(source=source, outputs=(lambda t, view: seen.append((len(t.gpus), view.free)),))
+    w = live(source=source, outputs=(output,))
     w.agent.step()
     source.error = PodResourcesError("down", reason="unavailable")
+    for _ in range(WITHDRAW_AFTER - 1):
+        w.clock.advance(INTERVAL_S)
+        w.loop.tick(topology())
+    assert output.seen == [(8, (0, 1, 2, 3, 4, 6, 7))]
+    # The read that withdraws the Node's keys withdraws the outputs' too, and so does each one
+    # after it (an output asks the API only once).
     w.clock.advance(INTERVAL_S)
     w.loop.tick(topology())
-    assert seen == [(8, (0, 1, 2, 3, 4, 6, 7))]
+    assert FREE not in apiserver.labels(NODE)
+    w.clock.advance(INTERVAL_S)
+    w.loop.tick(topology())
+    source.error = None
+    w.clock.advance(INTERVAL_S)
+    w.loop.tick(topology())
+    assert output.seen == [
+        (8, (0, 1, 2, 3, 4, 6, 7)),
+        "withdraw",
+        "withdraw",
+        (8, (0, 1, 2, 3, 4, 6, 7)),
+    ]
 
 
 def test_a_topology_change_leaves_the_availability_keys_alone(

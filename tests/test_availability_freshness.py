@@ -14,17 +14,22 @@ import http.client
 import json
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 
+from parsers.kubelet import KubeletPolicies
 from reporter.availability import NEUTRAL_SCORE
 from reporter.collect.podresources import PodResourcesError
 from reporter.publish.lease import beat as lease_beat
+from reporter.publish.nrt import RBAC_VERBS, NrtOutput, NrtSink
+from reporter.schema import nrt
 from reporter.serve.state import Verdict
 from reporter.settings import WITHDRAW_AFTER
-from tests.agent_support import NODE, PREFIX, ApiClientFactory, topology
+from tests.agent_support import FAST, NODE, PREFIX, ApiClientFactory, topology
 from tests.heartbeat_support import eventually, running_extender
 from tests.kube_double import ApiServerDouble, Fault
 from tests.test_agent_availability import (
@@ -136,6 +141,55 @@ def test_an_agent_restarted_while_reads_fail_withdraws_what_its_last_run_left(
     fail_reads(restarted, WITHDRAW_AFTER - 1)
     assert FREE not in apiserver.labels(NODE)
     assert AVAILABILITY not in apiserver.annotations(NODE)
+
+
+def test_the_node_resource_topology_is_withdrawn_at_the_same_read_and_republished_after(
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    node_client: ApiClientFactory,
+    live: Callable[..., Live],
+) -> None:
+    """`--nrt`: the object said 0 GPUs free; reads fail. At the read that withdraws the keys,
+    the object is replaced by one without the Topology Manager policy, which
+    NodeResourceTopologyMatch does not filter on (reporter.schema.nrt); the next good read
+    publishes the policy again."""
+    # The chart's grant with --nrt, and no more: withdrawing needs no verb of its own.
+    apiserver.tokens["agent-token"] |= {f"{verb} noderesourcetopologies" for verb in RBAC_VERBS}
+    output = NrtOutput(
+        NrtSink(
+            node_client(kubeconfig, (2.0, 2.0)),
+            stop=threading.Event(),
+            backoff=FAST,
+            log=structlog.get_logger(),
+        ),
+        node=NODE,
+        memory=lambda: {0: 1 << 38, 1: 1 << 38},
+        policies=lambda: KubeletPolicies("single-numa-node", "container"),
+        log=structlog.get_logger(),
+    )
+    w = live(source=FakeSource(used=ALL_USED), outputs=(output,))
+    assert w.agent.step()
+
+    def policy() -> str | None:
+        held = apiserver.nrt.get(NODE)
+        assert held is not None
+        named = {a["name"]: a["value"] for a in held["attributes"]}
+        return named.get(nrt.POLICY)
+
+    assert policy() == "single-numa-node"
+    fail_reads(w, WITHDRAW_AFTER - 1)
+    assert policy() == "single-numa-node"
+    fail_reads(w, 1)
+    assert FREE not in apiserver.labels(NODE)
+    assert policy() is None
+    apiserver.clear_requests()
+    fail_reads(w, 30)
+    assert apiserver.requests == []
+    assert w.source is not None
+    w.source.error = None
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    assert policy() == "single-numa-node"
 
 
 def test_reads_failing_until_withdrawn_and_the_extender_no_longer_filters_the_node(

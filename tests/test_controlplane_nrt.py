@@ -27,7 +27,7 @@ from kubernetes import config as k8s_config
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
-from reporter.collect.podresources import PodResourcesReader, allocation_view
+from reporter.collect.podresources import PodResourcesError, PodResourcesReader, allocation_view
 from reporter.errors import ApiPermanentError
 from reporter.publish import kube
 from reporter.publish.api import ApiClient
@@ -35,11 +35,13 @@ from reporter.publish.nrt import ForeignProducerError, NrtOutput, NrtSink
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema import nrt
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology, pods_fingerprint
-from tests.agent_support import FAST, topology
+from reporter.settings import WITHDRAW_AFTER
+from tests.agent_support import FAST, ApiClientFactory, topology
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.podresources_double import devices_state, pod_state
+from tests.test_agent_availability import INTERVAL_S, FakeSource, wire_live
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
 from tests.test_collect_podresources import GPU, uuids
@@ -306,6 +308,69 @@ def test_the_agents_output_never_raises_over_a_foreign_object_and_says_so_once(
     assert store.get(node) == before
 
 
+def test_reads_that_keep_failing_withdraw_the_object_and_a_good_read_publishes_it_again(
+    real_apiserver: RealApiServer,
+    store: Store,
+    node: str,
+    node_client: ApiClientFactory,
+) -> None:
+    """Issue 19.2 with `--nrt`: after as many failed PodResources reads as withdraw the Node's
+    keys, the object keeps its zones but loses the Topology Manager policy (what the plugin
+    filters on) and says why; the server's structural schema keeps what was sent. Another
+    producer's object is never touched (the foreign tests above: `_read` refuses it first)."""
+    output = NrtOutput(
+        NrtSink(
+            node_client(real_apiserver.kubeconfig, (2.0, 2.0)),
+            stop=threading.Event(),
+            backoff=FAST,
+            log=structlog.get_logger(),
+        ),
+        node=node,
+        memory=lambda: MEMORY,
+        policies=lambda: POLICIES,
+        log=structlog.get_logger(),
+    )
+    w = wire_live(
+        real_apiserver.kubeconfig,
+        node_client,
+        source=FakeSource(used=set(range(8))),
+        outputs=(output,),
+        node=node,
+    )
+    assert w.agent.step()
+    published = store.get(node)
+    assert published is not None
+    assert w.source is not None
+    w.source.error = PodResourcesError("kubelet.sock: connection refused", reason="unavailable")
+    for _ in range(WITHDRAW_AFTER - 1):
+        w.clock.advance(INTERVAL_S)
+        assert not w.loop.tick(topology())
+    assert store.get(node) == published
+    w.clock.advance(INTERVAL_S)
+    assert not w.loop.tick(topology())
+    withdrawn = store.get(node)
+    assert withdrawn is not None
+    assert withdrawn["zones"] == published["zones"]
+    assert {a["name"]: a["value"] for a in withdrawn["attributes"]} == {
+        "topologyManagerScope": "pod",
+        nrt.FINGERPRINT: pods_fingerprint(()),
+        nrt.FINGERPRINT_METHOD: "all",
+        nrt.WITHDRAWN: nrt.WITHDRAWN_VALUE,
+    }
+    # Still failing: nothing more is written.
+    for _ in range(3):
+        w.clock.advance(INTERVAL_S)
+        assert not w.loop.tick(topology())
+    assert store.version(node) == withdrawn["metadata"]["resourceVersion"]
+    w.source.error = None
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    again = store.get(node)
+    assert again is not None
+    assert again["attributes"] == published["attributes"]
+    assert again["zones"] == published["zones"]
+
+
 # --- the chart's RBAC and admission policy, with a DaemonSet pod's own token -------------------
 
 NRT_CHART = {
@@ -400,6 +465,9 @@ def test_the_agents_own_token_writes_its_nodes_object_and_no_other(
         held = store.get(own)
         assert held is not None
         assert held["zones"] == desired(own, frozenset())["zones"]
+        # Withdrawn (reads failing) with the same grant: update, on its own node's object.
+        assert running.withdraw(own) is True
+        assert nrt.WITHDRAWN in {a["name"] for a in (store.get(own) or {})["attributes"]}
 
         with pytest.raises(ApiPermanentError) as denied:
             sink().publish(desired(other, frozenset({0})))

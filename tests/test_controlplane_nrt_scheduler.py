@@ -13,22 +13,31 @@ user states it (`--topology-manager-policy`). No kubelet runs: a bound pod never
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 from kubernetes import client as k8s
 
+from parsers.kubelet import KubeletPolicies
+from reporter.collect.podresources import PodResourcesError
+from reporter.publish.nrt import NrtOutput, NrtSink
 from reporter.schema import nrt
+from reporter.settings import WITHDRAW_AFTER
+from tests.agent_support import API_CLIENTS, FAST, topology
 from tests.controlplane_fixtures import NODE_CAPACITY, RealApiServer, start_harness, stop_process
 from tests.controlplane_fixtures import unique as unique_name
+from tests.test_agent_availability import INTERVAL_S, FakeSource, wire_live
 from tests.test_agent_cli import CLI, env
-from tests.test_controlplane_nrt import Store
+from tests.test_controlplane_nrt import MEMORY, Store
 
 pytestmark = pytest.mark.controlplane
 
@@ -68,6 +77,8 @@ NODES: dict[str, tuple[tuple[int, ...], str | None, tuple[str, ...], dict[str, s
     "split-best-effort": ((0, 4), "best-effort", (), {}),
     "cpus": ((), "single-numa-node", (), {"cpu": str(2 * ZONE_CPUS)}),
     "reserve": ((4, 5, 6, 7), "single-numa-node", (), {}),
+    # Every GPU taken, then PodResources reads fail (issue 19.2): the agent withdraws the object.
+    "withdrawn": (tuple(range(8)), "single-numa-node", (), {}),
 }
 
 
@@ -224,14 +235,44 @@ class NrtCluster:
     def wait_unschedulable(self, pod: str) -> str:
         deadline = time.monotonic() + WAIT_S
         while True:
-            found = self.core.read_namespaced_pod(pod, self.namespace)
-            assert not found.spec.node_name, f"{pod} was bound to {found.spec.node_name}"
-            for condition in found.status.conditions or ():
-                if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                    return str(condition.message)
+            verdict = self.judged(pod)
+            assert verdict is None or not verdict[0], f"{pod} was bound to {verdict}"
+            if verdict is not None:
+                return verdict[1]
             self._alive()
             assert time.monotonic() < deadline, f"{pod} never judged: {self.log()}"
             time.sleep(0.1)
+
+    def judged(self, pod: str) -> tuple[bool, str] | None:
+        """(True, node) once bound, (False, reason) once found unschedulable, else None."""
+        found = self.core.read_namespaced_pod(pod, self.namespace)
+        if found.spec.node_name:
+            return True, str(found.spec.node_name)
+        for condition in found.status.conditions or ():
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                return False, str(condition.message)
+        return None
+
+    def first_verdict(self, name: str, short: str, bound: bool) -> str:
+        """Fresh one-GPU pods for `short`, one after another, until one is bound (`bound`) or
+        refused: the node or the reason. A pod refused before the plugin's cache took a new
+        object waits for the next cluster event, so each try is a new pod."""
+        deadline = time.monotonic() + WAIT_S
+        for attempt in itertools.count():
+            pod = self.create_pod(f"{name}-{attempt}", short)
+            while (verdict := self.judged(pod)) is None:
+                self._alive()
+                assert time.monotonic() < deadline, f"{pod} never judged: {self.log()}"
+                time.sleep(0.1)
+            if verdict[0] == bound:
+                return verdict[1]
+            self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
+            wanted = "bound" if bound else "refused"
+            assert time.monotonic() < deadline, (
+                f"no pod {wanted} in {WAIT_S:.0f} s: {verdict}\n{self.log()}"
+            )
+            time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def _alive(self) -> None:
         assert self._scheduler is not None
@@ -329,3 +370,51 @@ def test_the_reserve_cache_shows_the_first_pods_gpus_taken_before_the_next_nrt_w
     # The object still says four GPUs are free on node-0 (no kubelet told the agent otherwise),
     # and the scheduler counts 4 of 8 still allocatable: only the reservation refused `second`.
     assert cluster.zone_gpus("reserve") == {"node-0": "4", "node-1": "0"}
+
+
+def test_a_withdrawn_object_stops_filtering_and_the_next_good_read_filters_again(
+    cluster: NrtCluster,
+) -> None:
+    """Issue 19.2 for NodeResourceTopologyMatch: the object said 0 GPUs free, then PodResources
+    reads failed. The reserve cache of the docs' stanza never forgets a deleted object, so the
+    agent withdraws by replacing its object with one that names no Topology Manager policy,
+    which the plugin reads as `none` (no filter); its cache takes the change at its next resync
+    (an attribute change, watched). The next good read publishes the policy again."""
+    node = cluster.nodes["withdrawn"]
+    refused = cluster.create_pod("before-withdrawal", "withdrawn")
+    assert "cannot align container" in cluster.wait_unschedulable(refused)
+    # The agent of that node, now in-process: every GPU still taken at its first read.
+    client = API_CLIENTS["lean"]
+    output = NrtOutput(
+        NrtSink(
+            client(cluster.server.kubeconfig, (2.0, 2.0)),
+            stop=threading.Event(),
+            backoff=FAST,
+            log=structlog.get_logger(),
+        ),
+        node=node,
+        memory=lambda: MEMORY,
+        policies=lambda: KubeletPolicies("single-numa-node", "container"),
+        log=structlog.get_logger(),
+    )
+    w = wire_live(
+        cluster.server.kubeconfig,
+        client,
+        source=FakeSource(used=set(range(8))),
+        outputs=(output,),
+        node=node,
+    )
+    assert w.agent.step()
+    assert cluster.zone_gpus("withdrawn") == {"node-0": "0", "node-1": "0"}
+    assert w.source is not None
+    w.source.error = PodResourcesError("kubelet.sock: connection refused", reason="unavailable")
+    for _ in range(WITHDRAW_AFTER):
+        w.clock.advance(INTERVAL_S)
+        assert not w.loop.tick(topology())
+    assert cluster.first_verdict("after-withdrawal", "withdrawn", bound=True) == node
+    # Reads recover, every GPU still taken: the policy is back, and so is the filter.
+    w.source.error = None
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    reason = cluster.first_verdict("after-recovery", "withdrawn", bound=False)
+    assert "cannot align container" in reason

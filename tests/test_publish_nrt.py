@@ -17,6 +17,7 @@ from reporter.assembly import nrt_output
 from reporter.collect.podresources import AllocationView, allocation_view
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtOutput, NrtSink
+from reporter.schema import nrt as schema_nrt
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
 from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
@@ -179,6 +180,63 @@ def test_transient_failures_are_retried(
     assert [e.status for e in errors] == [503]
 
 
+def attributes(obj: dict[str, Any] | None) -> dict[str, str]:
+    assert obj is not None
+    return {a["name"]: a["value"] for a in obj["attributes"]}
+
+
+def test_withdrawing_drops_the_policy_keeps_the_zones_once_and_a_publish_restores_it(
+    apiserver: ApiServerDouble, sink: Callable[..., NrtSink]
+) -> None:
+    nrt = sink()
+    nrt.publish(desired(free=frozenset()))
+    assert nrt.withdraw(NODE) is True
+    assert nrt.withdraw(NODE) is False
+    assert sink().withdraw(NODE) is False  # a restarted agent reads it and writes nothing
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    # The zones stay as they were; the plugin reads a node without the policy as `none`.
+    assert stored["zones"] == desired(free=frozenset())["zones"]
+    assert attributes(stored) == {
+        "topologyManagerScope": "pod",
+        schema_nrt.FINGERPRINT: attributes(desired(free=frozenset()))[schema_nrt.FINGERPRINT],
+        schema_nrt.FINGERPRINT_METHOD: "all",
+        schema_nrt.WITHDRAWN: schema_nrt.WITHDRAWN_VALUE,
+    }
+    assert stored["metadata"]["labels"] == {schema_nrt.MANAGED_BY: schema_nrt.MANAGER}
+    assert nrt.publish(desired(free=frozenset())) is True
+    assert apiserver.nrt.get(NODE) is not None
+    assert attributes(apiserver.nrt.get(NODE)) == attributes(desired(free=frozenset()))
+    # Update only: the verbs the sink already had.
+    assert writes(apiserver) == ["POST", "PUT", "PUT"]
+
+
+def test_withdrawing_where_there_is_no_object_writes_nothing(
+    apiserver: ApiServerDouble, sink: Callable[..., NrtSink]
+) -> None:
+    assert sink().withdraw(NODE) is False
+    assert writes(apiserver) == []
+    assert apiserver.nrt.get(NODE) is None
+
+
+def test_another_producers_object_is_never_withdrawn(
+    apiserver: ApiServerDouble, sink: Callable[..., NrtSink]
+) -> None:
+    theirs = {
+        "apiVersion": "topology.node.k8s.io/v1alpha2",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": NODE, "managedFields": [{"manager": "nfd-topology-updater"}]},
+        "zones": [],
+        "attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}],
+    }
+    apiserver.nrt.put(theirs)
+    before = apiserver.nrt.get(NODE)
+    with pytest.raises(ForeignProducerError):
+        sink().withdraw(NODE)
+    assert writes(apiserver) == []
+    assert apiserver.nrt.get(NODE) == before
+
+
 # --- the agent's live output --------------------------------------------------------------------
 
 
@@ -315,6 +373,63 @@ def test_a_failure_is_counted_never_raised_and_the_next_read_recovers(
         "nrt_created",
         "nrt_recovered",
     ]
+
+
+def test_the_output_withdraws_once_asks_again_at_resync_and_republishes_at_a_good_read(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, results, clock = output()
+    publish(topology(8), view(held=tuple(range(8))))
+    apiserver.clear_requests()
+    with capture_logs() as logs:
+        publish.withdraw()
+        publish.withdraw()
+        assert [r.method for r in apiserver.requests] == ["PUT"]
+        clock.now = 301.0
+        publish.withdraw()  # resync: one read, and nothing to write
+        assert [r.method for r in apiserver.requests] == ["PUT", "GET"]
+        publish(topology(8), view(held=tuple(range(8))))
+    assert results == ["written", "withdrawn", "unchanged", "unchanged", "written"]
+    assert [e["event"] for e in logs] == ["nrt_withdrawn", "nrt_replaced"]
+    assert schema_nrt.WITHDRAWN not in attributes(apiserver.nrt.get(NODE))
+
+
+def test_a_failed_withdrawal_is_logged_once_and_tried_again_at_the_next_tick(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    publish, results, _ = output()
+    publish(topology(8), view())
+    apiserver.plan(*[Fault(status=503, method="PUT", path=NRT_PATH)] * FAST.attempts)
+    with capture_logs() as logs:
+        publish.withdraw()
+        publish.withdraw()
+    assert results == ["written", "failed", "withdrawn"]
+    assert [e["event"] for e in logs if e["event"].startswith("nrt_")] == [
+        "nrt_publish_failed",
+        "nrt_withdrawn",
+        "nrt_recovered",
+    ]
+
+
+def test_a_foreign_object_is_not_withdrawn_and_said_once_until_resync(
+    apiserver: ApiServerDouble, output: Callable[..., tuple[NrtOutput, list[str], Clock]]
+) -> None:
+    apiserver.nrt.put(
+        {
+            "apiVersion": "topology.node.k8s.io/v1alpha2",
+            "kind": "NodeResourceTopology",
+            "metadata": {"name": NODE, "managedFields": [{"manager": "nfd-topology-updater"}]},
+            "zones": [],
+        }
+    )
+    publish, results, _ = output()
+    with capture_logs() as logs:
+        publish.withdraw()
+        publish.withdraw()
+    assert results == ["refused", "unchanged"]
+    assert len(apiserver.reads(NRT_PATH)) == 1
+    assert [e["event"] for e in logs] == ["nrt_publish_failed"]
+    assert writes(apiserver) == []
 
 
 def test_the_agents_factory_reads_numa_memory_and_the_kubelet_policies_and_counts_results(

@@ -9,7 +9,10 @@ so writing over one would silently take it from its owner. That refusal is perma
 which producer to turn off.
 
 It writes through `reporter.publish.api.ApiClient`, as every sink does. `NrtOutput` is the
-agent's live output: it builds the object from each allocation view.
+agent's live output: it builds the object from each allocation view, and withdraws it when the
+live loop says nobody can vouch for the availability any more (`reporter.schema.nrt.withdrawn`:
+our object replaced by one the plugin does not filter on, never deleted, for the reason given
+there).
 """
 
 from __future__ import annotations
@@ -111,14 +114,42 @@ class NrtSink:
             on_error=self._on_error,
         )
 
-    def _write(self, name: str, want: Mapping[str, Any]) -> bool:
+    def withdraw(self, name: str) -> bool:
+        """Make our object `name` one the scheduler does not filter on (nrt.withdrawn); True when
+        written. No object: nothing to withdraw. Raises ForeignProducerError when another
+        producer manages it, PublishError when the API refuses or cannot be reached."""
+        if self._known is not None and _content(self._known) == _content(
+            nrt.withdrawn(self._known)
+        ):
+            return False
+
+        def attempt() -> bool:
+            try:
+                current = self._read(name)
+                if current is None:
+                    return False
+                return self._replace(name, current, nrt.withdrawn(current), "nrt_withdrawn")
+            except ApiTransientError:
+                self._known = None
+                raise
+
+        return retry.call(
+            attempt,
+            what=f"withdraw NodeResourceTopology {name}",
+            stop=self._stop,
+            backoff=self._backoff,
+            log=self._log,
+            on_error=self._on_error,
+        )
+
+    def _read(self, name: str) -> dict[str, Any] | None:
+        """Our object as last known or read; None when there is none. Raises
+        ForeignProducerError when another producer manages it."""
         current = self._known
         if current is None:
             current = self._api.get(NODE_RESOURCE_TOPOLOGIES, name)
         if current is None:
-            self._known = self._api.create(NODE_RESOURCE_TOPOLOGIES, want)
-            self._log.info("nrt_created", name=name)
-            return True
+            return None
         labels = (current.get("metadata") or {}).get("labels") or {}
         if labels.get(nrt.MANAGED_BY) != nrt.MANAGER:
             raise ForeignProducerError(
@@ -126,6 +157,20 @@ class NrtSink:
                 "topology-updater or resource-topology-exporter): topo-reporter will not write "
                 "over it; turn that producer off on this node, or turn --nrt off"
             )
+        return current
+
+    def _write(self, name: str, want: Mapping[str, Any]) -> bool:
+        current = self._read(name)
+        if current is None:
+            self._known = self._api.create(NODE_RESOURCE_TOPOLOGIES, want)
+            self._log.info("nrt_created", name=name)
+            return True
+        return self._replace(name, current, want, "nrt_replaced")
+
+    def _replace(
+        self, name: str, current: dict[str, Any], want: Mapping[str, Any], event: str
+    ) -> bool:
+        """Replace `current` (ours) by `want` if their content differs; True when written."""
         if _content(current) == _content(want):
             self._known = current
             return False
@@ -135,7 +180,7 @@ class NrtSink:
             "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
         }
         self._known = self._api.replace(NODE_RESOURCE_TOPOLOGIES, name, body)
-        self._log.info("nrt_replaced", name=name)
+        self._log.info(event, name=name)
         return True
 
 
@@ -144,10 +189,14 @@ class NrtOutput:
     allocation view after each availability read, it publishes the node's object through the
     sink, which writes only on change.
 
-    Each call ends in one `on_result`: `written`, `unchanged`, `failed` (the API, after the sink's
-    retries) or `refused` (a permanent refusal, another producer's object, or an object that
-    cannot be built: no NUMA node, a NUMA node without memory, a Topology Manager policy neither
-    the kubelet config nor the user says: `policies` raises InputError then).
+    `withdraw()`, called by the loop at each tick while the reads it needs keep failing, turns
+    the object into one the scheduler does not filter on, once; the next good read publishes it
+    again.
+
+    Each call ends in one `on_result`: `written`, `withdrawn`, `unchanged`, `failed` (the API,
+    after the sink's retries) or `refused` (a permanent refusal, another producer's object, or an
+    object that cannot be built: no NUMA node, a NUMA node without memory, a Topology Manager
+    policy neither the kubelet config nor the user says: `policies` raises InputError then).
     A failure is logged once per distinct error, never raised; only `retry.Interrupted` passes
     through, the loop's own shutdown request. A permanent refusal is not asked again until the
     object it was refused changes or `resync_s` passes, when the sink also reads the object
@@ -179,8 +228,11 @@ class NrtOutput:
         self._last_read = clock()
         self._refused: Mapping[str, Any] | None = None
         self._error: str | None = None
+        self._withdrawn = False
+        """Withdrawn (or nothing to withdraw, or refused): nothing to do until a good read."""
 
     def __call__(self, topology: Topology, view: AllocationView) -> None:
+        self._withdrawn = False
         state = nrt.NodeState(
             pods=view.pods, free_gpus=frozenset(view.free), exclusive_cpus=view.exclusive_cpus
         )
@@ -196,10 +248,7 @@ class NrtOutput:
         except InputError as e:
             self._failed("refused", str(e))
             return
-        if self._clock() - self._last_read >= self._resync_s:
-            self._sink.forget()
-            self._last_read = self._clock()
-            self._refused = None
+        self._resync()
         if want == self._refused:
             self._on_result("refused")
             return
@@ -217,6 +266,36 @@ class NrtOutput:
             self._log.info("nrt_recovered", previous=self._error)
             self._error = None
         self._on_result("written" if wrote else "unchanged")
+
+    def withdraw(self) -> None:
+        """Nobody can vouch for the last allocation view: withdraw the object (see the class)."""
+        self._resync()
+        if self._withdrawn:
+            self._on_result("unchanged")
+            return
+        try:
+            wrote = self._sink.withdraw(self._node)
+        except ApiPermanentError as e:
+            # Not ours, or refused for good: asked again at the next resync.
+            self._withdrawn = True
+            self._failed("refused", str(e))
+            return
+        except PublishError as e:
+            self._failed("failed", str(e))
+            return
+        self._withdrawn = True
+        if self._error is not None:
+            self._log.info("nrt_recovered", previous=self._error)
+            self._error = None
+        self._on_result("withdrawn" if wrote else "unchanged")
+
+    def _resync(self) -> None:
+        """Every `resync_s`: read the object again (repairs drift), ask again what was refused."""
+        if self._clock() - self._last_read >= self._resync_s:
+            self._sink.forget()
+            self._last_read = self._clock()
+            self._refused = None
+            self._withdrawn = False
 
     def _failed(self, result: str, error: str) -> None:
         if error != self._error:

@@ -12,6 +12,15 @@ make every pod with requests unschedulable on the node. cpu comes from each NUMA
 minus the CPUs PodResources says are held exclusively; memory is each NUMA node's MemTotal.
 Hugepages are not listed: a pod requesting them is refused by the plugin under `single-numa-node`.
 
+When nobody can vouch for the availability (PodResources reads keep failing), `withdrawn` turns
+the published object into one the plugin does not filter on: the same zones, no Topology Manager
+policy (the plugin then applies its default, `none`, whose filter admits every pod) and an
+attribute saying why. Deleting the object would say "no topology" to a plugin that reads the API
+on each pod, but its reserve cache (`cacheResyncPeriodSeconds` > 0) keeps the last copy of a
+deleted object and goes on filtering on it: it lists the objects once, takes changes only from
+its resync (which skips an object it cannot get) and from watched attribute changes
+(scheduler-plugins v0.34.7, `pkg/noderesourcetopology/cache/overreserve.go`, `attr_watch.go`).
+
 The pods fingerprint is podfingerprint v1 (`pfp0v001`), checked against the upstream test vectors:
 xxh64 of each pod's name seeded with the xxh64 of its namespace, sorted, written little-endian and
 hashed again with xxh64, printed as 16 hex digits. It covers every pod PodResources `List` returns
@@ -40,6 +49,11 @@ ZONE_TYPE = "Node"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "topo-reporter"
 """The value of MANAGED_BY on objects we own; anything else belongs to another producer."""
+POLICY = "topologyManagerPolicy"
+SCOPE = "topologyManagerScope"
+WITHDRAWN = "topo-reporter.availability"
+"""The attribute of a withdrawn object (value WITHDRAWN_VALUE): nobody vouches for its zones."""
+WITHDRAWN_VALUE = "withdrawn: PodResources unreadable"
 FINGERPRINT = "nodeTopologyPodsFingerprint"
 FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
 FINGERPRINT_PREFIX = "pfp0v001"
@@ -120,8 +134,8 @@ def node_resource_topology(
     # Never without the policy: NodeResourceTopologyMatch takes a node without it for `none` and
     # admits pods a `single-numa-node` kubelet rejects.
     attributes = [
-        {"name": "topologyManagerPolicy", "value": policies.topology_manager_policy},
-        {"name": "topologyManagerScope", "value": policies.topology_manager_scope},
+        {"name": POLICY, "value": policies.topology_manager_policy},
+        {"name": SCOPE, "value": policies.topology_manager_scope},
     ]
     attributes += [
         {"name": FINGERPRINT, "value": pods_fingerprint(state.pods)},
@@ -139,6 +153,29 @@ def node_resource_topology(
         "metadata": metadata,
         "zones": zones,
         "attributes": attributes,
+    }
+
+
+def withdrawn(published: Mapping[str, Any]) -> dict[str, Any]:
+    """`published` (an object of ours, as the API holds it) made one NodeResourceTopologyMatch does
+    not filter on: its zones as they are, every attribute but the Topology Manager policy, and
+    WITHDRAWN. The same again for an object already withdrawn."""
+    meta = published.get("metadata") or {}
+    metadata: dict[str, Any] = {"name": meta.get("name"), "labels": {MANAGED_BY: MANAGER}}
+    if meta.get("ownerReferences"):
+        metadata["ownerReferences"] = meta["ownerReferences"]
+    zones = published.get("zones")
+    attributes = [
+        a
+        for a in published.get("attributes") or ()
+        if isinstance(a, dict) and a.get("name") not in (POLICY, WITHDRAWN)
+    ]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "zones": zones if isinstance(zones, list) else [],
+        "attributes": [*attributes, {"name": WITHDRAWN, "value": WITHDRAWN_VALUE}],
     }
 
 
