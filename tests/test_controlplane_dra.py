@@ -216,25 +216,20 @@ def claim_pod(name: str, claim: str, *, node: str, scheduler: str) -> dict[str, 
     }
 
 
-def one_gpu_claim(name: str) -> dict[str, Any]:
+def one_gpu_claim(name: str, tolerate: str | None = None) -> dict[str, Any]:
+    """A claim for one GPU of NVIDIA's class; `tolerate`: a taint key its request tolerates."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": 1,
+    }
+    if tolerate is not None:
+        exactly["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "apiVersion": f"{GROUP}/{DRA_API}",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
 
 
@@ -361,6 +356,43 @@ def test_the_real_scheduler_allocates_around_the_agents_rules_and_leaves_a_pod_p
         message = wait("pod third judged", unschedulable, logs)
         assert "cannot allocate all claims" in message, message
         assert "allocation" not in (dra_api.claim(real_namespace, "third").get("status") or {})
+        # The reason does not name the taint, and no newer release would: the DRA plugin answers
+        # every allocation that fails "cannot allocate all claims"
+        # (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go of
+        # k8s.io/kubernetes v1.34.9, v1.35.4, v1.36.3, v1.37.2 and v1.38.0-beta.0, the newest of
+        # each minor the Go module proxy serves), and the structured allocator skips a device
+        # whose taint the request does not tolerate without a word
+        # (k8s.io/dynamic-resource-allocation structured/internal/*/allocator_*.go:
+        # `allTaintsTolerated` in v0.34.9, `taintPreventsAllocation` in v0.35.10, v0.36.6,
+        # v0.37.2 and v0.38.0-beta.0, "not this device" and nothing else). Nor do the pod's
+        # FailedScheduling Events (the same message) or the claim's status (empty) say more.
+        events = core.list_namespaced_event(
+            real_namespace, field_selector="involvedObject.name=third,reason=FailedScheduling"
+        ).items
+        assert events
+        for event in events:
+            assert "cannot allocate all claims" in event.message, event.message
+            assert keys.DEVICE_TAINT not in event.message
+        # That the taint is the cause: the same claim tolerating it gets a GPU of that node.
+        dra_api.create(
+            DRA_API,
+            "resourceclaims",
+            one_gpu_claim("tolerant", tolerate=f"{PREFIX}/{keys.DEVICE_TAINT}"),
+            real_namespace,
+        )
+        core.create_namespaced_pod(
+            real_namespace, claim_pod("tolerant", "tolerant", node=all_gone, scheduler=scheduler)
+        )
+        bound = wait(
+            "pod tolerant bound",
+            lambda: core.read_namespaced_pod("tolerant", real_namespace).spec.node_name,
+            logs,
+        )
+        assert bound == all_gone
+        (result,) = dra_api.claim(real_namespace, "tolerant")["status"]["allocation"]["devices"][
+            "results"
+        ]
+        assert result["pool"] == all_gone
     finally:
         stop_process(proc)
         with contextlib.suppress(k8s.ApiException):
