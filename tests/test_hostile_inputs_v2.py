@@ -22,8 +22,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reporter.cli import main
+from reporter.collect import SourceState
+from reporter.collect import simulate as simulated
+from reporter.collect.podresources import ClaimedDevice, DraScope, allocation_view
+from reporter.collect.scanner import CollectorScanner
+from reporter.collect.simulate.fake_nvml import FakeNvml, c_nvmlMemory_t
+from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.errors import SchemaError
 from reporter.kubectl_plugin import main as plugin_main
+from reporter.schema import dra
 from reporter.schema.codec import decode, encode, from_document, to_document
 from reporter.schema.model import (
     FabricState,
@@ -34,11 +42,13 @@ from reporter.schema.model import (
 )
 from tests.agent_support import NODE, PREFIX, FakeScanner, ok, topology, wire_agent
 from tests.fuzz import fuzz, outcome
+from tests.hostile_text import controls
 from tests.kube_double import ApiServerDouble
 from tests.strategies import topologies
 from tests.test_fuzz_codec import _rehash
 
 TOPOLOGY_KEY = f"{PREFIX}/topology"
+PROFILES = Path(simulated.__file__).parent / "profiles"
 FIXTURES = Path(__file__).parent / "fixtures"
 LOG = structlog.get_logger("test")
 
@@ -215,3 +225,102 @@ def test_two_gpus_with_one_mig_device_are_a_schema_error() -> None:
     _rehash(doc)
     with pytest.raises(SchemaError, match=r"^gpus\[1\]\.mig_devices: .* is also GPU0's"):
         from_document(doc)
+
+
+# -- 3. A driver answering garbage is a failed source, never a topology the decoder refuses -------
+
+
+def garbage_nvml(profile: str = "dgx-h100", **answers: Any) -> tuple[FakeNvml, CollectorScanner]:
+    """A simulated machine whose NVML answers `answers` (function name: return value) for every
+    GPU, and the scanner that reads it with the machine's sysfs and procfs."""
+    machine = load_machine(profile)
+    nvml = FakeNvml(machine)
+    for function, answer in answers.items():
+        setattr(nvml, function, lambda *args, _answer=answer: _answer)
+    scanner = CollectorScanner(
+        "auto", memory_hostfs(machine), lambda: nvml, procfs=memory_procfs(machine)
+    )
+    return nvml, scanner
+
+
+def memory(total: int) -> c_nvmlMemory_t:
+    answer = c_nvmlMemory_t()
+    answer.total = total
+    return answer
+
+
+GARBAGE = {
+    "a GPU name that clears the screen and retitles the window": (
+        {"nvmlDeviceGetName": "NVIDIA H100\x1b]0;pwned\x07\x1b[2J"},
+        ".model",
+    ),
+    "a GPU name of 300 characters": ({"nvmlDeviceGetName": "N" * 300}, ".model"),
+    "a UUID with a space in it": ({"nvmlDeviceGetUUID": "GPU-1234 5678"}, ".uuid"),
+    "every GPU with one UUID": (
+        {"nvmlDeviceGetUUID": "GPU-00000000-0000-0000-0000-000000000000"},
+        ".uuid: 'GPU-00000000-0000-0000-0000-000000000000' is also GPU0's",
+    ),
+    "a driver version with a NUL and a space": (
+        {"nvmlSystemGetDriverVersion": "550.54 \x00"},
+        "driver: ",
+    ),
+    "2^64 bytes of memory": ({"nvmlDeviceGetMemoryInfo": memory(2**64 - 1)}, ".mem_mib"),
+    "a GPU memory NUMA node of a million": ({"nvmlDeviceGetNumaNodeId": 10**6}, ".gpu_numa"),
+    "every GPU minor 0": ({"nvmlDeviceGetMinorNumber": 0}, ".minor: 0 is also GPU0's"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GARBAGE))
+def test_nvml_garbage_fails_the_nvml_source_and_what_is_published_decodes(case: str) -> None:
+    answers, named = GARBAGE[case]
+    _, scanner = garbage_nvml(**answers)
+    result = scanner.scan()
+    states = {s.name: s for s in result.sources}
+    assert states["nvml"].state is SourceState.FAILED
+    assert "NVML answered what the topology schema cannot hold" in (states["nvml"].error or "")
+    assert named in (states["nvml"].error or "")
+    assert states["sysfs"].state is SourceState.OK
+    # What remains is sysfs's view of the same machine, and it is what the decoder reads back.
+    assert result.topology is not None
+    assert decode(encode(result.topology)) == result.topology
+    assert len(result.topology.gpus) == 8
+
+
+@pytest.mark.parametrize("count", [10**6, -1, "8"], ids=["a million", "-1", "a string"])
+def test_a_gpu_count_no_node_has_fails_nvml_before_any_gpu_is_asked_for(count: object) -> None:
+    # Each GPU pair is asked for its common ancestor: a million GPUs would be 5 * 10^11 calls.
+    nvml, scanner = garbage_nvml(nvmlDeviceGetCount=count)
+    result = scanner.scan()
+    failed = {s.name: s.error or "" for s in result.failed}
+    assert f"NVML counts {count!r} GPUs" in failed["nvml"]
+    assert "nvmlDeviceGetHandleByIndex" not in nvml.calls
+
+
+def test_on_a_dra_node_a_driver_giving_every_gpu_minor_0_frees_no_gpu_a_claim_holds() -> None:
+    # Claims name GPUs gpu-<minor>: with every minor 0, the claims on gpu-1 and gpu-2 matched no
+    # GPU and the claim on gpu-0 the last GPU, so GPUs 0-2, all held, were published free.
+    _, scanner = garbage_nvml(nvmlDeviceGetMinorNumber=0)
+    chosen = scanner.scan().topology
+    assert chosen is not None
+    claims = [ClaimedDevice(dra.DRIVER, NODE, dra.gpu_device(m)) for m in (0, 1, 2)]
+    view = allocation_view(chosen, [], [], claims=claims, dra=DraScope((dra.DRIVER,), NODE))
+    assert view.free == (3, 4, 5, 6, 7)
+
+
+def test_run_once_on_a_profile_whose_gpu_name_holds_escapes_publishes_none_of_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The Interface's way in: a profile passed to --simulate, read through the same collector.
+    profile = tmp_path / "escapes.yaml"
+    text = (PROFILES / "dgx-h100.yaml").read_text()
+    escapes = 'model: "H100\\e]0;x\\a\\e[2J"'  # YAML's escapes: ESC ] 0 ; x BEL ESC [ 2 J
+    profile.write_text(text.replace("model: NVIDIA H100 80GB HBM3", escapes))
+    status = main(["run", "--once", "--dry-run", "--simulate", str(profile), "--node", NODE])
+    out, err = capsys.readouterr()
+    assert status == 1  # a failed source: run --once says so
+    assert "\\u001b" not in out
+    assert not controls(out)
+    patch = json.loads(out[: out.index("\n}\n") + 2])
+    annotations = patch["metadata"]["annotations"]
+    assert decode(annotations[TOPOLOGY_KEY]).source.value == "sysfs"
+    assert "NVML answered what the topology schema cannot hold" in err

@@ -222,6 +222,12 @@ def decode(text: str | bytes) -> Topology:
     return from_document(doc)
 
 
+def check(topology: Topology) -> None:
+    """Raise SchemaError (naming the field) when `decode` would refuse what `encode` writes of
+    `topology`: what a source observed is checked with this before anyone publishes it."""
+    from_document(to_document(topology))
+
+
 def from_document(doc: Any) -> Topology:
     """Validate an already-parsed v1 or v2 document and build the model. Raises SchemaError."""
     if not isinstance(doc, dict):
