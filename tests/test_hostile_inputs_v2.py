@@ -11,7 +11,10 @@ holding.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,9 @@ from reporter.collect.scanner import CollectorScanner
 from reporter.collect.simulate.fake_nvml import FakeNvml, c_nvmlMemory_t
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
+from reporter.collect.sysfs import SysfsCollector, SysfsView
 from reporter.errors import SchemaError
+from reporter.hostfs import DirHostFS
 from reporter.kubectl_plugin import main as plugin_main
 from reporter.schema import dra
 from reporter.schema.codec import decode, encode, from_document, to_document
@@ -324,3 +329,67 @@ def test_run_once_on_a_profile_whose_gpu_name_holds_escapes_publishes_none_of_th
     annotations = patch["metadata"]["annotations"]
     assert decode(annotations[TOPOLOGY_KEY]).source.value == "sysfs"
     assert "NVML answered what the topology schema cannot hold" in err
+
+
+# -- 4. A host mount that is not sysfs: FIFOs, and symlinks out of the root -----------------------
+
+
+def sysfs_tree(tmp_path: Path) -> Path:
+    """A copy of a real machine's sysfs fixture (its symlinks kept), to be damaged."""
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "machines" / "aws-p5en-switch" / "sysfs", root, symlinks=True)
+    return root
+
+
+def test_a_fifo_at_a_sysfs_attribute_is_unreadable_not_waited_on(tmp_path: Path) -> None:
+    # open() of a FIFO waits for a writer: the scan, and with it the agent's loop, stopped there.
+    root = sysfs_tree(tmp_path)
+    attribute = root / "devices" / "system" / "node" / "node0" / "distance"
+    attribute.unlink()
+    os.mkfifo(attribute)
+    done = threading.Event()
+    views: list[SysfsView] = []
+
+    def scan() -> None:
+        views.append(SysfsCollector(DirHostFS(root)).collect())
+        done.set()
+
+    thread = threading.Thread(target=scan, daemon=True)
+    thread.start()
+    try:
+        assert done.wait(30), "the scan is waiting on a FIFO nobody writes"
+    finally:
+        if not done.is_set():
+            # A writer that comes and goes ends the reader's wait: the thread does not linger.
+            os.close(os.open(attribute, os.O_WRONLY | os.O_NONBLOCK))
+            thread.join(10)
+    node0 = views[0].numa_nodes[0]
+    assert node0.id == 0
+    assert node0.distances == ()  # unreadable: the host does not say
+
+
+@pytest.mark.parametrize(
+    "target", ["a file outside the root", "/dev/zero"], ids=["outside", "dev-zero"]
+)
+def test_a_symlink_out_of_the_root_is_not_followed(tmp_path: Path, target: str) -> None:
+    outside = tmp_path / "secret"
+    outside.write_text("0-3\n")
+    root = tmp_path / "sys"
+    (root / "devices").mkdir(parents=True)
+    (root / "devices" / "local_cpulist").symlink_to(
+        outside if target == "a file outside the root" else Path(target)
+    )
+    (root / "devices" / "elsewhere").symlink_to(tmp_path)
+    hostfs = DirHostFS(root)
+    with pytest.raises(FileNotFoundError, match="leaves the sysfs root"):
+        hostfs.read_text("devices/local_cpulist")
+    with pytest.raises(FileNotFoundError, match="leaves the sysfs root"):
+        hostfs.listdir("devices/elsewhere")
+
+
+def test_a_relative_symlink_inside_the_root_still_reads(tmp_path: Path) -> None:
+    # What real sysfs is made of: bus/pci/devices/<bdf> -> ../../../devices/pci.../<bdf>.
+    view = SysfsCollector(DirHostFS(sysfs_tree(tmp_path))).collect()
+    assert [g.place.address for g in view.gpus] == ["0000:59:00.0", "0000:5a:00.0"]
+    assert all(g.cpus and g.place.numa == 0 for g in view.gpus)
+    assert [n.id for n in view.numa_nodes] == [0, 1]
