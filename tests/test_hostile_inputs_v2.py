@@ -10,6 +10,7 @@ holding.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from reporter.cli import main
 from reporter.collect import SourceState
@@ -36,8 +38,10 @@ from reporter.collect.sysfs import SysfsCollector, SysfsView
 from reporter.errors import SchemaError
 from reporter.hostfs import DirHostFS
 from reporter.kubectl_plugin import main as plugin_main
-from reporter.schema import dra
+from reporter.publish.devicetaints import DeviceTaintSink
+from reporter.schema import dra, keys
 from reporter.schema.codec import decode, encode, from_document, to_document
+from reporter.schema.dra import DeviceTaint
 from reporter.schema.model import (
     FabricState,
     GpuFabric,
@@ -45,12 +49,13 @@ from reporter.schema.model import (
     RackPosition,
     Topology,
 )
-from tests.agent_support import NODE, PREFIX, FakeScanner, ok, topology, wire_agent
+from reporter.schema.nrt import MANAGED_BY, MANAGER
+from tests.agent_support import API_CLIENTS, NODE, PREFIX, FakeScanner, ok, topology, wire_agent
 from tests.fuzz import fuzz, outcome
 from tests.hostile_text import controls
-from tests.kube_double import ApiServerDouble
+from tests.kube_double import ApiServerDouble, Fault
 from tests.strategies import topologies
-from tests.test_fuzz_codec import _rehash
+from tests.test_fuzz_codec import JSON_VALUES, _rehash
 
 TOPOLOGY_KEY = f"{PREFIX}/topology"
 PROFILES = Path(simulated.__file__).parent / "profiles"
@@ -393,3 +398,101 @@ def test_a_relative_symlink_inside_the_root_still_reads(tmp_path: Path) -> None:
     assert [g.place.address for g in view.gpus] == ["0000:59:00.0", "0000:5a:00.0"]
     assert all(g.cpus and g.place.numa == 0 for g in view.gpus)
     assert [n.id for n in view.numa_nodes] == [0, 1]
+
+
+# -- 5. DeviceTaintRules: a rule is this agent's only if it is one the agent writes ---------------
+
+RULES_PATH = "/apis/resource.k8s.io/v1alpha3/devicetaintrules"
+TAINTED = "dgx-07"
+
+
+def our_labels(node: str = TAINTED) -> dict[str, str]:
+    """The labels the agent selects its rules by: anyone who may create rules can write them."""
+    return {MANAGED_BY: MANAGER, keys.key(PREFIX, keys.DEVICE_TAINT_NODE): node}
+
+
+def planted(name: str, pool: str | None, device: str = "gpu-3") -> dict[str, Any]:
+    selector = {"driver": dra.DRIVER, "device": device}
+    if pool is not None:
+        selector["pool"] = pool
+    return {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name, "labels": our_labels(), "resourceVersion": "1"},
+        "spec": {
+            "deviceSelector": selector,
+            "taint": {"key": "example.com/broken", "value": "x", "effect": "NoExecute"},
+        },
+    }
+
+
+def taint_sink(apiserver: ApiServerDouble, kubeconfig: Path) -> DeviceTaintSink:
+    apiserver.device_taint_rules.installed = True
+    client = API_CLIENTS["lean"](kubeconfig, (2.0, 2.0))
+    return DeviceTaintSink(client, node=TAINTED, prefix=PREFIX, resync_s=300, log=LOG)
+
+
+PLANTED = {
+    "labelled for this node, another node's pool": planted("someone-elses", "dgx-08"),
+    "labelled for this node, no pool (every node's gpu-3)": planted("someone-elses", None),
+    "this node's rule name, another node's pool": planted(
+        dra.rule_name(TAINTED, "gpu-3"), "dgx-08"
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", [True, False], ids=["policy denies", "no policy"])
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_a_rule_planted_with_our_labels_is_left_alone_and_ours_are_still_written(
+    apiserver: ApiServerDouble, admin_kubeconfig: Path, case: str, policy: bool
+) -> None:
+    # The agent deleted every rule its selector listed: another pool's rule (without the
+    # admission policy), or (with it) a 403 that stopped the sink before any create, for good.
+    rule = PLANTED[case]
+    apiserver.device_taint_rules.objects[rule["metadata"]["name"]] = copy.deepcopy(rule)
+    if policy:
+        apiserver.plan(Fault(403, "DELETE", RULES_PATH, message="the own-device-taints policy"))
+    sink = taint_sink(apiserver, admin_kubeconfig)
+    with capture_logs() as logs:
+        sink.publish([DeviceTaint(1, "gpu-1", dra.REASON_LOST)])
+        sink.publish([DeviceTaint(1, "gpu-1", dra.REASON_LOST)])
+    assert [r.method for r in apiserver.requests if r.path.startswith(RULES_PATH)] == [
+        "GET",
+        "POST",
+    ]
+    stored = apiserver.device_taint_rules.objects
+    assert stored[rule["metadata"]["name"]]["spec"] == rule["spec"]
+    assert stored[dra.rule_name(TAINTED, "gpu-1")]["spec"]["deviceSelector"]["pool"] == TAINTED
+    told = [e for e in logs if e["event"] == "device_taint_rules_not_ours"]
+    assert len(told) == 1
+    assert told[0]["rules"] == [rule["metadata"]["name"]]
+
+
+ODD_SHAPES = {
+    "spec a string": {"spec": "x"},
+    "deviceSelector a list": {"spec": {"deviceSelector": ["gpu-1"], "taint": {}}},
+    "taint null": {"spec": {"deviceSelector": {"pool": TAINTED}, "taint": None}},
+    "no name": {"metadata": {"labels": our_labels()}, "spec": {}},
+    "name a number": {"metadata": {"name": 7, "labels": our_labels()}},
+}
+
+
+def test_rules_of_odd_shapes_under_our_labels_neither_crash_nor_stop_the_sink(
+    apiserver: ApiServerDouble, admin_kubeconfig: Path
+) -> None:
+    # The list is the server's; its items' insides are whatever their writer made of them.
+    for k, (case, shape) in enumerate(sorted(ODD_SHAPES.items())):
+        rule = {"metadata": {"name": f"odd-{k}", "labels": our_labels()}, **shape}
+        apiserver.device_taint_rules.objects[f"odd-{k}"] = rule
+        assert case
+    sink = taint_sink(apiserver, admin_kubeconfig)
+    assert sink.publish([DeviceTaint(1, "gpu-1", dra.REASON_LOST)]) == 1
+    assert len(apiserver.device_taint_rules.objects) == len(ODD_SHAPES) + 1
+
+
+@fuzz(200)
+@given(JSON_VALUES)
+def test_a_listed_rule_of_any_shape_is_judged_without_raising(item: Any) -> None:
+    found = dra.own_rule(item, TAINTED)
+    assert found is None or found[0].startswith(f"topo-reporter.{TAINTED}.")
+    assert dra.listed_name(item)
