@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from tests import strategies, test_fuzz_codec, test_fuzz_documents, test_fuzz_parsers
+from tests import (
+    strategies,
+    test_fuzz_codec,
+    test_fuzz_documents,
+    test_fuzz_parsers,
+    test_hostile_inputs_v2,
+)
 from tests.fuzz import CELLS, replay
 
 STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
@@ -29,6 +35,10 @@ STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "test_fuzz_parsers.legend_topologies": test_fuzz_parsers.legend_topologies(),
     "test_fuzz_parsers.DRIVERS": test_fuzz_parsers.DRIVERS,
     "test_fuzz_documents.DOCUMENTS": test_fuzz_documents.DOCUMENTS,
+    "test_hostile_inputs_v2.documents_with_a_float": (
+        test_hostile_inputs_v2.documents_with_a_float()
+    ),
+    "test_hostile_inputs_v2.LINES": test_hostile_inputs_v2.LINES,
 }
 
 

@@ -11,21 +11,26 @@ holding.
 from __future__ import annotations
 
 import copy
+import functools
+import io
 import json
 import os
 import re
 import shutil
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+import urllib3
 from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from reporter import doctor
 from reporter.cli import main
 from reporter.collect import SourceState
 from reporter.collect import simulate as simulated
@@ -35,10 +40,13 @@ from reporter.collect.simulate.fake_nvml import FakeNvml, c_nvmlMemory_t
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.collect.sysfs import SysfsCollector, SysfsView
-from reporter.errors import SchemaError
+from reporter.errors import ApiTransientError, PublishError, SchemaError
 from reporter.hostfs import DirHostFS
 from reporter.kubectl_plugin import main as plugin_main
 from reporter.publish.devicetaints import DeviceTaintSink
+from reporter.publish.lease import LeaseWatch, beat
+from reporter.publish.watch import NodeWatch
+from reporter.publish.wire import WireClient
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, encode, from_document, to_document
 from reporter.schema.dra import DeviceTaint
@@ -496,3 +504,115 @@ def test_a_listed_rule_of_any_shape_is_judged_without_raising(item: Any) -> None
     found = dra.own_rule(item, TAINTED)
     assert found is None or found[0].startswith(f"topo-reporter.{TAINTED}.")
     assert dra.listed_name(item)
+
+
+# -- 6. Held: Leases and watch streams of any shape end in a Beat or a PublishError -------------
+
+
+@fuzz(300)
+@given(
+    st.fixed_dictionaries(
+        {"metadata": st.fixed_dictionaries({"name": st.just(NODE)})},
+        optional={
+            "spec": st.dictionaries(
+                st.sampled_from(["holderIdentity", "leaseDurationSeconds", "renewTime", "x"]),
+                JSON_VALUES
+                | st.sampled_from(
+                    [NODE, -40, 0, 1, 86400, 86401, 2**63, "40", "2026-13-45T99:99:99Z"]
+                ),
+            )
+        },
+    )
+    | JSON_VALUES
+)
+def test_a_lease_of_any_shape_is_a_beat_that_vouches_within_bounds_or_a_transient_error(
+    lease: Any,
+) -> None:
+    found = outcome(lambda: beat(lease), ApiTransientError)
+    if isinstance(found, ApiTransientError):
+        return
+    assert found.duration_s is None or 1 <= found.duration_s <= 86400
+    assert found.renew_time is None or isinstance(found.renew_time, str)
+
+
+class StreamTransport:
+    """A double of the wire client's transport that answers every request with one body: a
+    watch stream as the test writes it, garbage lines included."""
+
+    host = "stream.example"
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def send(self, method: str, path: str, **_: Any) -> urllib3.BaseHTTPResponse:
+        return urllib3.HTTPResponse(body=io.BytesIO(self._body), status=200, preload_content=False)
+
+
+LINES = st.one_of(
+    JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=40),
+    st.sampled_from(
+        [
+            b'{"type":"ADDED","object":{"metadata":{"name":"n1"}}}',
+            b'{"type":"ADDED","object":{"metadata":{"name":7}}}',
+            b'{"type":"MODIFIED","object":{"metadata":"x"}}',
+            b'{"type":"ERROR","object":{"code":"410"}}',
+            b'{"type":"ERROR","object":[]}',
+            b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":5}}}',
+            b'{"type":"ADDED","object":{"metadata":{"name":"n1","annotations":{"a":1}},'
+            b'"spec":{"leaseDurationSeconds":1e999}}}',
+            b"[" * 40 + b"]" * 40,
+            b'{"type":"ADDED","object":{"metadata":{"name":"n1"}},"x":' + b"9" * 5000 + b"}",
+        ]
+    ),
+)
+
+
+def drain(watch: Callable[[], Iterator[Any]]) -> list[Any]:
+    return list(watch())
+
+
+@fuzz(300)
+@given(st.lists(LINES, max_size=6))
+def test_a_watch_stream_of_garbage_lines_ends_in_events_or_a_publish_error(
+    lines: list[bytes],
+) -> None:
+    body = b"\n".join(lines)
+    api = WireClient(StreamTransport(body))
+    for watch in (
+        lambda: LeaseWatch(api, namespace="ns", prefix=PREFIX).watch_beats("1", threading.Event()),
+        lambda: NodeWatch(api).watch_nodes(f"{PREFIX}/availability", "1", threading.Event()),
+    ):
+        outcome(functools.partial(drain, watch), PublishError)
+
+
+@fuzz(200)
+@given(
+    st.none() | st.lists(JSON_VALUES, max_size=4),
+    st.none()
+    | st.lists(
+        JSON_VALUES
+        | st.builds(
+            lambda results: {
+                "metadata": {"namespace": "ns", "name": "c"},
+                "status": {"allocation": {"devices": {"results": results}}},
+            },
+            JSON_VALUES
+            | st.lists(
+                st.dictionaries(
+                    st.sampled_from(["driver", "pool", "device"]),
+                    JSON_VALUES | st.just(NODE),
+                    max_size=3,
+                )
+            ),
+        ),
+        max_size=4,
+    ),
+)
+def test_the_doctor_reads_resource_slices_and_claims_of_any_shape(
+    slices: list[Any] | None, claims: list[Any] | None
+) -> None:
+    # Held: anyone who may create ResourceSlices or ResourceClaims writes their insides.
+    seen = doctor.dra_observation(NODE, slices, claims)
+    assert (seen.slices is None) == (slices is None)
+    assert (seen.claims is None) == (claims is None)
