@@ -88,74 +88,116 @@ def go_binary() -> str:
     pytest.fail(GO_MISSING, pytrace=False)
 
 
-def _cache_path() -> Path:
-    # One binary per checkout: two worktrees building at once must not overwrite each other.
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    checkout = hashlib.sha256(str(HARNESS).encode()).hexdigest()[:12]
-    return base / "topo-reporter" / f"controlplane-{checkout}" / "controlplane"
+CONSUMERS = HARNESS / "consumers"
+"""The second Go module: other projects' own code (Koordinator, ...) on a newer Kubernetes."""
+LIBPFM_MISSING = (
+    "the consumers module needs libpfm4-dev (Koordinator's koordlet links libpfm4 through cgo): "
+    "apt-get install -y libpfm4-dev"
+)
 
 
 def _tail(text: str) -> str:
     return text[-MAX_LOG_TAIL:]
 
 
-_built: Path | str | None = None
-"""The binary, or why it could not be built: one attempt per pytest process."""
+@dataclass
+class GoProgram:
+    """A Go module of the tests built into one binary: `go build -o CACHE .`, once per pytest
+    process; Go's build cache makes an unchanged build take seconds, and an up-to-date binary is
+    not even relinked."""
+
+    name: str
+    module: Path
+    _built: Path | str | None = field(default=None, repr=False)
+    """The binary, or why it could not be built: one attempt per pytest process."""
+
+    def cache_path(self) -> Path:
+        # One binary per checkout: two worktrees building at once must not overwrite each other.
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        checkout = hashlib.sha256(str(self.module).encode()).hexdigest()[:12]
+        return base / "topo-reporter" / f"{self.name}-{checkout}" / self.name
+
+    def build(self) -> Path:
+        """The binary, built or found up to date; a test failure in one line when it cannot be."""
+        if isinstance(self._built, str):
+            pytest.fail(self._built, pytrace=False)
+        if self._built is not None:
+            return self._built
+        try:
+            self._built = self._build()
+        except pytest.fail.Exception as failure:
+            self._built = str(failure)
+            raise
+        return self._built
+
+    def _build(self) -> Path:
+        go = go_binary()
+        out = self.cache_path()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # cgo compiles its probes from files in TMPDIR, where `#include "x.h"` finds an x.h lying
+        # there before the package's own: a stray /tmp/nvml.h broke go-nvml's build. A private one.
+        scratch = out.parent / "tmp"
+        scratch.mkdir(exist_ok=True)
+        # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
+        env = {**os.environ, "GOTOOLCHAIN": "local", "TMPDIR": str(scratch)}
+        try:
+            result = subprocess.run(
+                [go, "build", "-o", str(out), "."],
+                cwd=self.module,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"`go build` in {self.module} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False
+            )
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            if "perfmon/pfmlib.h" in output:
+                pytest.fail(LIBPFM_MISSING, pytrace=False)
+            pytest.fail(
+                f"`go build` in {self.module} failed (Go 1.26 and the Go module proxy are "
+                "needed):\n" + _tail(output),
+                pytrace=False,
+            )
+        return out
+
+
+HARNESS_PROGRAM = GoProgram("controlplane", HARNESS)
+CONSUMERS_PROGRAM = GoProgram("consumers", CONSUMERS)
 
 
 def build_harness() -> Path:
-    """`go build -o CACHE .` in the harness: Go's build cache makes an unchanged build take seconds,
-    and an up-to-date binary is not even relinked."""
-    global _built  # noqa: PLW0603 - one build per pytest process, however many fixtures ask
-    if isinstance(_built, str):
-        pytest.fail(_built, pytrace=False)
-    if _built is not None:
-        return _built
-    try:
-        _built = _build()
-    except pytest.fail.Exception as failure:
-        _built = str(failure)
-        raise
-    return _built
+    """The harness binary (tests/controlplane/), built or found up to date."""
+    return HARNESS_PROGRAM.build()
 
 
-def _build() -> Path:
-    go = go_binary()
-    out = _cache_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
-    env = {**os.environ, "GOTOOLCHAIN": "local"}
-    try:
-        result = subprocess.run(
-            [go, "build", "-o", str(out), "."],
-            cwd=HARNESS,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`go build` in {HARNESS} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False)
-    if result.returncode != 0:
-        pytest.fail(
-            f"`go build` in {HARNESS} failed (Go 1.26 and the Go module proxy are needed):\n"
-            + _tail(result.stdout + result.stderr),
-            pytrace=False,
-        )
-    return out
+def build_consumers() -> Path:
+    """The consumers binary (tests/controlplane/consumers/), built or found up to date."""
+    return CONSUMERS_PROGRAM.build()
 
 
 def build_before_tests(session: pytest.Session) -> None:
-    """Build the harness after collection when a selected test needs it, so that a cold build
+    """Build the Go binaries the selected tests need after collection, so that a cold build
     (minutes) is not charged to the first test's timeout. A failure is reported by the fixture."""
-    if not any(item.get_closest_marker("controlplane") for item in session.items):
-        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"building the control-plane harness in {HARNESS} (cached by Go)")
-    with contextlib.suppress(pytest.fail.Exception):
-        build_harness()
+    wanted = [
+        (HARNESS_PROGRAM, any(item.get_closest_marker("controlplane") for item in session.items)),
+        (
+            CONSUMERS_PROGRAM,
+            any("consumers_bin" in getattr(item, "fixturenames", ()) for item in session.items),
+        ),
+    ]
+    for program, needed in wanted:
+        if not needed:
+            continue
+        if reporter is not None:
+            reporter.write_line(f"building {program.name} in {program.module} (cached by Go)")
+        with contextlib.suppress(pytest.fail.Exception):
+            program.build()
 
 
 def _die_with_parent() -> None:
@@ -237,6 +279,12 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, l
 def controlplane_bin() -> Path:
     """The harness binary, built (or found up to date) with `go build`."""
     return build_harness()
+
+
+@pytest.fixture(scope="session")
+def consumers_bin() -> Path:
+    """The consumers binary (Koordinator's koordlet, ...), built (or found up to date)."""
+    return build_consumers()
 
 
 @pytest.fixture(scope="session")
@@ -392,6 +440,18 @@ def nrt_crds() -> list[dict[str, Any]]:
     return _crds(go_module_dir(NRT_API_MODULE, NRT_API_VERSION) / NRT_CRD)
 
 
+KOORDINATOR_MODULE = "github.com/koordinator-sh/koordinator"
+KOORDINATOR_VERSION = "v1.8.0"
+"""The Koordinator release whose koordlet the consumers module runs and whose Device CRD the
+Koordinator tests install (taken from Go's module cache)."""
+KOORDINATOR_DEVICE_CRD = "config/crd/bases/scheduling.koordinator.sh_devices.yaml"
+
+
+def koordinator_device_crds() -> list[dict[str, Any]]:
+    """Koordinator's Device CRD, from the Koordinator Go module."""
+    return _crds(go_module_dir(KOORDINATOR_MODULE, KOORDINATOR_VERSION) / KOORDINATOR_DEVICE_CRD)
+
+
 def install_crds(server: RealApiServer, crds: list[dict[str, Any]]) -> list[str]:
     """Create `crds` on the real server (once per run) and wait until each is Established."""
     ext = k8s.ApiextensionsV1Api(server.api())
@@ -419,6 +479,13 @@ def install_crds(server: RealApiServer, crds: list[dict[str, Any]]) -> list[str]
 def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
     """NFD's CRDs installed on the real server and Established; their names."""
     return install_crds(real_apiserver, nfd_crds())
+
+
+@pytest.fixture(scope="session")
+def real_koordinator_device_crd(real_apiserver: RealApiServer) -> str:
+    """Koordinator's Device CRD installed on the real server and Established; its name."""
+    (name,) = install_crds(real_apiserver, koordinator_device_crds())
+    return name
 
 
 @pytest.fixture(scope="session")
