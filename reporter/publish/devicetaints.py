@@ -149,7 +149,7 @@ class DeviceTaintSink:
         if names and names != self._not_ours_told:
             self._log.warning(
                 "device_taint_rules_not_ours",
-                rules=names[:8],
+                rules=[name[:80] for name in names[:8]],
                 count=len(names),
                 hint="these carry this agent's labels but are not rules it writes (another "
                 "pool, no pool, or not its name): left alone; delete them if nobody needs them",

@@ -190,9 +190,9 @@ def rule_content(obj: Any) -> tuple[Any, ...]:
 
 
 def listed_name(obj: Any) -> str:
-    """The name of a listed object as text for a log line, `?` where it has none."""
+    """The name of a listed object as text, `?` where it has none."""
     name = _object(_object(obj).get("metadata")).get("name")
-    return "?" if name is None else str(name)[:80]
+    return "?" if name is None else str(name)
 
 
 def own_rule(obj: Any, node: str) -> tuple[str, tuple[Any, ...]] | None:
