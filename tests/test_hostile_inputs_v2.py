@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from reporter import doctor
+from reporter.availability import Allocation, decode_allocation, encode_allocation
 from reporter.cli import main
 from reporter.collect import SourceState
 from reporter.collect import simulate as simulated
@@ -616,3 +617,44 @@ def test_the_doctor_reads_resource_slices_and_claims_of_any_shape(
     seen = doctor.dra_observation(NODE, slices, claims)
     assert (seen.slices is None) == (slices is None)
     assert (seen.claims is None) == (claims is None)
+
+
+# -- 7. Held: the allocation annotation reads back exactly what the agent writes, or nothing ------
+
+
+ALLOCATION_TEXTS = {
+    "4,301 zeros": "1;dra;" + "0" * 4301,
+    "a GPU beyond the schema's 256": "1;dra;0-65535",
+    "another script's digit": "1;dra;\u0663",
+    "a trailing newline": "1;dra;3\n",
+    "a source twice": "1;dra,dra;0",
+    "sources out of order": "1;dra,device-plugin;0",
+    "an unknown source": "1;nvlink;0",
+    "a range backwards": "1;dra;3-1",
+    "a stride": "1;dra;0-7:1/2",
+    "not canonical": "1;dra;0,1",
+    "version 2": "2;dra;0",
+    "a fourth field": "1;dra;0;x",
+    "not text": 7,
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALLOCATION_TEXTS))
+def test_a_damaged_allocation_annotation_is_a_schema_error(case: str) -> None:
+    with pytest.raises(SchemaError, match=r"^allocation: "):
+        decode_allocation(ALLOCATION_TEXTS[case])  # "not text": 7, as any JSON value may be
+
+
+@fuzz(300)
+@given(
+    st.text(alphabet="0123456789,-:/;adeinpcrvgu\u0663", max_size=40)
+    | st.builds(
+        lambda sources, claimed: encode_allocation(Allocation(sources, claimed)),
+        st.sampled_from([(), ("dra",), ("device-plugin",), ("device-plugin", "dra")]),
+        st.lists(st.integers(0, 255), unique=True).map(lambda c: tuple(sorted(c))),
+    )
+)
+def test_an_allocation_annotation_reads_back_exactly_or_is_a_schema_error(text: str) -> None:
+    found = outcome(lambda: decode_allocation(text), SchemaError)
+    if not isinstance(found, SchemaError):
+        assert encode_allocation(found) == text
