@@ -174,7 +174,7 @@ def documents_with_a_float(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-@fuzz(200)
+@fuzz(60)
 @given(documents_with_a_float())
 def test_any_whole_number_written_as_a_float_is_refused(doc: dict[str, Any]) -> None:
     result = outcome(lambda: from_document(doc), SchemaError)
