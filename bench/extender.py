@@ -15,9 +15,12 @@ cycle) and the CPU time its process used per cycle (/proc), which a busy machine
 Two forms: `NodeNames` (nodeCacheCapable: true) and, for
 comparison, the whole `Nodes` list (as the double serves them, about 3 KB each) that a scheduler
 without nodeCacheCapable sends, with fewer cycles (cycles x 100 / N, at least 20). The
-target is p99 <= 50 ms at 5,000 nodes with nodeCacheCapable.
+target is p99 <= 50 ms at 5,000 nodes with nodeCacheCapable. The extender's resident memory is
+read from /proc once it is ready (idle, its cache full) and at the end (its peak, VmHWM). With
+`--checkout DIR` the extender runs from another checkout (the code before a change), the
+benchmark and the API server double from this one.
 
-    python bench/extender.py [--cycles 300] [--sizes 100,1000,5000]
+    python bench/extender.py [--cycles 300] [--sizes 100,1000,5000] [--checkout DIR]
 """
 
 from __future__ import annotations
@@ -63,9 +66,12 @@ def pod(k: int) -> dict[str, Any]:
     }
 
 
-def start_extender(kubeconfig: Path) -> tuple[subprocess.Popen[str], str, int]:
+def start_extender(
+    kubeconfig: Path, checkout: Path | None
+) -> tuple[subprocess.Popen[str], str, int]:
     process = subprocess.Popen(
         [sys.executable, "-m", "reporter.cli", "extender", "--listen", "127.0.0.1:0"],
+        cwd=checkout,  # `-m` puts the working directory first on sys.path
         stderr=subprocess.PIPE,
         text=True,
         env={"KUBECONFIG": str(kubeconfig), "TOPO_REPORTER_LOG_FORMAT": "json", "PATH": ""},
@@ -90,10 +96,35 @@ def server_seconds(connection: http.client.HTTPConnection) -> float:
     )
 
 
+def memory_mib(pid: int) -> tuple[float, float]:
+    """Resident memory of a process now and at its peak (VmRSS, VmHWM), MiB."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of a process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+FORMS = {"NodeNames": "names (nodeCacheCapable)", "Nodes": "whole Nodes"}
+
+
+def too_large(connection: http.client.HTTPConnection, args: dict[str, Any]) -> str:
+    """The body's size in KiB when the extender refuses it as too large (413), else ''."""
+    body = json.dumps(args).encode()
+    try:
+        connection.request("POST", "/filter", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        if response.status != 413:
+            return ""
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # answered 413 and closed while the body was still being sent
+    connection.close()  # the extender closes a connection whose body it did not read
+    return f"{len(body) / 1024:.0f}"
 
 
 def call(connection: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
@@ -104,7 +135,13 @@ def call(connection: http.client.HTTPConnection, path: str, body: bytes) -> byte
     return data
 
 
-def measure(n: int, cycles: int, topologies: dict[str, Topology], rng: random.Random) -> list[Any]:
+def measure(
+    n: int,
+    cycles: int,
+    topologies: dict[str, Topology],
+    rng: random.Random,
+    checkout: Path | None,
+) -> list[Any]:
     with tempfile.TemporaryDirectory() as scratch:
         certificate = make_certificate(Path(scratch))
         double = ApiServerDouble(certificate=certificate)
@@ -122,7 +159,7 @@ def measure(n: int, cycles: int, topologies: dict[str, Topology], rng: random.Ra
             kubeconfig = write_kubeconfig(
                 Path(scratch) / "kubeconfig", double.url, "admin-token", ca_cert=certificate.cert
             )
-            process, host, port = start_extender(kubeconfig)
+            process, host, port = start_extender(kubeconfig, checkout)
             try:
                 connection = http.client.HTTPConnection(host, port, timeout=30)
                 deadline = time.monotonic() + 120
@@ -132,10 +169,17 @@ def measure(n: int, cycles: int, topologies: dict[str, Topology], rng: random.Ra
                         break
                     assert time.monotonic() < deadline, "the extender never got ready"
                     time.sleep(0.05)
+                idle_rss = memory_mib(process.pid)[0]
                 names = sorted(double.nodes)
                 whole = double.list_nodes()
                 rows = []
                 for form in ("NodeNames", "Nodes"):
+                    refused = too_large(
+                        connection, {"Pod": pod(1), form: names if form == "NodeNames" else whole}
+                    )
+                    if refused:
+                        rows.append([n, FORMS[form], refused, *["413"] * 5, f"{idle_rss:.0f}", ""])
+                        continue
                     times = []
                     # Whole Nodes cost about a second a call at 5,000: fewer cycles show it.
                     count = cycles if form == "NodeNames" else max(20, cycles * 100 // n)
@@ -161,13 +205,15 @@ def measure(n: int, cycles: int, topologies: dict[str, Topology], rng: random.Ra
                     rows.append(
                         [
                             n,
-                            "names (nodeCacheCapable)" if form == "NodeNames" else "whole Nodes",
+                            FORMS[form],
                             f"{len(body) / 1024:.0f}",
                             f"{statistics.median(times) * 1000:.1f}",
                             f"{quantiles[98] * 1000:.1f}",
                             f"{max(times) * 1000:.1f}",
                             f"{served / len(times) * 1000:.1f}",
                             f"{used / len(times) * 1000:.1f}",
+                            f"{idle_rss:.0f}",
+                            f"{memory_mib(process.pid)[1]:.0f}",
                         ]
                     )
                 connection.close()
@@ -181,13 +227,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=300)
     parser.add_argument("--sizes", default="100,1000,5000")
+    parser.add_argument("--checkout", type=Path, help="run the extender from this checkout")
     args = parser.parse_args()
     quiet_logs()
     rng = random.Random(13)
     topologies = machines()
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
-        rows.extend(measure(n, args.cycles, topologies, rng))
+        rows.extend(measure(n, args.cycles, topologies, rng, args.checkout))
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"Load average at the end (1 / 5 / 15 min, {os.cpu_count()} CPUs): {load}\n")
     print(
@@ -201,6 +248,8 @@ def main() -> None:
                 "max ms",
                 "server ms/cycle",
                 "CPU ms/cycle",
+                "idle RSS MiB",
+                "peak RSS MiB",
             ],
             rows,
         )

@@ -22,6 +22,12 @@ a DRA node: no device plugin offers a GPU, two ResourceClaims of NVIDIA's DRA dr
 and 1 (`dynamic_resources` in List), which the agent counts with its default `--dra-drivers`.
 
     python bench/footprint.py --availability
+
+With `--serve`, the agent serves /healthz, /readyz and /metrics on 127.0.0.1 (`--listen`), as in
+the DaemonSet, instead of not serving at all (`--listen ''`); with `--checkout DIR`, the agent
+runs from another checkout (the code before a change): these two compare HTTP servers.
+
+    python bench/footprint.py --serve [--checkout DIR]
 """
 
 from __future__ import annotations
@@ -57,12 +63,18 @@ from tests.podresources_double import (
 
 WINDOW_S = 20.0
 AGENT = [sys.executable, "-m", "reporter.cli", "run", "--simulate", "dgx-h100", "--listen", ""]
+CHECKOUT: Path | None = None
+"""Where the agent's code comes from when not this checkout (`--checkout`)."""
 
 
 def measure(argv: list[str], first_publish: object, env: dict[str, str]) -> list[object]:
     start = time.perf_counter()
     process = subprocess.Popen(
-        [*argv, "--interval", "1s"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        [*argv, "--interval", "1s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=CHECKOUT,  # `-m` puts the working directory first on sys.path
     )
     watched = psutil.Process(process.pid)
     samples: list[float] = []
@@ -194,8 +206,16 @@ def _against_the_double(label: str, state: dict[str, Any], env: dict[str, str]) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--availability", action="store_true", help="run --availability's modes")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    if parser.parse_args().availability:
+    parser.add_argument("--serve", action="store_true", help="serve /healthz and /metrics")
+    parser.add_argument("--checkout", type=Path, help="run the agent from this checkout")
+    args = parser.parse_args()
+    global CHECKOUT  # noqa: PLW0603  # one run, one checkout: set once, before any measure
+    CHECKOUT = args.checkout
+    if args.serve:
+        AGENT[-1] = "127.0.0.1:0"
+    code = args.checkout or Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    if args.availability:
         main_availability(env)
         return
     rows = []

@@ -1,6 +1,12 @@
 """What topology-aware scheduling buys: a GPU cluster simulator that runs the real placement code.
 
-    python bench/placement.py [--pods 3000] [--seed 1] [--plot bench/placement.png]
+    python -m bench.placement [--seeds 20] [--pods 3000] [--loads 50,80,95] [--jobs 2]
+        [--repeats 1] [--plot bench/placement.png]
+                                              every combination on seeds 1..N: mean, min, spread
+    python -m bench.placement --seed S        one seed: one summary line per row, then its tables
+    python -m bench.placement --seed S --trace FILE [--loads 80]
+                                              one seed, the target row: every lost connected set
+    ... --ranking v1                          the same with the extender's ranking before best fit
 
 Cluster (default, 236 GPUs): 32 nodes of the shipped simulated profiles, each scanned as the agent
 scans it (`--simulate`): 8 dgx-a100, 8 dgx-h100, 6 dgx-1-v100, 6 pcie-8x and 4
@@ -20,7 +26,8 @@ median GPU job 1 GPU, mean 3.7 GPUs; median duration 206 s, mean 6,652 s: smalle
 the median, as heavy on the mean.
 The arrival rate is set so that the offered load (rate × mean GPUs × mean duration) is 50%, 80%
 or 95% of the cluster's GPUs; the occupancy reported is what was measured (busy GPUs, time-averaged
-between the end of the warm-up, the first quarter of arrivals, and the last arrival).
+between the end of the warm-up, the first quarter of arrivals, and the last arrival). Heavy tails
+make a seed's measured occupancy wander well away from the offered load (76% to 91% at 80%).
 
 Node choice, each on the same trace (pending pods retried in arrival order after every event, as
 the kube-scheduler's queue does; a pod never waits behind one that does not fit):
@@ -28,49 +35,80 @@ the kube-scheduler's queue does; a pod never waits behind one that does not fit)
 - `most-allocated`: count-only, the MostAllocated (bin-packing) strategy;
 - `extender`: the stock scheduler plus the topo-reporter extender at weight 5: each node's score is
   `reporter.availability.node_score` of its `availability` annotation (computed by
-  `compute_availability`, encoded and decoded exactly as agent and extender do; filtered with
-  `can_fit`) × 10 × 5, plus LeastAllocated; the extender helper's HTTP server calls these same
-  functions;
+  `compute_availability` for the node's on-node policy, encoded and decoded exactly as agent and
+  extender do; filtered with `can_fit`) × 10 × 5, plus LeastAllocated; the extender's HTTP server
+  serves these same functions;
 - `extender+most`: the same with the MostAllocated strategy configured;
 - `greedy-best`: a reference, not a scheduler: at each decision it runs `best_gpu_set` on every
   node that fits and takes the best set of all (ties: the fullest node), what an extender searching
-  the whole cluster per pod would do. No offline bound is computed: the optimum over the whole
-  trace is an online bin-packing problem with no tractable exact solution at this size, and the
-  trivial bounds (100% connected, link ratio 1.00) say nothing. The greedy reference shows instead
-  that the best set for each pod is not the best policy for the cluster.
+  the whole cluster per pod would do.
 Ties between equal totals go to a seeded random pick, as kube-scheduler's selectHost does.
 
-On-node choice (the device plugin's GetPreferredAllocation): `lowest-index` (the first k free
-GPUs), `best` (`best_gpu_set`, best single set) and `packing` (`Policy.PACKING`).
+On-node choice (the device plugin's GetPreferredAllocation), and the policy the simulated agent
+declares for its annotation:
+- `lowest-index`: the first k free GPUs (no agent policy describes it: the agent says `best`);
+- `best`: `best_gpu_set`, the best single set;
+- `packing`: `Policy.PACKING`, which keeps the largest connected sets whole;
+- `nvidia-besteffort`: NVIDIA's device plugin, go-gpuallocator's best-effort policy
+  (`reporter.gpuallocator`), handed the free GPUs in a seeded random order, as the kubelet hands
+  them in Go map order (go-gpuallocator breaks its ties by that order).
 
 Metrics, over the pods that arrive after the warm-up:
 - `nvlink`: share of k >= 2 pods whose GPUs are all pairwise NVLink-connected;
+- `8-GPU`: the same for the 8-GPU pods alone (a connected 8-set exists only on the 16 NVSwitch
+  nodes);
 - `links`: mean link points of each k >= 2 pod's set over the best k-set of an empty node of the
   best profile in the cluster (1.00 = every pod got a set as good as an empty DGX H100's);
 - `frag`: share of pods that waited while the cluster held at least k free GPUs, but no node did;
+- `wait`: mean minutes from arrival to placement (the queue the occupancy builds);
 - `dec/s`: scheduling decisions per second (node choice plus on-node choice, one core; the
   agents' availability computation runs on the nodes and is not counted; `greedy-best` caches
-  its searches, so its rate is not reported);
-- `wait`: mean minutes from arrival to placement (the queue the occupancy builds).
-Seeded and deterministic: the same seed gives the same table, except the decisions per second.
+  its searches, so its rate is not reported).
+Over several seeds each row reports the mean, the minimum and the spread (maximum minus minimum)
+of `nvlink`, and the upper reference of each seed: the best `nvlink` any row reached on that seed
+and load. A seed fixes the trace; the random tie-breaks (equal node totals, the kubelet's order)
+follow it too, and a run diverges from its neighbour row at the first different decision, so two
+rows of one seed differ by chance as well as by policy: `--repeats R` runs each seed R times with
+other tie-breaks (`tie_seed`) and averages them. No bound is computed: the best over the whole
+trace is an online bin-packing problem with no tractable exact solution at this size, and the
+trivial bounds (100% connected, link ratio 1.00) say nothing.
+
+`--trace FILE` (one seed, `extender+most` beside every on-node choice, default load 80%) writes
+one JSON line per k >= 2 pod that got no connected set: the pod, the node, its free GPUs, the
+extender's ranking (top nodes with their scores), what the on-node policy took, what `packing`
+would have taken there, and the loss's class: `on-node` (the chosen node had a connected set the
+policy did not take), `node-choice` (another node had one) or `cluster` (no node had one); for a
+`cluster` loss, what held the GPUs of the nodes that could have given a connected set when empty:
+the pods by size, and how many smaller ones were placed there while a node that can never give a
+connected set of the lost size had a connected set for them (an island-keeping choice). The
+summary it prints is in bench/README.md.
+
+Seeded and deterministic: the same seed gives the same tables, except the decisions per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import logging
 import math
 import random
+import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from parsers.links import LinkKind
 from reporter.availability import (
+    NEUTRAL_SCORE,
     Availability,
     can_fit,
     compute_availability,
@@ -79,7 +117,14 @@ from reporter.availability import (
     node_score,
 )
 from reporter.collect import build_scanner
-from reporter.placement import GpuSet, Policy, best_gpu_set, pair_link, score_gpu_set
+from reporter.placement import (
+    PCIE_POINTS,
+    GpuSet,
+    Policy,
+    best_gpu_set,
+    pair_link,
+    score_gpu_set,
+)
 from reporter.schema.model import Topology
 
 DEFAULT_CLUSTER = (
@@ -90,10 +135,20 @@ DEFAULT_CLUSTER = (
     ("workstation-nvlink-bridge", 4),
 )
 NODE_POLICIES = ("least-allocated", "most-allocated", "extender", "extender+most", "greedy-best")
-ON_NODE_POLICIES = ("lowest-index", "best", "packing")
+ON_NODE_POLICIES = ("lowest-index", "best", "packing", "nvidia-besteffort")
 LOADS = (0.50, 0.80, 0.95)
+DEFAULT_SEEDS = 20
+TARGET = (0.80, "extender+most", "packing")
+"""The row the goal is stated for (bench/README.md): >= 95% of k >= 2 pods connected."""
 EXTENDER_WEIGHT = 5
 MAX_NODE_SCORE = 100  # kube-scheduler's plugin score range; extender scores 0..10 are scaled x10
+AGENT_POLICY = {
+    "lowest-index": Policy.BEST,
+    "best": Policy.BEST,
+    "packing": Policy.PACKING,
+    "nvidia-besteffort": Policy.NVIDIA_BESTEFFORT,
+}
+"""The policy each simulated agent declares for its node's on-node choice."""
 
 # The Philly mix as Gavel samples it (see the module docstring).
 SIZES = ((1, 0.70), (2, 0.10), (4, 0.15), (8, 0.05))
@@ -144,10 +199,10 @@ def profile_topology(profile: str) -> Topology:
 
 
 @cache
-def annotation(profile: str, free: frozenset[int]) -> str:
-    """The `availability` annotation the agent writes for these free GPUs (cached per profile:
-    it is the agent's work, done on the node, not the scheduler's)."""
-    return encode_availability(compute_availability(profile_topology(profile), free))
+def annotation(profile: str, free: frozenset[int], policy: Policy) -> str:
+    """The `availability` annotation the agent writes for these free GPUs and its node's on-node
+    policy (cached per profile: it is the agent's work, done on the node, not the scheduler's)."""
+    return encode_availability(compute_availability(profile_topology(profile), free, policy=policy))
 
 
 @cache
@@ -163,6 +218,8 @@ class Node:
     profile: str
     topology: Topology
     free: set[int]
+    policy: Policy = Policy.BEST
+    """The on-node policy its agent declares."""
     availability: Availability | None = None
 
     @property
@@ -171,17 +228,19 @@ class Node:
 
     def refresh(self) -> None:
         """What the extender's Node watch sees after the agent republished."""
-        self.availability = decode_availability(annotation(self.profile, frozenset(self.free)))
+        self.availability = decode_availability(
+            annotation(self.profile, frozenset(self.free), self.policy)
+        )
 
 
-def cluster(layout: Sequence[tuple[str, int]]) -> list[Node]:
-    """Nodes named after their profile, in layout order."""
+def cluster(layout: Sequence[tuple[str, int]], policy: Policy = Policy.BEST) -> list[Node]:
+    """Nodes named after their profile, in layout order, whose agents declare `policy`."""
     nodes = []
     for profile, count in layout:
         topology = profile_topology(profile)
         for i in range(count):
             free = set(range(len(topology.gpus)))
-            nodes.append(Node(f"{profile}-{i}", profile, topology, free))
+            nodes.append(Node(f"{profile}-{i}", profile, topology, free, policy))
     return nodes
 
 
@@ -193,7 +252,44 @@ def most_allocated(node: Node, k: int) -> int:
     return (node.capacity - len(node.free) + k) * MAX_NODE_SCORE // node.capacity
 
 
-def choose_node(policy: str, nodes: list[Node], k: int, rng: random.Random) -> Node | None:
+def node_score_v1(a: Availability | None, k: int) -> int:
+    """The extender's ranking before best fit (commit d028fc7), for comparison on the same traces:
+    by the best free k-set, connected 4..10 by one NUMA node (4), a close NIC (2) and an island of
+    exactly k (1); not connected 1..3."""
+    if a is None or k < 1:
+        return NEUTRAL_SCORE
+    if not can_fit(a, k):
+        return 0
+    best = a.best[k - 1]
+    one_numa, close_nic = best.numa == 1, best.nic >= PCIE_POINTS[LinkKind.PXB]
+    if best.connected:
+        return 4 + max(4 * one_numa + 2 * close_nic + (best.island == k) - 1, 0)
+    return 1 + one_numa + close_nic
+
+
+RANKINGS: dict[str, Callable[[Availability | None, int], int]] = {
+    "fit": node_score,
+    "v1": node_score_v1,
+}
+"""The extender's node score: `fit` (reporter.availability.node_score) or the one it replaced."""
+
+
+def node_totals(
+    policy: str, nodes: list[Node], k: int, ranking: str = "fit"
+) -> list[tuple[Node, int]]:
+    """The nodes that can take a k-GPU pod, each with the scheduler's total score for it."""
+    if policy.startswith("extender"):
+        fits = [n for n in nodes if can_fit(n.availability, k) and len(n.free) >= k]
+        plugin = most_allocated if policy == "extender+most" else least_allocated
+        score = RANKINGS[ranking]
+        return [(n, EXTENDER_WEIGHT * score(n.availability, k) * 10 + plugin(n, k)) for n in fits]
+    plugin = most_allocated if policy == "most-allocated" else least_allocated
+    return [(n, plugin(n, k)) for n in nodes if len(n.free) >= k]
+
+
+def choose_node(
+    policy: str, nodes: list[Node], k: int, rng: random.Random, ranking: str = "fit"
+) -> Node | None:
     """The node the scheduler binds a k-GPU pod to, or None when none fits."""
     if policy == "greedy-best":
         fits = [n for n in nodes if len(n.free) >= k]
@@ -203,24 +299,21 @@ def choose_node(policy: str, nodes: list[Node], k: int, rng: random.Random) -> N
             fits,
             key=lambda n: (greedy_set(n.profile, frozenset(n.free), k).score, most_allocated(n, k)),
         )
-    if policy.startswith("extender"):
-        fits = [n for n in nodes if can_fit(n.availability, k) and len(n.free) >= k]
-        plugin = most_allocated if policy == "extender+most" else least_allocated
-        totals = [EXTENDER_WEIGHT * node_score(n.availability, k) * 10 + plugin(n, k) for n in fits]
-    else:
-        fits = [n for n in nodes if len(n.free) >= k]
-        plugin = most_allocated if policy == "most-allocated" else least_allocated
-        totals = [plugin(n, k) for n in fits]
-    if not fits:
+    totals = node_totals(policy, nodes, k, ranking)
+    if not totals:
         return None
-    top = max(totals)
-    return rng.choice([n for n, t in zip(fits, totals, strict=True) if t == top])
+    top = max(t for _, t in totals)
+    return rng.choice([n for n, t in totals if t == top])
 
 
-def choose_gpus(policy: str, node: Node, k: int) -> tuple[int, ...]:
+def choose_gpus(policy: str, node: Node, k: int, rng: random.Random) -> tuple[int, ...]:
     """The GPUs the device plugin hands the pod on its node."""
     if policy == "lowest-index":
         return tuple(sorted(node.free)[:k])
+    if policy == "nvidia-besteffort":
+        order = sorted(node.free)
+        rng.shuffle(order)  # the kubelet's Go map order
+        return best_gpu_set(node.topology, k, order, policy=Policy.NVIDIA_BESTEFFORT).gpus
     chosen = Policy.PACKING if policy == "packing" else Policy.BEST
     return best_gpu_set(node.topology, k, node.free, policy=chosen).gpus
 
@@ -238,6 +331,9 @@ class Result:
     node_policy: str
     on_node: str
     load: float
+    seed: int = 1
+    repeat: int = 0
+    """Which tie-break stream of the seed's trace (0: the seed itself; see `tie_seed`)."""
     occupancy: float = 0.0
     nvlink: float = 0.0
     links: float = 0.0
@@ -251,6 +347,25 @@ class Result:
     sets: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
     """pod id -> (node, GPUs, start, end): every placement, for the invariants the test checks."""
 
+    @property
+    def eight(self) -> float | None:
+        """NVLink-connected share of the measured 8-GPU pods (None without one)."""
+        joined, placed = self.by_k.get(8, (0, 0))
+        return joined / placed if placed else None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One placement, as `simulate` hands it to an observer: before the GPUs are taken."""
+
+    now: float
+    pod: Pod
+    node: Node
+    gpus: tuple[int, ...]
+    nodes: list[Node]
+    ranking: list[tuple[Node, int]]
+    """The scheduler's total for every node that fit, best first (empty for greedy-best)."""
+
 
 def simulate(
     layout: Sequence[tuple[str, int]],
@@ -259,17 +374,26 @@ def simulate(
     on_node: str,
     load: float,
     seed: int,
+    observe: Callable[[Decision], None] | None = None,
+    ranking: str = "fit",
 ) -> Result:
-    """Run `pods` through the cluster `layout` with the given policies; see the module docstring."""
+    """Run `pods` through the cluster `layout` with the given policies; see the module docstring.
+
+    `observe`, when given, sees every placement before the GPUs are taken (it may read, never
+    change, the nodes); the time it takes is not counted in decisions per second. `ranking` `v1`
+    ranks nodes as the extender did before best fit, its agents describing the best set.
+    """
     rng = random.Random(seed)
-    nodes = cluster(layout)
-    for node in nodes:
-        node.refresh()
+    nodes = cluster(layout, AGENT_POLICY[on_node] if ranking == "fit" else Policy.BEST)
+    extender = node_policy.startswith("extender")
+    if extender:
+        for node in nodes:
+            node.refresh()
     total = sum(n.capacity for n in nodes)
-    best_empty = _best_empty_links(layout)
+    best_empty = _best_empty_links(tuple(layout))
     warmup = pods[len(pods) // 4].arrival if pods else 0.0
     end = pods[-1].arrival if pods else 0.0
-    result = Result(node_policy, on_node, load, pods=len(pods))
+    result = Result(node_policy, on_node, load, seed=seed, pods=len(pods))
     events: list[tuple[float, int, int]] = [(p.arrival, 0, p.id) for p in pods]  # 0 arrive, 1 end
     heapq.heapify(events)
     pending: list[Pod] = []
@@ -294,7 +418,7 @@ def simulate(
             node, gpus = where.pop(pod_id)
             node.free.update(gpus)
             busy -= len(gpus)
-            if node_policy.startswith("extender"):
+            if extender:
                 node.refresh()
         still: list[Pod] = []
         for waiting in pending:
@@ -305,14 +429,22 @@ def simulate(
                 still.append(waiting)
                 continue
             start = time.perf_counter()
-            node = choose_node(node_policy, nodes, waiting.k, rng)
+            node = choose_node(node_policy, nodes, waiting.k, rng, ranking)
             assert node is not None  # some node holds k free GPUs
-            gpus = choose_gpus(on_node, node, waiting.k)
+            gpus = choose_gpus(on_node, node, waiting.k, rng)
             decide_s += time.perf_counter() - start
             decisions += 1
+            if observe is not None:
+                ranked = (
+                    []
+                    if node_policy == "greedy-best"
+                    else node_totals(node_policy, nodes, waiting.k, ranking)
+                )
+                ranked.sort(key=lambda nt: -nt[1])
+                observe(Decision(now, waiting, node, gpus, nodes, ranked))
             node.free.difference_update(gpus)
             busy += len(gpus)
-            if node_policy.startswith("extender"):
+            if extender:
                 node.refresh()
             where[waiting.id] = (node, gpus)
             result.sets[waiting.id] = (node.name, gpus, now, now + waiting.minutes)
@@ -343,13 +475,23 @@ def simulate(
     return result
 
 
-def _best_empty_links(layout: Sequence[tuple[str, int]]) -> dict[int, int]:
+@cache
+def _best_empty_links(layout: tuple[tuple[str, int], ...]) -> dict[int, int]:
     """Per k, the link points of the best k-set of an empty node of the best profile."""
     out: dict[int, int] = {}
     for k, _ in SIZES:
         fits = [profile_topology(p) for p, _ in layout if len(profile_topology(p).gpus) >= k]
         out[k] = max(best_gpu_set(t, k).score.links for t in fits) if fits else 1
     return out
+
+
+def cluster_gpus(layout: Sequence[tuple[str, int]]) -> int:
+    return sum(len(profile_topology(p).gpus) * count for p, count in layout)
+
+
+def tie_seed(seed: int, repeat: int) -> int:
+    """The seed of the random tie-breaks (node choice, the kubelet's order) of a repeat."""
+    return seed + 100_003 * repeat
 
 
 def run_all(
@@ -360,32 +502,97 @@ def run_all(
     node_policies: Sequence[str] = NODE_POLICIES,
     on_node_policies: Sequence[str] = ON_NODE_POLICIES,
     progress: Callable[[Result], None] | None = None,
+    repeats: int = 1,
+    ranking: str = "fit",
 ) -> list[Result]:
-    """Every combination on the same trace per load."""
-    gpus = sum(len(profile_topology(p).gpus) * count for p, count in layout)
+    """Every combination on the same trace per load, `repeats` times with other tie-breaks."""
+    gpus = cluster_gpus(layout)
     results = []
     for load in loads:
         pod_trace = trace(pods, gpus, load, seed)
-        for node_policy in node_policies:
-            for on_node in on_node_policies:
-                result = simulate(layout, pod_trace, node_policy, on_node, load, seed)
-                results.append(result)
-                if progress is not None:
-                    progress(result)
+        for repeat in range(repeats):
+            for node_policy in node_policies:
+                for on_node in on_node_policies:
+                    result = simulate(
+                        layout,
+                        pod_trace,
+                        node_policy,
+                        on_node,
+                        load,
+                        tie_seed(seed, repeat),
+                        ranking=ranking,
+                    )
+                    result.seed, result.repeat = seed, repeat
+                    result.sets.clear()  # only the test reads them; 20 seeds would hold millions
+                    results.append(result)
+                    if progress is not None:
+                        progress(result)
     return results
+
+
+def _one_seed(
+    args: tuple[
+        tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str, tuple[str, ...]
+    ],
+) -> list[Result]:
+    layout, pods, seed, loads, repeats, ranking, node_policies = args
+    quiet()
+    return run_all(layout, pods, seed, loads, node_policies, repeats=repeats, ranking=ranking)
+
+
+def run_seeds(
+    layout: Sequence[tuple[str, int]],
+    pods: int,
+    seeds: Sequence[int],
+    loads: Sequence[float] = LOADS,
+    jobs: int = 1,
+    progress: Callable[[Result], None] | None = None,
+    repeats: int = 1,
+    ranking: str = "fit",
+    node_policies: Sequence[str] = NODE_POLICIES,
+) -> list[Result]:
+    """Every combination on every seed, `jobs` seeds at a time in worker processes."""
+    work = [
+        (tuple(layout), pods, seed, tuple(loads), repeats, ranking, tuple(node_policies))
+        for seed in seeds
+    ]
+    runs: Iterator[list[Result]]
+    if jobs <= 1:
+        runs = map(_one_seed, work)
+    else:
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        runs = pool.map(_one_seed, work)
+    results: list[Result] = []
+    for batch in runs:
+        for result in batch:
+            results.append(result)
+            if progress is not None:
+                progress(result)
+    if jobs > 1:
+        pool.shutdown()
+    return results
+
+
+def summary_line(r: Result) -> str:
+    """`<offered>% <node choice> <on-node>: occupancy X% nvlink Y%`: the interface line."""
+    return (
+        f"{r.load:.0%} {r.node_policy} {r.on_node}: occupancy {r.occupancy:.1%} "
+        f"nvlink {r.nvlink:.1%}"
+    )
 
 
 def table(results: Sequence[Result]) -> str:
     lines = [
-        "| offered | occupancy | node choice | on-node | nvlink (k≥2) | links vs best empty "
-        "| frag | wait (min) | dec/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| offered | occupancy | node choice | on-node | nvlink (k≥2) | 8-GPU | links vs best "
+        "empty | frag | wait (min) | dec/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rate = "—" if r.decisions_per_s is None else f"{r.decisions_per_s:,.0f}"
+        eight = "—" if r.eight is None else f"{r.eight:.1%}"
         lines.append(
             f"| {r.load:.0%} | {r.occupancy:.1%} | {r.node_policy} | {r.on_node} | {r.nvlink:.1%} "
-            f"| {r.links:.2f} | {r.frag:.1%} | {r.wait:,.0f} | {rate} |"
+            f"| {eight} | {r.links:.2f} | {r.frag:.1%} | {r.wait:,.0f} | {rate} |"
         )
     return "\n".join(lines)
 
@@ -405,77 +612,431 @@ def table_by_k(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class SeedFigures:
+    """One row on one seed: the figures of its repeats, averaged."""
+
+    load: float
+    node_policy: str
+    on_node: str
+    seed: int
+    repeats: int
+    nvlink: float
+    eight: float | None
+    occupancy: float
+    wait: float
+    frag: float
+
+
+def per_seed(results: Sequence[Result]) -> list[SeedFigures]:
+    """The results averaged over the repeats of each row and seed."""
+    groups: dict[tuple[float, str, str, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.load, r.node_policy, r.on_node, r.seed), []).append(r)
+    out = []
+    for (load, node_policy, on_node, seed), runs in groups.items():
+        eights = [r.eight for r in runs if r.eight is not None]
+        out.append(
+            SeedFigures(
+                load,
+                node_policy,
+                on_node,
+                seed,
+                len(runs),
+                statistics.mean(r.nvlink for r in runs),
+                statistics.mean(eights) if eights else None,
+                statistics.mean(r.occupancy for r in runs),
+                statistics.mean(r.wait for r in runs),
+                statistics.mean(r.frag for r in runs),
+            )
+        )
+    return out
+
+
+def _rows(results: Sequence[Result]) -> dict[tuple[float, str, str], list[SeedFigures]]:
+    rows: dict[tuple[float, str, str], list[SeedFigures]] = {}
+    for r in per_seed(results):
+        rows.setdefault((r.load, r.node_policy, r.on_node), []).append(r)
+    for runs in rows.values():
+        runs.sort(key=lambda r: r.seed)
+    return rows
+
+
+def upper_reference(results: Sequence[Result]) -> dict[tuple[float, int], SeedFigures]:
+    """Per (load, seed), the row with the best `nvlink` any combination reached (averaged over
+    its repeats)."""
+    best: dict[tuple[float, int], SeedFigures] = {}
+    for r in per_seed(results):
+        key = (r.load, r.seed)
+        if key not in best or r.nvlink > best[key].nvlink:
+            best[key] = r
+    return best
+
+
+def seeds_table(results: Sequence[Result]) -> str:
+    """Mean, minimum and spread over the seeds, per row."""
+    lines = [
+        "| offered | node choice | on-node | seeds | nvlink mean | min (seed) | spread "
+        "| below ref. (max) | 8-GPU mean | 8-GPU min | occupancy | wait (min) | frag |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    reference = upper_reference(results)
+    for (load, node_policy, on_node), runs in _rows(results).items():
+        nvlink = [r.nvlink for r in runs]
+        worst = min(runs, key=lambda r: r.nvlink)
+        eights = [r.eight for r in runs if r.eight is not None]
+        gap = max(reference[(load, r.seed)].nvlink - r.nvlink for r in runs)
+        lines.append(
+            f"| {load:.0%} | {node_policy} | {on_node} | {len(runs)} "
+            f"| {statistics.mean(nvlink):.1%} | {worst.nvlink:.1%} ({worst.seed}) "
+            f"| {max(nvlink) - min(nvlink):.1%} | {gap:.1%} "
+            f"| {statistics.mean(eights):.1%} | {min(eights):.1%} "
+            f"| {statistics.mean(r.occupancy for r in runs):.1%} "
+            f"| {statistics.mean(r.wait for r in runs):,.1f} "
+            f"| {statistics.mean(r.frag for r in runs):.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def target_table(results: Sequence[Result], target: tuple[float, str, str] = TARGET) -> str:
+    """Per seed: the target row beside count-only MostAllocated and the upper reference."""
+    load, node_policy, on_node = target
+    rows = _rows(results)
+    reference = upper_reference(results)
+    ours = {r.seed: r for r in rows.get(target, [])}
+    count_only = {r.seed: r for r in rows.get((load, "most-allocated", "best"), [])}
+    lines = [
+        f"| seed | occupancy | {node_policy} / {on_node}: nvlink | 8-GPU | wait (min) "
+        "| most-allocated / best: nvlink | wait (min) | upper reference: nvlink (row) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for seed in sorted(ours):
+        r, c, ref = ours[seed], count_only.get(seed), reference[(load, seed)]
+        eight = "—" if r.eight is None else f"{r.eight:.1%}"
+        count = "— | —" if c is None else f"{c.nvlink:.1%} | {c.wait:,.0f}"
+        lines.append(
+            f"| {seed} | {r.occupancy:.1%} | {r.nvlink:.1%} | {eight} | {r.wait:,.0f} | {count} "
+            f"| {ref.nvlink:.1%} ({ref.node_policy} / {ref.on_node}) |"
+        )
+    return "\n".join(lines)
+
+
 def plot(results: Sequence[Result], path: Path) -> None:
-    """NVLink-connected share and link quality against occupancy, per node choice."""
+    """The spread over seeds of the NVLink-connected share per row, and the target row per seed
+    against the upper reference and count-only MostAllocated."""
     import matplotlib  # noqa: PLC0415 - only this command needs it (the `bench` extra)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
-    styles = {"lowest-index": ":", "best": "-", "packing": "--"}
-    colours = dict(zip(NODE_POLICIES, ("C0", "C1", "C2", "C3", "C7"), strict=True))
-    for node_policy in NODE_POLICIES:
-        for on_node in ("lowest-index", "best"):
-            if node_policy == "greedy-best" and on_node == "lowest-index":
-                continue
-            rows = sorted(
-                (r for r in results if r.node_policy == node_policy and r.on_node == on_node),
-                key=lambda r: r.load,
+    rows = _rows(results)
+    loads = sorted({load for load, _, _ in rows})
+    columns = 2 if loads else 1
+    lines = (len(loads) + 1 + columns - 1) // columns
+    fig, axes = plt.subplots(lines, columns, figsize=(7 * columns, 6 * lines), squeeze=False)
+    panels = [ax for line in axes for ax in line]
+    for spare in panels[len(loads) + 1 :]:
+        spare.set_axis_off()
+    colours = dict(zip(ON_NODE_POLICIES, ("C0", "C1", "C2", "C3"), strict=True))
+    for ax, load in zip(panels, loads, strict=False):
+        keys = [
+            (load, n, o)
+            for n in NODE_POLICIES
+            for o in ON_NODE_POLICIES
+            if (load, n, o) in rows and not (n == "greedy-best" and o != "best")
+        ]
+        data = [[r.nvlink * 100 for r in rows[key]] for key in keys]
+        boxes = ax.boxplot(data, orientation="horizontal", patch_artist=True, whis=(0, 100))
+        for patch, key in zip(boxes["boxes"], keys, strict=True):
+            patch.set_facecolor(colours[key[2]])
+            patch.set_alpha(0.5)
+        ax.set_yticks(range(1, len(keys) + 1), [f"{n} / {o}" for _, n, o in keys], fontsize=7)
+        ax.axvline(95, color="grey", linewidth=0.8)
+        runs = len(next(iter(rows.values())))
+        ax.set(
+            xlabel="k ≥ 2 pods on NVLink-connected GPUs (%), min to max over seeds",
+            title=f"{load:.0%} offered load, {runs} seeds",
+            xlim=(40, 100),
+        )
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3, axis="x")
+    ax = panels[len(loads)]
+    target = (0.80, TARGET[1], TARGET[2]) if (0.80, *TARGET[1:]) in rows else None
+    if target is not None:
+        reference = upper_reference(results)
+        ours = rows[target]
+        seeds = [r.seed for r in ours]
+        ax.plot(
+            seeds, [r.nvlink * 100 for r in ours], "o-", color="C2", label="extender+most / packing"
+        )
+        nvidia = rows.get((0.80, "extender+most", "nvidia-besteffort"), [])
+        if nvidia:
+            ax.plot(
+                [r.seed for r in nvidia],
+                [r.nvlink * 100 for r in nvidia],
+                "s--",
+                color="C3",
+                label="extender+most / nvidia-besteffort",
             )
-            if not rows:
-                continue
-            style = {
-                "linestyle": styles[on_node],
-                "color": colours[node_policy],
-                "marker": "o" if on_node == "best" else "x",
-                "label": f"{node_policy} / {on_node}",
-            }
-            x = [r.occupancy * 100 for r in rows]
-            left.plot(x, [r.nvlink * 100 for r in rows], **style)
-            right.plot(x, [r.links for r in rows], **style)
-    left.axhline(95, color="grey", linewidth=0.8)
-    left.annotate("goal: 95% at 80%", (50, 96), fontsize=8, color="grey")
-    left.set(
-        xlabel="measured GPU occupancy (%)",
-        ylabel="k ≥ 2 pods on NVLink-connected GPUs (%)",
-        title="NVLink-connected pods (node choice / on-node choice)",
-        ylim=(0, 100),
+        ax.plot(
+            seeds,
+            [reference[(0.80, s)].nvlink * 100 for s in seeds],
+            "^:",
+            color="black",
+            label="upper reference (best any row)",
+        )
+        count_only = rows.get((0.80, "most-allocated", "best"), [])
+        ax.plot(
+            [r.seed for r in count_only],
+            [r.nvlink * 100 for r in count_only],
+            "x:",
+            color="C7",
+            label="count-only most-allocated / best",
+        )
+        occupancy = ax.twinx()
+        occupancy.bar(seeds, [r.occupancy * 100 for r in ours], color="C9", alpha=0.15)
+        occupancy.set(ylim=(60, 100), ylabel="measured occupancy (%), bars")
+        ax.axhline(95, color="grey", linewidth=0.8)
+        ax.set(
+            xlabel="seed",
+            ylabel="k ≥ 2 pods on NVLink-connected GPUs (%)",
+            title="80% offered: per seed",
+            ylim=(60, 101),
+            xticks=seeds,
+        )
+        ax.legend(fontsize=7, loc="lower left")
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        "Philly-mix trace on 32 mixed nodes (236 GPUs): node choice / on-node choice, spread over "
+        "seeds"
     )
-    right.set(
-        xlabel="measured GPU occupancy (%)",
-        ylabel="link points / best set of an empty node",
-        title="Link quality per k ≥ 2 pod",
-        ylim=(0, 1.05),
-    )
-    left.grid(alpha=0.3)
-    right.grid(alpha=0.3)
-    left.legend(fontsize=7, loc="lower left", ncol=2)
-    fig.suptitle("Philly-mix trace on 32 mixed nodes (236 GPUs): node choice / on-node choice")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
-def main() -> None:
+# --- Tracing the losses --------------------------------------------------------------------------
+
+
+@cache
+def _connected_set_exists(profile: str, free: frozenset[int], k: int) -> bool:
+    if len(free) < k:
+        return False
+    chosen = best_gpu_set(profile_topology(profile), k, free, policy=Policy.PACKING).gpus
+    return connected(profile_topology(profile), chosen)
+
+
+@cache
+def _can_connect(profile: str, k: int) -> bool:
+    """Whether an empty node of this profile has a connected k-set."""
+    topology = profile_topology(profile)
+    return _connected_set_exists(profile, frozenset(range(len(topology.gpus))), k)
+
+
+@cache
+def _nvlink_free(profile: str) -> bool:
+    """Whether the profile has no NVLink at all: its GPUs can serve only one-GPU pods connected."""
+    return not profile_topology(profile).islands
+
+
+class LossTracer:
+    """Observes a run and records every k >= 2 placement that got no connected set (see the module
+    docstring), with the placements it needs to explain a `cluster` loss."""
+
+    def __init__(self) -> None:
+        self.losses: list[dict[str, Any]] = []
+        self.placed: dict[int, tuple[str, int, frozenset[int], float]] = {}
+        """pod id -> (node, k, the larger sizes K for which a node that cannot give a connected
+        K-set had a connected k-set then, end minute)."""
+
+    def __call__(self, d: Decision) -> None:
+        k = d.pod.k
+        spare = frozenset(
+            size
+            for size, _ in SIZES
+            if size > k
+            and any(
+                not _can_connect(n.profile, size)
+                and _connected_set_exists(n.profile, frozenset(n.free), k)
+                for n in d.nodes
+            )
+        )
+        self.placed[d.pod.id] = (d.node.name, k, spare, d.now + d.pod.minutes)
+        if k < 2 or connected(d.node.topology, d.gpus):
+            return
+        here = _connected_set_exists(d.node.profile, frozenset(d.node.free), k)
+        elsewhere = [
+            n.name for n in d.nodes if _connected_set_exists(n.profile, frozenset(n.free), k)
+        ]
+        kind = "on-node" if here else "node-choice" if elsewhere else "cluster"
+        packing = best_gpu_set(d.node.topology, k, d.node.free, policy=Policy.PACKING).gpus
+        loss: dict[str, Any] = {
+            "minute": round(d.now, 1),
+            "pod": d.pod.id,
+            "k": k,
+            "waited": round(d.now - d.pod.arrival, 1),
+            "class": kind,
+            "node": d.node.name,
+            "free": sorted(d.node.free),
+            "took": list(d.gpus),
+            "packing_would_take": list(packing),
+            "ranking": [[n.name, total] for n, total in d.ranking[:4]],
+            "connected_elsewhere": elsewhere[:4],
+        }
+        if kind == "cluster":
+            loss["holders"] = self._holders(d, k)
+        self.losses.append(loss)
+
+    def _holders(self, d: Decision, k: int) -> dict[str, int]:
+        """What held the GPUs of the nodes that could give a connected k-set when empty."""
+        capable = {n.name for n in d.nodes if _can_connect(n.profile, k)}
+        held: Counter[str] = Counter()
+        for pod_id, (name, size, spare, end) in self.placed.items():
+            if name in capable and pod_id != d.pod.id and end > d.now:
+                held[f"pods of {size}"] += 1
+                held[f"GPUs of pods of {size}"] += size
+                if k in spare:
+                    held["smaller pods placed there while another node had a connected set"] += 1
+        held["free GPUs on those nodes"] = sum(len(n.free) for n in d.nodes if n.name in capable)
+        held["free GPUs on nodes without NVLink"] = sum(
+            len(n.free) for n in d.nodes if _nvlink_free(n.profile)
+        )
+        return dict(held)
+
+
+def trace_losses(
+    layout: Sequence[tuple[str, int]],
+    pods: int,
+    seed: int,
+    load: float,
+    out: Path,
+    ranking: str = "fit",
+) -> list[tuple[Result, Counter[tuple[int, str]]]]:
+    """The loss trace of `extender+most` beside every on-node choice; one JSON line per loss."""
+    pod_trace = trace(pods, cluster_gpus(layout), load, seed)
+    warmup = pod_trace[len(pod_trace) // 4].arrival
+    summaries = []
+    with out.open("w", encoding="utf-8") as f:
+        for on_node in ON_NODE_POLICIES:
+            tracer = LossTracer()
+            result = simulate(
+                layout, pod_trace, "extender+most", on_node, load, seed, tracer, ranking
+            )
+            classes: Counter[tuple[int, str]] = Counter()
+            for loss in tracer.losses:
+                if pod_trace[loss["pod"]].arrival < warmup:
+                    continue
+                classes[(loss["k"], loss["class"])] += 1
+                f.write(json.dumps({"on_node": on_node, **loss}) + "\n")
+            summaries.append((result, classes))
+    return summaries
+
+
+def quiet() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _loads(text: str) -> tuple[float, ...]:
+    return tuple(int(part) / 100 for part in text.split(",") if part.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3000, help="pods per run (default 3000)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--plot", type=Path, help="write the PNG plot here")
-    args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    results = run_all(
-        DEFAULT_CLUSTER,
-        args.pods,
-        args.seed,
-        progress=lambda r: print(
-            f"{r.load:.0%} {r.node_policy} {r.on_node}: occupancy {r.occupancy:.1%} "
-            f"nvlink {r.nvlink:.1%}",
-            flush=True,
-        ),
+    parser.add_argument("--seed", type=int, help="run this one seed (tables for it alone)")
+    parser.add_argument(
+        "--seeds", type=int, default=DEFAULT_SEEDS, help="run seeds 1..N (default 20)"
     )
-    print(table(results))
-    print()
-    print(table_by_k([r for r in results if r.on_node == "best"]))
+    parser.add_argument(
+        "--loads", type=_loads, default=LOADS, help="offered loads in %% (default 50,80,95)"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (processes)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per seed with other random tie-breaks, averaged (default 1)",
+    )
+    parser.add_argument("--plot", type=Path, help="write the PNG plot here")
+    parser.add_argument("--json", type=Path, help="write every run's figures here (JSON lines)")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        help="print the tables (and --plot) of the runs a --json file holds, running nothing",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="with --seed: write the lost connected sets here (JSON lines), at the first of "
+        "--loads (default 80)",
+    )
+    parser.add_argument(
+        "--node-choices",
+        type=lambda text: tuple(part for part in text.split(",") if part),
+        default=NODE_POLICIES,
+        help=f"the node choices to run, comma-separated (default all: {','.join(NODE_POLICIES)})",
+    )
+    parser.add_argument(
+        "--ranking",
+        choices=sorted(RANKINGS),
+        default="fit",
+        help="the extender's node score: fit (default) or v1, the one best fit replaced",
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.node_choices) - set(NODE_POLICIES))
+    if unknown:
+        parser.error(f"--node-choices: {unknown[0]} is not one of {', '.join(NODE_POLICIES)}")
+    quiet()
+    if args.from_json is not None:
+        results = [Result(**json.loads(line)) for line in args.from_json.read_text().splitlines()]
+        for r in results:
+            r.by_k = {int(k): (v[0], v[1]) for k, v in r.by_k.items()}
+        print(seeds_table(results))
+        print()
+        print(target_table(results))
+        if args.plot is not None:
+            plot(results, args.plot)
+        return
+    if args.trace is not None:
+        if args.seed is None:
+            parser.error("--trace needs --seed")
+        load = TARGET[0] if args.loads == LOADS else args.loads[0]
+        for result, classes in trace_losses(
+            DEFAULT_CLUSTER, args.pods, args.seed, load, args.trace, args.ranking
+        ):
+            print(summary_line(result), dict(sorted(classes.items())), flush=True)
+        return
+    if args.seed is not None:
+        results = run_all(
+            DEFAULT_CLUSTER,
+            args.pods,
+            args.seed,
+            args.loads,
+            args.node_choices,
+            progress=lambda r: print(summary_line(r), flush=True),
+            ranking=args.ranking,
+        )
+        print(table(results))
+        print()
+        print(table_by_k([r for r in results if r.on_node in ("best", "packing")]))
+    else:
+        results = run_seeds(
+            DEFAULT_CLUSTER,
+            args.pods,
+            range(1, args.seeds + 1),
+            args.loads,
+            args.jobs,
+            progress=lambda r: print(f"seed {r.seed}.{r.repeat}: {summary_line(r)}", flush=True),
+            repeats=args.repeats,
+            ranking=args.ranking,
+            node_policies=args.node_choices,
+        )
+        print(seeds_table(results))
+        print()
+        print(target_table(results))
+    if args.json is not None:
+        with args.json.open("w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps({k: v for k, v in asdict(r).items() if k != "sets"}) + "\n")
     if args.plot is not None:
         plot(results, args.plot)
 

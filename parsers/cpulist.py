@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal, parse_hex_digits
 
 # A CPU or node number beyond this is not a real machine; bounding it keeps `0-999999999` from
 # allocating a huge set out of untrusted text.
@@ -19,7 +20,8 @@ MAX_CPU = 1 << 16
 # 190 KB; longer text is not a CPU list, and refusing it first bounds the time spent on it.
 MAX_CPULIST_CHARS = 256 * 1024
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?")
+# `[0-9]`, not `\d`, which matches every script's digits; the numbers go through parse_decimal.
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+)/([0-9]+))?)?")
 
 
 def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
@@ -42,8 +44,8 @@ def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
         match = _RANGE.fullmatch(part.strip())
         if match is None:
             raise ParseError(f"{excerpt(part)} is not a CPU number or range", field=field)
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
+        first = parse_decimal(match.group(1), field=field)
+        last = parse_decimal(match.group(2), field=field) if match.group(2) is not None else first
         if last < first:
             raise ParseError(f"range {excerpt(part)} runs backwards", field=field)
         if last >= MAX_CPU:
@@ -52,10 +54,12 @@ def parse_cpulist(text: str, *, field: str = "cpulist") -> frozenset[int]:
         if match.group(3) is None:
             mask |= ((1 << span) - 1) << first
             continue
-        used, group = int(match.group(3)), int(match.group(4))
-        if group == 0 or used > group:
+        used, group = (parse_decimal(match.group(n), field=field) for n in (3, 4))
+        # A group wider than any machine would make _stride_mask allocate 2**group bits.
+        if group == 0 or used > group or group > MAX_CPU:
             raise ParseError(
-                f"stride {excerpt(part)} is not used/group with 0 < used <= group", field=field
+                f"stride {excerpt(part)} is not used/group with 0 < used <= group <= {MAX_CPU}",
+                field=field,
             )
         mask |= _stride_mask(span, used, group) << first
     bits = bin(mask)[:1:-1]  # least significant bit first
@@ -107,7 +111,7 @@ def parse_cpumask(text: str, *, field: str = "cpumask") -> frozenset[int]:
         raise ParseError(f"mask of {len(words)} words is longer than any machine", field=field)
     cpus: set[int] = set()
     for position, word in enumerate(reversed(words)):
-        value = int(word, 16)
+        value = parse_hex_digits(word, field=field, max_digits=8)
         cpus.update(position * 32 + bit for bit in range(32) if value >> bit & 1)
     return frozenset(cpus)
 

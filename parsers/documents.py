@@ -29,6 +29,7 @@ from yaml.events import AliasEvent, CollectionStartEvent
 from yaml.nodes import Node, ScalarNode
 
 from parsers.errors import EXCERPT_CHARS, ParseError
+from parsers.integers import parse_decimal
 
 # The deepest real document is a Node as kubectl prints it, whose managedFields mirror the object:
 # about 12 levels. 32 leaves room and stays far below Python's recursion limit (1000).
@@ -72,7 +73,7 @@ def json_depth(text: str) -> int:
 def _json_int(digits: str) -> int:
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
         raise DocumentBoundError(f"an integer of {len(digits)} digits: at most {MAX_INT_DIGITS}")
-    return int(digits)
+    return parse_decimal(digits, field="integer", max_digits=MAX_INT_DIGITS, signed=True)
 
 
 def _json_constant(name: str) -> float:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 
 
 class LinkKind(enum.Enum):
@@ -96,7 +97,7 @@ def parse_link(token: str) -> Link:
             f"{excerpt(token)} is not a link (expected X, NV<n>, PIX, PXB, PHB, NODE, SYS or SOC)"
         )
     if match.group(1) is not None:
-        count = int(match.group(1))
+        count = parse_decimal(match.group(1), field="link")
         if count > MAX_NVLINKS:
             raise ParseError(f"{excerpt(token)}: more than {MAX_NVLINKS} bonded NVLinks")
         return Link(LinkKind.NV, count)

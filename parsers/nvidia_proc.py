@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 
 _MINOR = re.compile(r"^Device Minor:[ \t]*([0-9]{1,7})[ \t]*$", re.MULTILINE)
 MAX_MINOR = (1 << 20) - 1
@@ -23,7 +24,7 @@ def parse_device_minor(text: str, *, field: str = "information") -> int:
     match = _MINOR.search(text)
     if match is None:
         raise ParseError("no `Device Minor: <n>` line", field=field)
-    minor = int(match.group(1))
+    minor = parse_decimal(match.group(1), field=field)
     if minor > MAX_MINOR:
         raise ParseError(f"{minor} is not a minor number (at most {MAX_MINOR})", field=field)
     return minor

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from parsers.cpulist import parse_cpulist
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from parsers.links import SELF, Link, LinkKind, parse_link, split_fused_links
 
 # A topology paste is a few kilobytes; refusing huge input early bounds time and memory.
@@ -24,7 +25,7 @@ MAX_INPUT_BYTES = 4 * 1024 * 1024
 MAX_DEVICES = 512
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_GPU_LABEL = re.compile(r"GPU(\d+)")
+_GPU_LABEL = re.compile(r"GPU([0-9]+)")
 _AFFINITY_COLUMNS = {"CPUAffinity": "cpu", "NUMAAffinity": "numa", "GPUNUMAID": "gpu_numa"}
 _AFFINITY_TAIL = re.compile(r"(?:CPUAffinity|NUMAAffinity|GPUNUMAID)*")
 _LINK_PREFIX = re.compile(r"(?:X|NV[1-9][0-9]?|PIX|PXB|PHB|NODE|SYS|SOC)+")
@@ -308,7 +309,7 @@ def _check_labels(rows: list[_Row], h: int) -> None:
         if match is None:
             seen_nic = True
             continue
-        if seen_nic or int(match.group(1)) != expected_gpu:
+        if seen_nic or parse_decimal(match.group(1), field=row.label) != expected_gpu:
             raise ParseError(
                 f"row {row.label} out of order: expected GPU{expected_gpu} "
                 "(GPU rows come first, in order)",
@@ -371,13 +372,14 @@ def _set(value: str | None, row: _Row, field: str) -> frozenset[int] | None:
 def _int(value: str | None, row: _Row) -> int | None:
     if value is None or value in ("", "N/A"):
         return None
-    if not value.isdigit() or int(value) > 65535:
-        raise ParseError(
-            f"{excerpt(value)} is not a NUMA node id",
-            line=row.line,
-            field=f"{row.label} GPU NUMA ID",
-        )
-    return int(value)
+    field = f"{row.label} GPU NUMA ID"
+    try:
+        node = parse_decimal(value, field=field)
+    except ParseError as e:
+        raise ParseError(e.reason, line=row.line, field=field) from None
+    if node > 65535:
+        raise ParseError(f"{node} is not a NUMA node id", line=row.line, field=field)
+    return node
 
 
 def _nic_names(

@@ -8,15 +8,12 @@ from __future__ import annotations
 import re
 
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal, parse_hex_digits
 
 
 def parse_int(text: str, *, field: str) -> int:
     """A decimal integer file. Raises ParseError naming `field`."""
-    value = text.strip()
-    try:
-        return int(value, 10)
-    except ValueError:
-        raise ParseError(f"{excerpt(value)} is not an integer", field=field) from None
+    return parse_decimal(text.strip(), field=field, signed=True)
 
 
 def parse_hex(text: str, *, field: str) -> int:
@@ -25,12 +22,9 @@ def parse_hex(text: str, *, field: str) -> int:
     Raises ParseError naming `field`.
     """
     value = text.strip()
-    try:
-        if not value.lower().startswith("0x"):
-            raise ValueError
-        return int(value, 16)
-    except ValueError:
-        raise ParseError(f"{excerpt(value)} is not a 0x-prefixed hex number", field=field) from None
+    if not value.lower().startswith("0x"):
+        raise ParseError(f"{excerpt(value)} is not a 0x-prefixed hex number", field=field)
+    return parse_hex_digits(value[2:], field=field)
 
 
 def parse_numa_node(text: str, *, field: str = "numa_node") -> int | None:
@@ -58,7 +52,7 @@ def parse_distance_row(text: str, *, field: str = "distance") -> tuple[int, ...]
     return row
 
 
-_MEMTOTAL = re.compile(r"^Node\s+\d+\s+MemTotal:\s+(\d{1,15})\s+kB\s*$", re.MULTILINE)
+_MEMTOTAL = re.compile(r"^Node\s+[0-9]+\s+MemTotal:\s+([0-9]{1,15})\s+kB\s*$", re.MULTILINE)
 
 
 def parse_node_memtotal(text: str, *, field: str = "meminfo") -> int:
@@ -69,4 +63,4 @@ def parse_node_memtotal(text: str, *, field: str = "meminfo") -> int:
     match = _MEMTOTAL.search(text)
     if match is None:
         raise ParseError("no `Node N MemTotal: <n> kB` line", field=field)
-    return int(match.group(1)) * 1024
+    return parse_decimal(match.group(1), field=field) * 1024

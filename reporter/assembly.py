@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -41,6 +42,7 @@ from reporter.live import (
     SimulatedFreeSource,
     check_simulated_used,
 )
+from reporter.placement import Policy
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.devicetaints import DeviceTaintOutput, DeviceTaintSink
@@ -54,9 +56,11 @@ from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import dra
 from reporter.schema.model import Topology
-from reporter.serve.http import HealthServer
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
+
+if TYPE_CHECKING:
+    from reporter.serve.http import HealthServer
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -224,6 +228,9 @@ class AgentParts:
         address = settings.listen_address(listen)
         if address is None:
             return None
+        # Imported here: the HTTP server (uvicorn) is for the agent only, not the CLI's commands.
+        from reporter.serve.http import HealthServer  # noqa: PLC0415
+
         try:
             server = HealthServer(address, self.state, self.metrics).start()
         except OSError as e:
@@ -322,6 +329,7 @@ def build_agent(
             resync_s=config.resync_s,
             clock=clock,
             outputs=live_outputs,
+            policy=Policy(config.on_node_policy),
             withdraw_after=config.availability_withdraw_after,
             heartbeat=LeaseHeartbeat(
                 api,

@@ -1,24 +1,35 @@
 """Which free GPUs of a node are wired well, summarised per request size: what a scheduler ranks by.
 
 The static topology says how GPUs are wired; a scheduler asks which *free* GPUs are wired well.
-The agent knows the free GPUs (PodResources), runs `best_gpu_set` over them for every request size
-k = 1..free, and publishes the result as one small annotation, so that a scheduler extender ranks a
-node with a table lookup (`node_score`, `can_fit`) instead of a search.
+The agent knows the free GPUs (PodResources), asks for every request size k = 1..free which k GPUs
+the node will hand out (the on-node policy: the device plugin's choice, `reporter.placement.Policy`)
+and publishes the result as one small annotation, so that a scheduler extender ranks a node with a
+table lookup (`node_score`, `can_fit`) instead of a search.
 
-The annotation value (`encode_availability`), version 1, in ASCII:
+The annotation value (`encode_availability`), version 2, in ASCII:
 
-    1;<free>;<best k=1>/<best k=2>/.../<best k=len(free)>
+    2;<free>;<k=1>/<k=2>/.../<k=len(free)>
 
 - `<free>`: the free GPU indexes as a canonical Linux list string (`0-3,6`); empty for none.
-- each `<best k>`: `links.connected.numa.nic.island`, five decimal integers: the link points of
-  the best free k-set, 1 if every pair of it is NVLink-connected at full bond (no GPU of it has an
-  NVLink down) else 0, the NUMA nodes it spans,
-  its NIC points (0 without RDMA NICs), and the size of the free NVLink island it was taken from.
+- each `<k>`: `links.connected.numa.nic.island.fit`, six decimal integers about the k-set the
+  on-node policy takes: its link points, 1 if every pair of it is NVLink-connected at full bond
+  (no GPU of it has an NVLink down) else 0, the NUMA nodes it spans, its NIC points (0 without
+  RDMA NICs), the size of the free NVLink island it is taken from, and its fit: the largest
+  reach among its GPUs, a GPU's reach being the size of the largest set of free GPUs, all
+  pairwise NVLink-connected, that holds it (1 without a free NVLink peer). A connected set of fit
+  k uses a connected set whole, or takes GPUs nobody else could use connected; a larger fit cuts
+  into a larger connected set. Fit 0: the on-node policy fails a k-GPU request here
+  (go-gpuallocator's padded answer, `reporter.gpuallocator`); the other fields then describe the
+  best set.
 
-Example (a DGX A100 with GPUs 0-3 and 6 free): `1;0-3,6;0.1.1.4.5/120.1.1.4.5/360.1.2.4.5/...`.
-A DGX H100 with all 8 free encodes in about 70 characters; 256 GPUs (the schema's limit) in about
-6 KB. `decode_availability` accepts only what `encode_availability` writes, byte for byte, and
-bounds every number, so a value someone edited either reads back exactly or raises SchemaError.
+Version 1 (`1;<free>;links.connected.numa.nic.island`, the best k-set, no fit) is still read:
+`FreeSet.fit` is None, and `node_score` takes the island, never smaller, for the fit.
+
+Example (a DGX A100 with GPUs 0-3 and 6 free, policy `best`):
+`2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/...`. A DGX H100 with all 8 free encodes in about
+120 characters; 256 GPUs (the schema's limit) in about 7 KB. `decode_availability` accepts only
+what `encode_availability` writes (either version), byte for byte, and bounds every number, so a
+value someone edited either reads back exactly or raises SchemaError.
 
 It must never do I/O or import kubernetes: the agent, the extender and `bench/placement.py`
 share it.
@@ -27,14 +38,23 @@ share it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.errors import ParseError
-from parsers.links import MAX_NVLINKS, LinkKind
+from parsers.integers import parse_decimal
+from parsers.links import MAX_NVLINKS
 from reporter.errors import PlacementError, SchemaError
-from reporter.placement import NVLINK_POINTS, PCIE_POINTS, GpuSet, best_gpu_set
+from reporter.placement import (
+    NVLINK_POINTS,
+    PCIE_POINTS,
+    GpuSet,
+    Policy,
+    best_gpu_set,
+    nvlink_reach,
+    score_gpu_set,
+)
 from reporter.schema.model import MAX_GPUS, Topology
 
 __all__ = [
@@ -67,7 +87,8 @@ ALLOCATION_KEY = "allocation"
 GPU_FREE_LABEL = "gpu-free"
 GPU_FREE_NVLINK_MAX_LABEL = "gpu-free-nvlink-max"
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version `encode_availability` writes; `decode_availability` reads it and version 1."""
 NEUTRAL_SCORE = 5
 """`node_score` of a node whose availability is missing or damaged: neither for nor against."""
 MAX_SCORE = 10
@@ -79,10 +100,8 @@ AVAILABILITY_BUDGET = 4_000_000
 MAX_TEXT_CHARS = 8192
 """Longer than any value `encode_availability` writes for MAX_GPUS GPUs (about 6 KB)."""
 _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS
-_CLOSE_NIC_POINTS = PCIE_POINTS[LinkKind.PXB]
-"""NIC points from PXB up (PCIe switches only, no host bridge): where GPUDirect RDMA pays."""
 
-_ENTRY = re.compile(r"(\d{1,8})\.([01])\.(\d{1,3})\.(\d)\.(\d{1,3})")
+_ENTRY = re.compile(r"([0-9]{1,8})\.([01])\.([0-9]{1,3})\.([0-9])\.([0-9]{1,3})(?:\.([0-9]{1,3}))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +120,9 @@ class FreeSet:
     island: int
     """Size of the free NVLink island the set was taken from (k..free): the free GPUs reachable
     over NVLink from the set, with the set; 1 for one GPU without NVLink."""
+    fit: int | None = None
+    """The largest reach among the set's GPUs (see the module docstring; 1..island); 0 where the
+    on-node policy fails a request of this size; None when read from a version-1 value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +132,8 @@ class Availability:
     free: tuple[int, ...]
     """Free, healthy GPU indexes, ascending."""
     best: tuple[FreeSet, ...]
-    """best[k-1] = the best free k-set, for k = 1..len(free)."""
+    """best[k-1] = the free k-set the on-node policy takes, for k = 1..len(free) (the best one in
+    version 1 and with policy `best`)."""
 
 
 def nvlink_degraded(topology: Topology, index: int) -> bool:
@@ -119,8 +142,14 @@ def nvlink_degraded(topology: Topology, index: int) -> bool:
     return health is not None and health.state != "ok"
 
 
-def free_set(topology: Topology, chosen: GpuSet, free: Iterable[int]) -> FreeSet:
-    """Summarise `chosen` (a set of free GPUs) against the free GPUs of `topology`."""
+def free_set(
+    topology: Topology,
+    chosen: GpuSet,
+    free: Iterable[int],
+    reach: Mapping[int, int] | None = None,
+) -> FreeSet:
+    """Summarise `chosen` (a set of free GPUs) against the free GPUs of `topology`; `reach` is
+    `nvlink_reach` of those free GPUs (computed here when not given)."""
     pool = set(free)
     gpus = chosen.gpus
     # A degraded GPU still shows NV<k> to its peers, with a lower bond: the set is not whole.
@@ -137,24 +166,37 @@ def free_set(topology: Topology, chosen: GpuSet, free: Iterable[int]) -> FreeSet
             if topology.links[a][b].is_nvlink or topology.links[b][a].is_nvlink:
                 reached.add(b)
                 stack.append(b)
+    if reach is None:
+        reach = nvlink_reach(topology, pool)[0]
     return FreeSet(
         links=chosen.score.links,
         connected=connected,
         numa=len(chosen.numa_nodes),
         nic=chosen.score.nic,
         island=len(reached),
+        fit=max(reach[g] for g in gpus),
     )
 
 
 def compute_availability(
-    topology: Topology, free: Iterable[int], *, budget: int = AVAILABILITY_BUDGET
+    topology: Topology,
+    free: Iterable[int],
+    *,
+    policy: Policy = Policy.NVIDIA_BESTEFFORT,
+    budget: int = AVAILABILITY_BUDGET,
 ) -> Availability:
-    """The best free k-set of `topology` for every k, out of the `free` GPU indexes.
+    """For every k, the free k-set of `topology` that `policy` takes out of the `free` GPU indexes
+    (by default what NVIDIA's device plugin takes, as on most GPU nodes).
 
-    Lost GPUs are dropped from `free`. The k searches share `budget` work units equally (a real
-    8- or 16-GPU machine needs a few thousand per k, far below its share); where a share runs out,
-    that k is summarised from the best set found, not proven optimal. Raises PlacementError for an
-    index that is not a GPU of the topology, or for more than MAX_GPUS free GPUs.
+    Lost GPUs are dropped from `free`. The k searches and the reach of the free GPUs share
+    `budget` work units equally (a real 8- or 16-GPU machine needs a few thousand per k, far below
+    its share); where a share runs out, that k is summarised from the best set found, not proven
+    optimal. `nvidia-besteffort` is asked with the free GPUs in index order; on a node the kubelet
+    lists them in Go map order and go-gpuallocator breaks its ties by that order, so for k = 1,
+    where every GPU ties, the entry describes the GPU of the largest reach (any may be taken);
+    where go-gpuallocator answers a padded set the entry says fit 0 (the device plugin fails that
+    request) and describes the best set. Raises PlacementError for an index that is not
+    a GPU of the topology, or for more than MAX_GPUS free GPUs.
     """
     pool = sorted(set(free))
     n = len(topology.gpus)
@@ -164,18 +206,51 @@ def compute_availability(
     usable = tuple(i for i in pool if not topology.gpus[i].lost)
     if len(usable) > MAX_GPUS:
         raise PlacementError(f"{len(usable)} free GPUs is more than a node has (limit {MAX_GPUS})")
-    share = max(budget // max(len(usable), 1), 1)
-    best = tuple(
-        free_set(topology, best_gpu_set(topology, k, usable, budget=share), usable)
-        for k in range(1, len(usable) + 1)
+    share = max(budget // (len(usable) + 1), 1)
+    reach = nvlink_reach(topology, usable, budget=share)[0]
+    return Availability(
+        free=usable,
+        best=tuple(
+            _policy_set(topology, k, usable, reach, policy, share)
+            for k in range(1, len(usable) + 1)
+        ),
     )
-    return Availability(free=usable, best=best)
+
+
+def _policy_set(
+    topology: Topology,
+    k: int,
+    usable: tuple[int, ...],
+    reach: Mapping[int, int],
+    policy: Policy,
+    budget: int,
+) -> FreeSet:
+    try:
+        chosen = best_gpu_set(topology, k, usable, policy=policy, budget=budget)
+    except PlacementError:
+        if policy is not Policy.NVIDIA_BESTEFFORT:
+            raise
+        best = best_gpu_set(topology, k, usable, budget=budget)
+        return replace(free_set(topology, best, usable, reach), fit=0)
+    if policy is Policy.NVIDIA_BESTEFFORT and k == 1:
+        # Every GPU ties for go-gpuallocator: the kubelet's map order picks one.
+        chosen = score_gpu_set(topology, [min(usable, key=lambda i: (-reach[i], i))])
+    return free_set(topology, chosen, usable, reach)
 
 
 def encode_availability(a: Availability) -> str:
-    """The annotation value: compact ASCII, version 1 (see the module docstring)."""
-    entries = "/".join(f"{s.links}.{int(s.connected)}.{s.numa}.{s.nic}.{s.island}" for s in a.best)
-    return f"{FORMAT_VERSION};{format_cpulist(a.free)};{entries}"
+    """The annotation value: compact ASCII, version 2 (see the module docstring); an Availability
+    read from a version-1 value (no fit) is written back in version 1."""
+    return _encode(a, 1 if any(s.fit is None for s in a.best) else FORMAT_VERSION)
+
+
+def _encode(a: Availability, version: int) -> str:
+    entries = "/".join(
+        f"{s.links}.{int(s.connected)}.{s.numa}.{s.nic}.{s.island}"
+        + ("" if version == 1 else f".{s.fit}")
+        for s in a.best
+    )
+    return f"{version};{format_cpulist(a.free)};{entries}"
 
 
 def decode_availability(text: str) -> Availability:
@@ -195,10 +270,11 @@ def decode_availability(text: str) -> Availability:
     if len(parts) != 3:
         raise SchemaError(AVAILABILITY_KEY, "is not version;free;best (two ';' separators)")
     version, free_text, best_text = parts
-    if version != str(FORMAT_VERSION):
+    if version not in ("1", str(FORMAT_VERSION)):
         raise SchemaError(
             AVAILABILITY_KEY,
-            f"version {version[:16]!r} is not {FORMAT_VERSION}: upgrade the reader or the agent",
+            f"version {version[:16]!r} is not 1 or {FORMAT_VERSION}: upgrade the reader or the "
+            "agent",
         )
     try:
         free = tuple(sorted(parse_cpulist(free_text, field=AVAILABILITY_KEY)))
@@ -211,20 +287,26 @@ def decode_availability(text: str) -> Availability:
         raise SchemaError(
             AVAILABILITY_KEY, f"{len(entries)} best sets for {len(free)} free GPUs (one per k)"
         )
-    best = tuple(_decode_entry(entry, k, len(free)) for k, entry in enumerate(entries, start=1))
+    best = tuple(
+        _decode_entry(entry, k, len(free), version == "1")
+        for k, entry in enumerate(entries, start=1)
+    )
     decoded = Availability(free=free, best=best)
-    if encode_availability(decoded) != text:
+    if _encode(decoded, int(version)) != text:
         raise SchemaError(AVAILABILITY_KEY, "is not in canonical form (as the agent writes it)")
     return decoded
 
 
-def _decode_entry(entry: str, k: int, free: int) -> FreeSet:
+def _decode_entry(entry: str, k: int, free: int, version_1: bool) -> FreeSet:
     match = _ENTRY.fullmatch(entry)
-    if match is None:
-        raise SchemaError(
-            AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not links.c.numa.nic.island"
-        )
-    links, connected, numa, nic, island = (int(g) for g in match.groups())
+    if match is None or (match.group(6) is None) != version_1:
+        form = "links.c.numa.nic.island" + ("" if version_1 else ".fit")
+        raise SchemaError(AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not {form}")
+    # The pattern admits only short ASCII digit runs: parse_decimal cannot refuse them.
+    links, connected, numa, nic, island = (
+        parse_decimal(g, field=AVAILABILITY_KEY) for g in match.groups()[:5]
+    )
+    fit = None if version_1 else parse_decimal(match.group(6), field=AVAILABILITY_KEY)
     pairs = k * (k - 1) // 2
     problem = None
     if not pairs <= links <= pairs * _MAX_PAIR_POINTS:
@@ -239,9 +321,15 @@ def _decode_entry(entry: str, k: int, free: int) -> FreeSet:
         problem = f"island of {island} is impossible for {k} of {free} free GPUs"
     elif k == 1 and not connected:
         problem = "one GPU is always connected"
+    elif fit is not None and fit > island:
+        problem = f"a fit of {fit} is beyond its island of {island}"
+    elif fit is not None and connected and 0 < fit < k:
+        problem = f"a fit of {fit} is impossible for {k} connected GPUs"
     if problem is not None:
         raise SchemaError(AVAILABILITY_KEY, f"best set for k={k}: {problem}")
-    return FreeSet(links=links, connected=bool(connected), numa=numa, nic=nic, island=island)
+    return FreeSet(
+        links=links, connected=bool(connected), numa=numa, nic=nic, island=island, fit=fit
+    )
 
 
 def availability_labels(a: Availability, prefix: str) -> dict[str, str]:
@@ -268,29 +356,39 @@ def node_score(a: Availability | None, k: int) -> int:
     """kube-scheduler extender score 0..10 of a node for a pod of k GPUs; larger is better.
 
     None (no or damaged annotation) and k < 1 give NEUTRAL_SCORE; a node that cannot fit k gives 0.
-    Otherwise, by the node's best free k-set, most important first:
+    Otherwise, by the k-set the node's on-node policy takes (`Availability.best[k-1]`):
 
-    1. NVLink-connected sets (at full bond: no GPU of it with an NVLink down) score 4..10, others,
-       degraded NVLink sets included, 1..3;
-    2. one NUMA node beats several;
-    3. a close RDMA NIC (PXB or PIX, points >= 4) beats a far or no NIC;
-    4. a just-big-enough island (island == k) beats a larger one, so whole islands stay free for
-       the pods that need them.
+    | the set                                                 | score                          |
+    |---------------------------------------------------------|--------------------------------|
+    | NVLink-connected, fit k (a connected set used whole)    | 10 on one NUMA node, else 9    |
+    | NVLink-connected, fit up to 2k                          | 7 on one NUMA node, else 6     |
+    | NVLink-connected, larger fit                            | 4                              |
+    | not connected, cutting into no connected set (fit 1)    | 2                              |
+    | not connected otherwise; the on-node policy fails (0)   | 1                              |
 
-    Connected sets rank all three tie-breaks exactly (4 + 0..6; the worst two share 4); the
-    others get 1 + one point each for one NUMA node and a close NIC.
+    Connected means at full bond: a set with a GPU whose NVLinks are down is not connected.
+
+    Fit first: the pod takes from the node where it leaves the largest connected sets whole for
+    the pods that need them (best fit), and so the policy that will run matters. Neighbouring
+    classes stand two points apart, 100 of kube-scheduler's points at the extender weight 5 of the
+    documented configuration, more than NodeResourcesFit's spread between two nodes, so the
+    resource strategy only orders nodes within a class. A version-1 value has no fit: its island,
+    never smaller, stands in.
     """
     if a is None or k < 1:
         return NEUTRAL_SCORE
     if not can_fit(a, k):
         return 0
-    best = a.best[k - 1]
-    one_numa = best.numa == 1
-    close_nic = best.nic >= _CLOSE_NIC_POINTS
-    if best.connected:
-        rank = 4 * one_numa + 2 * close_nic + (best.island == k)
-        return MAX_SCORE - 6 + max(rank - 1, 0)
-    return 1 + one_numa + close_nic
+    chosen = a.best[k - 1]
+    fit = chosen.island if chosen.fit is None else chosen.fit
+    if fit == 0:
+        return 1
+    if not chosen.connected:
+        return 2 if fit == 1 else 1
+    if fit > 2 * k:
+        return 4
+    base = 9 if fit == k else 6
+    return base + (chosen.numa == 1)
 
 
 ALLOCATION_SOURCES = ("device-plugin", "dra")

@@ -8,6 +8,7 @@ cause ends here as one line on stderr (what happened, what to do) and a non-zero
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import structlog
 
 from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from parsers.nvsmi import parse_topo
 from reporter import assembly, doctor, logs, settings, terminal
 from reporter.agent import run_until_signalled
@@ -36,7 +38,9 @@ from reporter.errors import (
     SchemaError,
     TopoReporterError,
 )
-from reporter.inputs import read_bounded
+from reporter.extender.protocol import MAX_REQUEST_BYTES
+from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
+from reporter.inputs import read_bounded, size_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.schema import keys
@@ -207,8 +211,8 @@ def _render_command(commands: Commands) -> None:
 
 def _gpu_count(value: str) -> int:
     try:
-        count = int(value)
-    except ValueError:
+        count = parse_decimal(value, field="--gpus")
+    except ParseError:
         raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
     if count < 1:
         raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
@@ -218,8 +222,10 @@ def _gpu_count(value: str) -> int:
 def _gpu_indices(value: str) -> list[int]:
     """A comma-separated list of GPU indexes; empty means none (no GPU free, nothing forced)."""
     try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
+        return [
+            parse_decimal(part.strip(), field="GPU") for part in value.split(",") if part.strip()
+        ]
+    except ParseError:
         raise argparse.ArgumentTypeError(
             f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
         ) from None
@@ -227,8 +233,8 @@ def _gpu_indices(value: str) -> list[int]:
 
 def _work_units(value: str) -> int:
     try:
-        units = int(value)
-    except ValueError:
+        units = parse_decimal(value, field="--budget")
+    except ParseError:
         raise argparse.ArgumentTypeError(f"{value[:64]!r} is not a number of work units") from None
     if units < 1:
         raise argparse.ArgumentTypeError(f"{units}: give at least 1 work unit")
@@ -251,12 +257,14 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
         terminal.write(sys.stdout, json.dumps(document) + "\n")
         return EXIT_OK
     links, numa, nic, pcie = best.score
-    policy = (
-        f"policy: packing (the best set of the best split of the available GPUs into sets of "
-        f"{args.gpus})\n"
-        if args.policy is Policy.PACKING
-        else ""
-    )
+    policy = {
+        Policy.BEST: "",
+        Policy.PACKING: "policy: packing (connected where it can be, cutting into the smallest "
+        "connected set: the largest stay whole)\n",
+        Policy.NVIDIA_BESTEFFORT: f"policy: nvidia-besteffort (go-gpuallocator "
+        f"{GO_GPUALLOCATOR_VERSION}'s best-effort choice, as NVIDIA's device plugin makes it; "
+        "ties go to the order of --available)\n",
+    }[args.policy]
     inexact = (
         ""
         if best.exact
@@ -306,8 +314,8 @@ def _best_set_command(commands: Commands) -> None:
         type=Policy,
         choices=list(Policy),
         default=Policy.BEST,
-        help="best: the best single set (default); packing: split all available GPUs into sets "
-        "of K as NVIDIA's allocator does, and return the best set of the best split",
+        help="best: the best single set (default); packing: keep the largest NVLink-connected "
+        "sets whole; nvidia-besteffort: what NVIDIA's device plugin takes (go-gpuallocator)",
     )
     best_set.add_argument(
         "--budget",
@@ -461,6 +469,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     from reporter.extender import cache, heartbeat, protocol, server  # noqa: PLC0415  # extender-only
     from reporter.publish.lease import LeaseWatch  # noqa: PLC0415
     from reporter.publish.watch import NodeWatch  # noqa: PLC0415
+    from reporter.serve.tls import ServingCertificate  # noqa: PLC0415
 
     logs.configure(log_format=args.log_format, level=args.log_level, node=None)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.extender")
@@ -475,6 +484,13 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             f"--heartbeat-namespace {excerpt(args.heartbeat_namespace)} is not a namespace name "
             "(lower-case letters, digits and '-', at most 63 characters)"
         )
+    tls = None
+    if args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file:
+        if not (args.tls_cert_file and args.tls_key_file):
+            raise ConfigError("TLS needs both --tls-cert-file and --tls-key-file")
+        tls = ServingCertificate(
+            args.tls_cert_file, args.tls_key_file, client_ca_file=args.tls_client_ca_file, log=log
+        ).context
     try:
         config = load_rest_config(args.kubeconfig)
     except LeanClientUnsupportedError as e:
@@ -507,15 +523,18 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             log=log,
             on_error=on_error,
         )
+    limits = dataclasses.replace(server.LIMITS, max_body_bytes=args.max_request_bytes)
     try:
         http = server.ExtenderServer(
             address,
             cache=nodes,
             metrics=metrics,
             resource=args.resource,
-            max_body_bytes=args.max_request_bytes,
+            limits=limits,
+            tls=tls,
             watching=lambda: watcher.alive and (leases is None or leases.alive),
             problem=lambda: watcher.problem or (leases.problem if leases else None),
+            log=log,
         )
     except OSError as e:
         raise ConfigError(f"cannot listen on {args.listen}: {e.strerror}") from e
@@ -523,7 +542,14 @@ def _cmd_extender(args: argparse.Namespace) -> int:
         leases.start()
     watcher.start()
     http.start()
-    log.info("serving", address=f"{http.address[0]}:{http.address[1]}", resource=args.resource)
+    log.info(
+        "serving",
+        address=f"{http.address[0]}:{http.address[1]}",
+        resource=args.resource,
+        tls=tls is not None,
+        # What the memory limit must hold with these bounds (the chart's 256 MiB, by default).
+        memory_needed_mib=round(server.peak_bytes(limits) / 2**20),
+    )
     try:
         _wait_for_signal(stop, log)
     finally:
@@ -574,9 +600,30 @@ def _extender_command(commands: Commands) -> None:
     extender.add_argument(
         "--max-request-bytes",
         type=int,
-        default=64 * 1024 * 1024,
+        default=MAX_REQUEST_BYTES,
         metavar="N",
-        help="largest request body it reads (default: 64 MiB); larger ones are answered 413",
+        help=f"largest request body it reads (default: {size_text(MAX_REQUEST_BYTES)}, which the "
+        "chart's 256 MiB memory limit holds); larger ones are answered 413",
+    )
+    extender.add_argument(
+        "--tls-cert-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_CERT_FILE"),
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate (chain), read again when it changes (env "
+        "TOPO_REPORTER_TLS_CERT_FILE); kube-scheduler: enableHTTPS: true",
+    )
+    extender.add_argument(
+        "--tls-key-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_KEY_FILE"),
+        metavar="FILE",
+        help="the certificate's PEM private key (env TOPO_REPORTER_TLS_KEY_FILE)",
+    )
+    extender.add_argument(
+        "--tls-client-ca-file",
+        default=os.environ.get("TOPO_REPORTER_TLS_CLIENT_CA_FILE"),
+        metavar="FILE",
+        help="require a client certificate this CA signed (kube-scheduler's tlsConfig.certFile); "
+        "read at start (env TOPO_REPORTER_TLS_CLIENT_CA_FILE)",
     )
     extender.add_argument(
         "--log-format",

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from parsers.kubelet import KubeletPolicies
 from reporter.availability import ALLOCATION_KEY, AVAILABILITY_KEY, decode_allocation
 from reporter.errors import ApiPermanentError, SchemaError
@@ -246,8 +248,8 @@ def policies_from_labels(labels: Mapping[str, str], prefix: str) -> KubeletPolic
 
 def _quantity(value: Any) -> int | None:
     try:
-        return int(str(value))
-    except ValueError:
+        return parse_decimal(str(value), field="quantity")
+    except ParseError:
         return None
 
 

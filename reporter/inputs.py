@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import fcntl
 import os
+import ssl
 import sys
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 from reporter.errors import InputError, TopoReporterError
 
 STDIN = "-"
+MAX_PEM_BYTES = 1024 * 1024
+"""A CA bundle, a certificate chain or a key: the system bundle is about 220 KiB."""
 
 
 def size_text(limit: int) -> str:
@@ -66,3 +70,25 @@ def _open(source: str | Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def load_cert_chain(context: ssl.SSLContext, certificate: bytes, key: bytes | None) -> None:
+    """Load a PEM certificate chain (and its key) that was read within a bound into `context`.
+
+    ssl loads a chain from files only, and reads them to their end: the bytes go through private
+    copies, in a 0700 directory under the temp dir (the chart mounts an emptyDir on /tmp; the root
+    file system is read-only), created 0600 and gone before this returns. Raises ssl.SSLError
+    when they do not load.
+    """
+    with tempfile.TemporaryDirectory(prefix="topo-reporter-") as private:
+        paths: list[str | None] = []
+        for name, data in (("tls.crt", certificate), ("tls.key", key)):
+            if data is None:
+                paths.append(None)
+                continue
+            target = os.path.join(private, name)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            paths.append(target)
+        context.load_cert_chain(paths[0] or "", paths[1])

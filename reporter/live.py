@@ -40,6 +40,7 @@ import structlog
 
 from reporter.availability import Allocation, Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.placement import Policy
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.patch import Desired
@@ -110,12 +111,14 @@ class AvailabilityLoop:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         outputs: Sequence[LiveOutput] = (),
+        policy: Policy = Policy.NVIDIA_BESTEFFORT,
         withdraw_after: int,
         heartbeat: LeaseHeartbeat | None = None,
     ) -> None:
         """`withdraw_after`: failed reads in a row after which the keys leave the Node.
         `heartbeat`: the node's Lease to renew while the Node carries what the loop decided."""
         self.interval_s = interval_s
+        self._policy = policy
         self._source = source
         self._sink = sink
         self._state = state
@@ -204,7 +207,11 @@ class AvailabilityLoop:
         free = view.free
         self._allocation = Allocation(view.sources, tuple(sorted(view.claimed)))
         if self._computed is None or self._computed[:2] != (topology, free):
-            self._computed = (topology, free, compute_availability(topology, free))
+            self._computed = (
+                topology,
+                free,
+                compute_availability(topology, free, policy=self._policy),
+            )
         return True
 
     def _withdrawn_now(self, withdrawn: bool) -> None:

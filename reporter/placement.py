@@ -19,28 +19,35 @@ the same k. A device plugin answering the kubelet's GetPreferredAllocation passe
 `Score` is `(links, -numa_nodes, nic, pcie)`: a tuple of ints that compares lexicographically,
 larger is better.
 
-Two policies (`Policy`):
+Three policies (`Policy`):
 - `best` (the default): the best single set, as above.
-- `packing`: NVIDIA's allocator style (go-gpuallocator's best-effort policy): split all the
-  available GPUs into sets of k (the `len % k` left over stay unassigned), maximise the split's
-  summed (link points, PCIe points), and return the best set of that split (the one holding
-  `must_include`). It keeps the rest of the node in good sets for the pods that come next, at the
-  price of sometimes a worse set now. Ties between splits go to the first in a fixed order (the
-  lowest unassigned GPU starts a set, partners in index order, leaving it over comes last).
+- `packing`: keep the largest NVLink-connected sets whole for the pods that come next. Each free GPU
+  has a reach: the size of the largest set of free GPUs, all pairwise NVLink-connected, that holds
+  it (a clique of the free NVLink graph; 1 for a GPU without a free NVLink peer). A set's fit is
+  the largest reach of its GPUs: the biggest connected set it cuts into. `packing` takes a fully
+  connected set whenever one exists, of the smallest fit, then the best score as above; without
+  one, the smallest fit, then the best score. A one-GPU pod on a workstation whose other two GPUs
+  are an NVLink pair gets the lone GPU; a pair on a DGX-1 with one whole quad free and a loose pair
+  gets the loose pair. The price: sometimes a set with fewer NVLinks than `best` would give.
+- `nvidia-besteffort`: what NVIDIA's device plugin takes, go-gpuallocator's best-effort policy,
+  re-implemented in `reporter.gpuallocator` (its own scores and order; the order of `available`
+  decides its ties). The score returned is still this module's.
 
 The search is bounded. Branch and bound (exact: the same optimum an exhaustive search finds)
 runs under a budget of work units (`DEFAULT_BUDGET`; one unit is about one pair-weight operation),
-seeded with a greedy-plus-local-search answer. When the budget runs out the best set known is
-returned with `GpuSet.exact = False`: a good answer, not proven optimal. Real machines (NVSwitch
-islands, PCIe trees, the shipped fixtures and profiles) finish exactly far below the budget;
-`bench/best_gpu_set.py` shows where exactness ends on random wiring. Lost GPUs are never chosen.
+seeded with a greedy-plus-local-search answer; the reach of each GPU (`packing`) is a budgeted
+clique search too, falling back to the size of the GPU's free NVLink island. When the budget runs
+out the best set known is returned with `GpuSet.exact = False`: a good answer, not proven optimal.
+Real machines (NVSwitch islands, PCIe trees, the shipped fixtures and profiles) finish exactly far
+below the budget; `bench/best_gpu_set.py` shows where exactness ends on random wiring. Lost GPUs
+are never chosen.
 
 It must never do I/O or import kubernetes: it reads only the `Topology` it is given.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -51,6 +58,7 @@ from typing import Any, NamedTuple
 from parsers.errors import excerpt
 from parsers.links import Link, LinkKind
 from reporter.errors import PlacementError
+from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION, BestEffort, pair_points_matrix
 from reporter.schema.model import Topology
 
 __all__ = [
@@ -61,6 +69,7 @@ __all__ = [
     "Policy",
     "Score",
     "best_gpu_set",
+    "nvlink_reach",
     "score_gpu_set",
 ]
 
@@ -80,7 +89,7 @@ _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 
 DEFAULT_BUDGET = 2_000_000
 """Work units one search may spend before it settles for the best set known: 1 to 3.5 s of one
-core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,000."""
+core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,100."""
 
 
 class Policy(StrEnum):
@@ -88,6 +97,7 @@ class Policy(StrEnum):
 
     BEST = "best"
     PACKING = "packing"
+    NVIDIA_BESTEFFORT = "nvidia-besteffort"
 
 
 class Score(NamedTuple):
@@ -235,9 +245,11 @@ def best_gpu_set(
     except ValueError:
         names = ", ".join(Policy)
         raise PlacementError(f"policy {str(policy)[:32]!r} is not one of: {names}") from None
-    pool = sorted(set(range(len(topology.gpus)) if available is None else available))
+    given = list(range(len(topology.gpus)) if available is None else available)
+    pool = sorted(set(given))
     _check_indices(topology, pool, "available GPUs")
-    must = sorted(set(must_include))
+    required = list(dict.fromkeys(must_include))
+    must = sorted(required)
     _check_indices(topology, must, "must-include GPUs")
     missing = [i for i in must if i not in set(pool)]
     if missing:
@@ -258,15 +270,56 @@ def best_gpu_set(
             f"asked for {k} GPUs but only {len(candidates)} of {len(pool)} available GPUs are "
             f"usable{why}: ask for fewer or free more"
         )
+    spent = _Budget(budget)
+    if policy is Policy.NVIDIA_BESTEFFORT:
+        order = [i for i in dict.fromkeys(given) if not topology.gpus[i].lost]
+        gpus, exact = _nvidia_besteffort(topology, order, required, k, spent)
+        best = score_gpu_set(topology, gpus)
+        return replace(best, exact=exact, work=spent.spent)
     weights = _Weights.of(topology, candidates)
     must_pos = [candidates.index(i) for i in must]
-    spent = _Budget(budget)
     if policy is Policy.PACKING:
-        gpus, exact = _Packing(weights, k, must_pos, spent).run()
+        positions, exact = _pack(weights, k, must_pos, spent)
     else:
-        gpus, exact = _Search(weights, k, must_pos, spent).run()
-    best = score_gpu_set(topology, (candidates[i] for i in gpus))
+        positions, exact = _Search(weights, k, must_pos, spent).run()
+    best = score_gpu_set(topology, (candidates[i] for i in positions))
     return replace(best, exact=exact, work=spent.spent)
+
+
+def _nvidia_besteffort(
+    topology: Topology, order: list[int], required: list[int], k: int, spent: _Budget
+) -> tuple[tuple[int, ...], bool]:
+    """go-gpuallocator's answer (reporter.gpuallocator); raises PlacementError where it answers
+    a set with empty places, which NVIDIA's device plugin cannot hand out."""
+    search = BestEffort(pair_points_matrix(topology), order, required, k, spent.spend)
+    with contextlib.suppress(_BudgetSpentError):
+        search.run()
+    answer = search.answer()
+    if answer.padded:
+        held = ",".join(map(str, sorted(answer.gpus)))
+        raise PlacementError(
+            f"nvidia-besteffort: go-gpuallocator {GO_GPUALLOCATOR_VERSION} answers GPUs {held} "
+            f"and {k - len(answer.gpus)} empty place(s) for {k} GPUs here, which NVIDIA's device "
+            "plugin cannot hand out (it fails the request)"
+        )
+    assert len(answer.gpus) == k  # best_gpu_set checked everything go-gpuallocator refuses
+    return answer.gpus, answer.exact
+
+
+def nvlink_reach(
+    topology: Topology, free: Iterable[int], *, budget: int = DEFAULT_BUDGET
+) -> tuple[dict[int, int], bool]:
+    """Per free GPU (lost ones dropped), its reach: the size of the largest set of free GPUs, all
+    pairwise NVLink-connected, that holds it; and whether every reach is exact (where `budget`
+    runs out, the GPU's free NVLink island size stands in, which is never smaller).
+
+    Raises PlacementError for an index that is not a GPU of the topology.
+    """
+    pool = sorted(set(free))
+    _check_indices(topology, pool, "free GPUs")
+    usable = [i for i in pool if not topology.gpus[i].lost]
+    reach, exact = _reach(_nvlinked(_Weights.of(topology, usable)), _Budget(max(budget, 1)))
+    return dict(zip(usable, reach, strict=True)), exact
 
 
 def _check_indices(topology: Topology, indices: Sequence[int], what: str) -> None:
@@ -384,6 +437,21 @@ class _Weights:
             pcie=[[self.pcie[a][b] for b in positions] for a in positions],
             home=[ids[self.home[p]] for p in positions],
             nic_points=[[pts[p] for p in positions] for pts in self.nic_points],
+        )
+
+    def penalised(self, adjacent: Sequence[int]) -> _Weights:
+        """These weights with every pair not joined by NVLink worth less than all the linked
+        pairs of any set together: the best set is then connected whenever a connected set
+        exists."""
+        penalty = 1 + sum(max(v, 0) for row in self.links for v in row)
+        return _Weights(
+            links=[
+                [v if adjacent[a] >> b & 1 or a == b else -penalty for b, v in enumerate(row)]
+                for a, row in enumerate(self.links)
+            ],
+            pcie=self.pcie,
+            home=self.home,
+            nic_points=self.nic_points,
         )
 
     def score(self, chosen: Sequence[int]) -> Score:
@@ -590,126 +658,103 @@ class _Search:
         return score, chosen
 
 
-class _Packing:
-    """The split of all candidates into sets of k that maximises the summed (links, pcie) points.
+def _nvlinked(w: _Weights) -> list[int]:
+    """Per candidate, a bit mask of the candidates it shares an NVLink with."""
+    return [
+        sum(1 << b for b in range(w.m) if b != a and w.links[a][b] >= NVLINK_POINTS)
+        for a in range(w.m)
+    ]
 
-    Depth-first in a fixed order: the lowest unassigned candidate either starts a set (partners in
-    lexicographic order) or, while leftover places remain, is left over. The must-include GPUs go
-    into one set together. A heuristic split seeds a threshold as in `_Search`, so the answer is
-    the first optimal split in that order whether or not the seed was good.
+
+def _largest_clique(within: int, adjacent: Sequence[int], budget: _Budget) -> int:
+    """The size of the largest set of candidates in the mask `within`, pairwise adjacent.
+
+    Branch and bound in candidate order: each clique is grown from its lowest member, and a branch
+    whose members plus everything still addable cannot beat the best is cut.
     """
+    best = 0
 
-    def __init__(self, w: _Weights, k: int, must: list[int], budget: _Budget) -> None:
-        self.w = w
-        self.k = k
-        self.must = frozenset(must)
-        self.budget = budget
-        self.leftover = w.m % k
-        self.best: tuple[tuple[int, int], list[tuple[int, ...]]] | None = None
-        self.threshold: tuple[int, int] | None = None
-        self.sets: list[tuple[int, ...]] = []
-
-    def run(self) -> tuple[tuple[int, ...], bool]:
-        """The best set of the best split, and whether the split is proven optimal."""
-        heuristic = None
-        if self._splits() > _SMALL_TREE:
-            heuristic = self._heuristic()
-            self.threshold = heuristic[0]
-        try:
-            self._descend(list(range(self.w.m)), self.leftover, (0, 0))
-        except _BudgetSpentError:
-            found = [x for x in (self.best, heuristic) if x is not None]
-            if not found:  # only where a small tree met a budget of a few units
-                others = [c for c in range(self.w.m) if c not in self.must]
-                return tuple(sorted([*self.must, *others[: self.k - len(self.must)]])), False
-            value = max(v for v, _ in found)
-            return self._pick(next(sets for v, sets in found if v == value)), False
-        assert self.best is not None  # the heuristic's split reaches the threshold
-        return self._pick(self.best[1]), True
-
-    def _splits(self) -> int:
-        """How many splits there are (without must-include): the size of the whole tree."""
-        m, k, left = self.w.m, self.k, self.leftover
-        sets = (m - left) // k
-        ways = math.prod([math.factorial(k)] * sets) * math.factorial(sets)
-        return math.comb(m, left) * math.factorial(m - left) // ways
-
-    def _pick(self, sets: list[tuple[int, ...]]) -> tuple[int, ...]:
-        """The set to return: the one holding must-include, else the best scored, then lowest."""
-        if self.must:
-            return next(s for s in sets if self.must <= set(s))
-        return min(sets, key=lambda s: (tuple(-x for x in self.w.score(s)), s))
-
-    def _value(self, group: Sequence[int]) -> tuple[int, int]:
-        w = self.w
-        pairs = list(itertools.combinations(group, 2))
-        return sum(w.links[a][b] for a, b in pairs), sum(w.pcie[a][b] for a, b in pairs)
-
-    def _descend(self, unassigned: list[int], leftover: int, value: tuple[int, int]) -> None:
-        if not unassigned:
-            if self.best is None:
-                if self.threshold is None or value >= self.threshold:
-                    self.best = (value, list(self.sets))
-            elif value > self.best[0]:
-                self.best = (value, list(self.sets))
+    def grow(size: int, rest: int) -> None:
+        nonlocal best
+        budget.spend(1)
+        if not rest:
+            best = max(best, size)
             return
-        self.budget.spend(len(unassigned))
-        bound = self._bound(unassigned, leftover, value)
-        if self.best is not None:
-            if bound <= self.best[0]:
+        while rest:
+            if size + rest.bit_count() <= best:
                 return
-        elif self.threshold is not None and bound < self.threshold:
-            return
-        g, others = unassigned[0], unassigned[1:]
-        must_partners = self.must - {g} if g in self.must else None
-        pairs = self.k * (self.k - 1) // 2
-        for partners in itertools.combinations(others, self.k - 1):
-            # The set's pairs to weigh, the rest to copy, sort and bound for the next step: units
-            # priced to cost about the same time as the single-set search's.
-            self.budget.spend(pairs + 6 * len(others))
-            held = self.must.intersection(partners)
-            if must_partners is not None and held != must_partners:
-                continue
-            if must_partners is None and held and held != self.must:
-                continue
-            group = (g, *partners)
-            links, pcie = self._value(group)
-            taken = set(partners)
-            self.sets.append(group)
-            self._descend(
-                [c for c in others if c not in taken], leftover, (value[0] + links, value[1] + pcie)
-            )
-            self.sets.pop()
-        if leftover and g not in self.must:
-            self._descend(others, leftover - 1, value)
+            low = rest & -rest
+            rest ^= low
+            grow(size + 1, rest & adjacent[low.bit_length() - 1])
 
-    def _bound(
-        self, unassigned: list[int], leftover: int, value: tuple[int, int]
-    ) -> tuple[int, int]:
-        # Each GPU placed in a set brings at most its k-1 best pairs, each pair counted twice.
-        placed = len(unassigned) - leftover
-        w, r = self.w, self.k - 1
-        links = sorted((w.top_links[c][r] for c in unassigned), reverse=True)[:placed]
-        pcie = sorted((w.top_pcie[c][r] for c in unassigned), reverse=True)[:placed]
-        return value[0] + sum(links) // 2, value[1] + sum(pcie) // 2
+    grow(0, within)
+    return best
 
-    def _heuristic(self) -> tuple[tuple[int, int], list[tuple[int, ...]]]:
-        """Greedy: the best set holding must-include, then the best set of the rest, and so on.
 
-        It spends its own quarter of the budget, each set by `_Search`'s greedy and local search.
-        """
-        share = max(self.budget.left // 4, 1)
-        budget = _Budget(share)
-        left = list(range(self.w.m))
-        sets: list[tuple[int, ...]] = []
-        must = sorted(self.must)
-        while len(left) >= self.k:
-            view = self.w.subset(left)
-            search = _Search(view, self.k, [left.index(c) for c in must], budget)
-            group = tuple(sorted(left[i] for i in search.greedy()))
-            sets.append(group)
-            left = [c for c in left if c not in group]
-            must = []
-        self.budget.left -= share - budget.left
-        values = [self._value(s) for s in sets]
-        return (sum(v[0] for v in values), sum(v[1] for v in values)), sets
+def _islands(adjacent: Sequence[int]) -> list[int]:
+    """Per candidate, the size of its free NVLink island (connected component), itself included."""
+    sizes = [0] * len(adjacent)
+    for start in range(len(adjacent)):
+        if sizes[start]:
+            continue
+        seen, frontier = 1 << start, 1 << start
+        while frontier:
+            low = frontier & -frontier
+            frontier ^= low
+            new = adjacent[low.bit_length() - 1] & ~seen
+            seen |= new
+            frontier |= new
+        for member in range(len(adjacent)):
+            if seen >> member & 1:
+                sizes[member] = seen.bit_count()
+    return sizes
+
+
+def _reach(adjacent: Sequence[int], budget: _Budget) -> tuple[list[int], bool]:
+    """Per candidate, the largest NVLink-connected set of candidates holding it (see the module
+    docstring), and whether that is exact: where the budget runs out, each candidate's island
+    size, which is never smaller, stands in."""
+    try:
+        return [1 + _largest_clique(peers, adjacent, budget) for peers in adjacent], True
+    except _BudgetSpentError:
+        return _islands(adjacent), False
+
+
+def _all_linked(chosen: Sequence[int], adjacent: Sequence[int]) -> bool:
+    return all(adjacent[a] >> b & 1 for i, a in enumerate(chosen) for b in chosen[i + 1 :])
+
+
+def _pack(w: _Weights, k: int, must: list[int], budget: _Budget) -> tuple[tuple[int, ...], bool]:
+    """The `packing` policy: a connected set of the smallest fit, then the best score; without a
+    connected set, the smallest fit, then the best score (see the module docstring).
+
+    Candidates are admitted by reach, smallest first: the first pool holding a connected k-set
+    (searched with every unlinked pair made worse than any linked set could make up) gives a set
+    whose fit is that pool's reach, and no smaller fit exists.
+    """
+    adjacent = _nvlinked(w)
+    share = _Budget(max(budget.left // 4, 1))
+    reach, exact = _reach(adjacent, share)
+    budget.left -= share.spent
+    floor = max((reach[c] for c in must), default=1)
+    levels = sorted({r for r in reach if r >= floor})
+    wanted = set(must)
+    pools = [
+        pool
+        for pool in (
+            [c for c in range(w.m) if reach[c] <= level or c in wanted] for level in levels
+        )
+        if len(pool) >= k
+    ]
+    linked_only = w.penalised(adjacent)
+    for pool in pools:
+        found, found_exact = _Search(
+            linked_only.subset(pool), k, [pool.index(c) for c in must], budget
+        ).run()
+        chosen = tuple(pool[i] for i in found)
+        if _all_linked(chosen, adjacent):
+            return chosen, exact and found_exact
+    # No connected set: the smallest fit, then the best score.
+    pool = pools[0]
+    found, found_exact = _Search(w.subset(pool), k, [pool.index(c) for c in must], budget).run()
+    return tuple(pool[i] for i in found), exact and found_exact

@@ -17,8 +17,10 @@ from typing import Any
 
 from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
+from reporter.placement import Policy
 from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
@@ -113,6 +115,10 @@ class Settings:
     at least three availability intervals."""
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
+    on_node_policy: str = Policy.NVIDIA_BESTEFFORT.value
+    """How the node's device plugin picks GPUs (GetPreferredAllocation), which the availability
+    annotation describes for every request size: nvidia-besteffort (NVIDIA's device plugin), or
+    best or packing (a device plugin answering with reporter.placement.best_gpu_set)."""
     simulate_used: tuple[int, ...] | None = None
     """With `simulate`: the GPU indexes taken as allocated, instead of asking a kubelet."""
     gpu_resources: tuple[str, ...] | None = None
@@ -163,6 +169,7 @@ class Settings:
             ("sink", self.sink, SINKS),
             ("log-format", self.log_format, LOG_FORMATS),
             ("log-level", self.log_level, LOG_LEVELS),
+            ("on-node-policy", self.on_node_policy, tuple(Policy)),
             ("topology-manager-scope", self.topology_manager_scope, TOPOLOGY_MANAGER_SCOPES),
         ):
             if value not in allowed:
@@ -256,11 +263,15 @@ def listen_address(text: str) -> tuple[str, int] | None:
     if text == "":
         return None
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    try:
+        number = parse_decimal(port, field="port", max_digits=5)
+    except ParseError:
+        number = -1
+    if not sep or not 0 <= number <= 65535:
         raise ConfigError(
             f"listen {excerpt(text)} is not host:port (e.g. 0.0.0.0:8080, or '' to disable)"
         )
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "0.0.0.0", number
 
 
 # name -> (environment variables, most specific first; how the text becomes a value)
@@ -289,6 +300,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "heartbeat": (("TOPO_REPORTER_HEARTBEAT",), "bool"),
     "heartbeat_duration_s": (("TOPO_REPORTER_HEARTBEAT_DURATION",), "duration"),
     "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
+    "on_node_policy": (("TOPO_REPORTER_ON_NODE_POLICY",), str),
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
@@ -333,12 +345,14 @@ def parse_indexes(raw: object, *, name: str) -> tuple[int, ...]:
         parts.extend(str(raw).split(","))
     indexes: set[int] = set()
     for part in parts:
-        text = str(part).strip()
-        if isinstance(part, bool) or not text.isascii() or not text.isdigit() or len(text) > 4:
+        try:
+            if isinstance(part, bool):
+                raise ParseError("a boolean")
+            indexes.add(parse_decimal(str(part).strip(), field=name, max_digits=4))
+        except ParseError:
             raise ConfigError(
                 f"{name} {excerpt(raw)} is not a comma-separated list of GPU indexes (0,1,2)"
-            )
-        indexes.add(int(text))
+            ) from None
     return tuple(sorted(indexes))
 
 
@@ -362,10 +376,10 @@ def parse_count(raw: object, *, name: str) -> int:
     checks are validate()'s. Raises ConfigError."""
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**6:
         return raw
-    text = raw.strip() if isinstance(raw, str) else ""
-    if not (text.isascii() and text.isdigit() and len(text) <= 6):
-        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number")
-    return int(text)
+    try:
+        return parse_decimal(raw.strip() if isinstance(raw, str) else "", field=name, max_digits=6)
+    except ParseError:
+        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number") from None
 
 
 def _convert(name: str, raw: object, origin: str) -> object:
@@ -508,6 +522,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="availability_interval_s",
         metavar="DURATION",
         help="between reads of the free GPUs; at most one Node write each (default 10s)",
+    )
+    add(
+        "--on-node-policy",
+        dest="on_node_policy",
+        metavar="POLICY",
+        help="how the node's device plugin picks GPUs, which the availability describes: "
+        "nvidia-besteffort (NVIDIA's device plugin; default), best or packing",
     )
     add(
         "--availability-withdraw-after",

@@ -116,6 +116,15 @@ def env(rendered: Rendered) -> dict[str, Any]:
 
 
 # Every option on: each optional object and each extra value set to something.
+SCHEDULER_PEER: dict[str, Any] = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"component": "gpu-scheduler"}},
+}
+"""The second scheduler's pods, as a user names them in extender.networkPolicy.from."""
+EXTENDER_ALONE: dict[str, Any] = {
+    "extender": {"enabled": True, "networkPolicy": {"enabled": True, "from": [SCHEDULER_PEER]}}
+}
+"""The extender turned on as the docs say: its NetworkPolicy names the scheduler."""
 ALL_ON: dict[str, Any] = {
     "image": {"repository": "registry.example.com/infra/topo-reporter", "tag": "0.1.0-rc1"},
     "imagePullSecrets": [{"name": "registry-cred"}],
@@ -156,5 +165,11 @@ ALL_ON: dict[str, Any] = {
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",
+        "maxRequestBytes": 4194304,
+        "tls": {"enabled": True, "secretName": "extender-tls"},
+        "networkPolicy": {
+            "enabled": True,
+            "from": [SCHEDULER_PEER, {"ipBlock": {"cidr": "10.0.0.0/24"}}],
+        },
     },
 }

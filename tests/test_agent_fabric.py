@@ -66,8 +66,9 @@ def test_a_fabric_still_joining_withholds_the_partition_until_it_completes(
         )
     ]
     verdict = w.state.readiness()
-    assert not verdict.ok
-    assert verdict.reason.startswith("no nvlink-partition label: fabric not completed: GPU0")
+    # Said, not made NotReady: a rack's hardware must not stall the DaemonSet's rollout.
+    assert verdict.ok
+    assert "; no nvlink-partition label: fabric not completed: GPU0" in verdict.reason
 
     assert w.agent.step()  # the same problems: no second Event, no write
     assert len(fabric_events(apiserver)) == 1

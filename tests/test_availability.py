@@ -28,7 +28,7 @@ from reporter.availability import (
     node_score,
 )
 from reporter.errors import PlacementError, SchemaError
-from reporter.placement import GpuSet, best_gpu_set
+from reporter.placement import GpuSet, Policy, best_gpu_set
 from reporter.schema.model import Link, LinkKind, NvlinkHealth, Topology
 from tests.fuzz import fuzz
 from tests.strategies import topologies
@@ -49,7 +49,7 @@ PREFIX = "gpu.topology.io"
 def test_each_k_summarises_the_exhaustive_best_free_set(name: str, topology: Topology) -> None:
     free = [i for i in range(len(topology.gpus)) if i % 3 != 1]
     usable = [i for i in free if not topology.gpus[i].lost]
-    a = compute_availability(topology, free)
+    a = compute_availability(topology, free, policy=Policy.BEST)
     assert a.free == tuple(usable)
     assert len(a.best) == len(usable)
     for k, summary in enumerate(a.best, start=1):
@@ -57,13 +57,13 @@ def test_each_k_summarises_the_exhaustive_best_free_set(name: str, topology: Top
 
 
 def test_a_dgx_a100_with_five_free_gpus() -> None:
-    a = compute_availability(DGX_A100, [6, 0, 1, 2, 3])
+    a = compute_availability(DGX_A100, [6, 0, 1, 2, 3], policy=Policy.BEST)
     assert a.free == (0, 1, 2, 3, 6)
-    assert a.best[0] == FreeSet(links=0, connected=True, numa=1, nic=4, island=5)
-    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5)
+    assert a.best[0] == FreeSet(links=0, connected=True, numa=1, nic=4, island=5, fit=5)
+    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5, fit=5)
     assert a.best[4].links == 10 * 120
     text = encode_availability(a)
-    assert text == "1;0-3,6;0.1.1.4.5/120.1.1.4.5/360.1.2.1.5/720.1.2.1.5/1200.1.3.1.5"
+    assert text == "2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/720.1.2.1.5.5/1200.1.3.1.5.5"
     assert decode_availability(text) == a
     assert availability_labels(a, PREFIX) == {
         "gpu.topology.io/gpu-free": "5",
@@ -73,7 +73,7 @@ def test_a_dgx_a100_with_five_free_gpus() -> None:
 
 def test_a_pcie_machine_has_no_nvlink_set_and_islands_of_one_per_gpu() -> None:
     topology = dict(SIMULATED)["simulated-pcie-8x"]
-    a = compute_availability(topology, range(8))
+    a = compute_availability(topology, range(8), policy=Policy.BEST)
     assert all(not s.connected for s in a.best[1:])
     assert a.best[0].connected
     assert [s.island for s in a.best] == list(range(1, 9))
@@ -92,11 +92,12 @@ def test_the_island_is_the_free_nvlink_component_the_set_was_taken_from() -> Non
             "SYS SYS SYS SYS SYS X",
         ]
     )
-    a = compute_availability(topology, range(6))
-    assert a.best[1] == FreeSet(links=40, connected=True, numa=1, nic=0, island=3)
+    a = compute_availability(topology, range(6), policy=Policy.BEST)
+    # The best pair is in the chain: an island of 3, but no three of it are all joined (fit 2).
+    assert a.best[1] == FreeSet(links=40, connected=True, numa=1, nic=0, island=3, fit=2)
     # With GPU 3 taken the chain breaks: the pair left on NVLink is 0-1, an island of exactly 2.
-    b = compute_availability(topology, [0, 1, 2, 4, 5])
-    assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2)
+    b = compute_availability(topology, [0, 1, 2, 4, 5], policy=Policy.BEST)
+    assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2, fit=2)
     assert availability_labels(b, PREFIX)["gpu.topology.io/gpu-free-nvlink-max"] == "2"
 
 
@@ -127,8 +128,8 @@ def test_lost_gpus_are_not_free_and_unknown_ones_are_an_error() -> None:
 def test_no_free_gpu_encodes_and_decodes() -> None:
     a = compute_availability(DGX_A100, [])
     assert a == Availability(free=(), best=())
-    assert encode_availability(a) == "1;;"
-    assert decode_availability("1;;") == a
+    assert encode_availability(a) == "2;;"
+    assert decode_availability("2;;") == decode_availability("1;;") == a
     assert availability_labels(a, PREFIX) == {
         "gpu.topology.io/gpu-free": "0",
         "gpu.topology.io/gpu-free-nvlink-max": "0",
@@ -150,6 +151,7 @@ def test_computed_availability_round_trips(data: st.DataObject, topology: Topolo
 def availabilities(draw: st.DrawFn) -> Availability:
     """Any availability `decode_availability` must accept: consistent values, any sizes."""
     free = tuple(sorted(draw(st.sets(st.integers(0, 255), max_size=24))))
+    version_1 = draw(st.booleans())  # a version-1 value carries no fit
     best = []
     for k in range(1, len(free) + 1):
         pairs = k * (k - 1) // 2
@@ -161,7 +163,10 @@ def availabilities(draw: st.DrawFn) -> Availability:
                 connected=connected,
                 numa=draw(st.integers(1, k)),
                 nic=draw(st.integers(0, 5)),
-                island=draw(st.integers(k, len(free))),
+                island=(island := draw(st.integers(k, len(free)))),
+                fit=None
+                if version_1
+                else draw(st.integers(k, island) if connected else st.integers(0, island)),
             )
         )
     return Availability(free=free, best=tuple(best))
@@ -210,7 +215,11 @@ def test_edited_values_decode_back_exactly_or_raise_schema_error(
     ("text", "message"),
     [
         pytest.param("", "is not version;free;best", id="empty"),
-        pytest.param("2;0;0.1.1.0.1", "version '2' is not 1", id="a future version"),
+        pytest.param("3;0;0.1.1.0.1.1", "version '3' is not 1 or 2", id="a future version"),
+        pytest.param("2;0;0.1.1.0.1", "is not links.c.numa.nic.island.fit", id="2 without fit"),
+        pytest.param("1;0;0.1.1.0.1.1", "is not links.c.numa.nic.island", id="1 with a fit"),
+        pytest.param("2;0-1;0.1.1.0.1.1/10.1.1.0.2.3", "beyond its island of 2", id="fit"),
+        pytest.param("2;0-1;0.1.1.0.1.1/10.1.1.0.2.1", "impossible for 2 connected", id="fit<k"),
         pytest.param("1;0;0.1.1.0.1;", "is not version;free;best", id="a third separator"),
         pytest.param("1;0-1;0.1.1.0.1", "1 best sets for 2 free GPUs", id="a k missing"),
         pytest.param("1;x;", "free GPUs: ", id="free not a list"),
@@ -243,32 +252,62 @@ def test_a_value_that_is_no_string_raises_schema_error() -> None:
 
 
 def summary(
-    links: int = 120, connected: bool = True, numa: int = 1, nic: int = 0, island: int = 2
+    links: int = 120, connected: bool = True, numa: int = 1, island: int = 2, fit: int | None = 2
 ) -> Availability:
-    """A node whose best free pair is the one given (k=1 is a plain GPU)."""
-    single = FreeSet(links=0, connected=True, numa=1, nic=nic, island=1)
-    pair = FreeSet(links=links, connected=connected, numa=numa, nic=nic, island=island)
+    """A node whose chosen pair is the one given (k=1 is a plain GPU), of `island` free GPUs."""
+    single = FreeSet(links=0, connected=True, numa=1, nic=0, island=1, fit=1)
+    pair = FreeSet(links, connected, numa, nic=0, island=island, fit=fit)
     return Availability(free=tuple(range(max(island, 2))), best=(single, pair))
 
 
 # Each row is better than the next for a 2-GPU pod, by the rule its id names.
 RANKED = [
-    pytest.param(summary(numa=1, nic=5, island=2), 10, id="connected, one NUMA, PIX NIC, exact"),
-    pytest.param(summary(numa=1, nic=4, island=4), 9, id="a larger island loses"),
-    pytest.param(summary(numa=1, nic=1, island=2), 8, id="a far NIC loses to a close one"),
-    pytest.param(summary(numa=1, nic=0, island=4), 7, id="no NIC and a larger island"),
-    pytest.param(summary(numa=2, nic=5, island=2), 6, id="two NUMA nodes lose to one"),
-    pytest.param(summary(numa=2, nic=4, island=8), 5, id="two NUMA nodes, larger island"),
-    pytest.param(summary(numa=2, nic=2, island=2), 4, id="two NUMA nodes, far NIC, exact"),
-    pytest.param(summary(links=5, connected=False, nic=5), 3, id="not connected loses"),
-    pytest.param(summary(links=5, connected=False, nic=0), 2, id="not connected, no NIC"),
-    pytest.param(summary(links=1, connected=False, numa=2), 1, id="not connected, two NUMA"),
+    pytest.param(summary(numa=1, fit=2), 10, id="connected, fit exactly k, one NUMA node"),
+    pytest.param(summary(numa=2, fit=2), 9, id="two NUMA nodes lose to one"),
+    pytest.param(summary(numa=1, island=4, fit=4), 7, id="a fit up to 2k loses to k"),
+    pytest.param(summary(numa=2, island=4, fit=3), 6, id="fit up to 2k, two NUMA nodes"),
+    pytest.param(summary(numa=1, island=8, fit=8), 4, id="a larger fit, on one NUMA node too"),
+    pytest.param(summary(links=5, connected=False, fit=1), 2, id="not connected, cuts nothing"),
+    pytest.param(summary(links=10, connected=False, island=3, fit=2), 1, id="not connected"),
+    pytest.param(summary(links=5, connected=False, fit=0), 1, id="the on-node policy fails"),
 ]
 
 
 @pytest.mark.parametrize(("a", "score"), RANKED)
 def test_node_score_ranks_as_documented(a: Availability, score: int) -> None:
     assert node_score(a, 2) == score
+
+
+def test_a_version_1_value_ranks_by_its_island() -> None:
+    # Written by an agent before the fit: the island, never smaller than the fit, stands in.
+    old = decode_availability("1;0-3;0.1.1.4.4/120.1.1.4.4/360.1.2.1.4/720.1.2.1.4")
+    assert old.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=4, fit=None)
+    assert encode_availability(old) == "1;0-3;0.1.1.4.4/120.1.1.4.4/360.1.2.1.4/720.1.2.1.4"
+    assert [node_score(old, k) for k in (1, 2, 4)] == [4, 7, 9]
+
+
+WORKSTATION = dict(SIMULATED)["simulated-workstation-nvlink-bridge"]
+A100 = dict(SIMULATED)["simulated-dgx-a100"]
+
+
+def test_the_entries_describe_the_set_the_on_node_policy_takes() -> None:
+    # One GPU of a workstation whose GPUs 0 and 1 are an NVLink pair: `best` takes GPU 0 and cuts
+    # the pair (fit 2), `packing` takes the lone GPU 2 (fit 1); NVIDIA's policy may take any, so
+    # the entry is the GPU of the largest reach.
+    fits = {
+        policy: compute_availability(WORKSTATION, range(3), policy=policy).best[0].fit
+        for policy in Policy
+    }
+    assert fits == {Policy.BEST: 2, Policy.PACKING: 1, Policy.NVIDIA_BESTEFFORT: 2}
+    packing = compute_availability(WORKSTATION, range(3), policy=Policy.PACKING)
+    best = compute_availability(WORKSTATION, range(3), policy=Policy.BEST)
+    assert (node_score(packing, 1), node_score(best, 1)) == (10, 7)
+    # Where go-gpuallocator answers a padded set, the device plugin fails: fit 0, the best set.
+    nvidia = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.NVIDIA_BESTEFFORT)
+    best = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.BEST)
+    assert nvidia.best[2] == replace(best.best[2], fit=0)
+    assert node_score(nvidia, 3) == 1
+    assert decode_availability(encode_availability(nvidia)) == nvidia
 
 
 def test_node_score_and_can_fit_at_the_edges() -> None:
@@ -278,8 +317,8 @@ def test_node_score_and_can_fit_at_the_edges() -> None:
     assert can_fit(a, 2)
     assert node_score(a, 0) == NEUTRAL_SCORE
     # One GPU: a GPU outside any island keeps the islands whole for the pods that need them.
-    alone = Availability(free=(0,), best=(FreeSet(0, True, 1, 0, 1),))
-    in_island = Availability(free=(0, 1), best=(FreeSet(0, True, 1, 0, 2), a.best[1]))
+    alone = Availability(free=(0,), best=(FreeSet(0, True, 1, 0, 1, 1),))
+    in_island = Availability(free=(0, 1), best=(FreeSet(0, True, 1, 0, 2, 2), a.best[1]))
     assert node_score(alone, 1) > node_score(in_island, 1)
 
 
@@ -309,8 +348,9 @@ def degraded_h100(degraded: tuple[int, ...], lost_links: int = 2) -> Topology:
 
 
 def test_a_set_that_needs_a_degraded_gpu_is_not_connected_and_ranks_with_pcie_sets() -> None:
-    whole = compute_availability(degraded_h100(()), range(8))
-    one_bad = compute_availability(degraded_h100((3,)), range(8))
+    # The best sets: NVIDIA's policy sees no NVLink through the NVSwitches, degraded or not.
+    whole = compute_availability(degraded_h100(()), range(8), policy=Policy.BEST)
+    one_bad = compute_availability(degraded_h100((3,)), range(8), policy=Policy.BEST)
     assert all(s.connected for s in whole.best)
     # Up to 7 GPUs the best set leaves GPU 3 out; all 8 need it.
     assert [s.connected for s in one_bad.best] == [True] * 7 + [False]

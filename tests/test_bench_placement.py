@@ -5,6 +5,9 @@ asserted: the numbers are the benchmark's to report (bench/README.md), not the t
 from __future__ import annotations
 
 import itertools
+import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +79,59 @@ def test_the_table_has_a_row_per_run(pods: list[placement.Pod]) -> None:
     assert text.count("\n") == 2
     assert "| 50% |" in text
     assert "| extender | best |" in text
+
+
+SUMMARY_LINE = re.compile(r"^(\d+)% (\S+) (\S+): occupancy \d+\.\d% nvlink \d+\.\d%$")
+
+
+def test_one_seed_prints_a_summary_line_per_row_then_its_tables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The interface checked from outside: `python -m bench.placement --seed S`.
+    placement.main(["--seed", "5", "--pods", "40", "--loads", "50"])
+    out = capsys.readouterr().out.splitlines()
+    rows = [SUMMARY_LINE.match(line) for line in out[: len(placement.NODE_POLICIES) * 4]]
+    assert all(rows), out[:4]
+    assert [(m.group(2), m.group(3)) for m in rows if m] == [
+        (n, o) for n in placement.NODE_POLICIES for o in placement.ON_NODE_POLICIES
+    ]
+    assert {m.group(1) for m in rows if m} == {"50"}
+    assert "nvidia-besteffort" in placement.ON_NODE_POLICIES
+    assert out[len(rows)].startswith("| offered | occupancy | node choice | on-node | nvlink")
+
+
+def test_several_seeds_give_mean_minimum_spread_and_the_upper_reference() -> None:
+    results = placement.run_seeds(TINY, 50, seeds=(1, 2), loads=(0.8,), jobs=1)
+    assert len(results) == 2 * len(placement.NODE_POLICIES) * len(placement.ON_NODE_POLICIES)
+    reference = placement.upper_reference(results)
+    for r in results:
+        assert reference[(r.load, r.seed)].nvlink >= r.nvlink
+        assert r.sets == {}  # dropped: a 20-seed run would hold every placement
+    text = placement.seeds_table(results)
+    target = next(line for line in text.splitlines() if "| extender+most | packing | 2 |" in line)
+    runs = [r for r in results if (r.node_policy, r.on_node) == ("extender+most", "packing")]
+    low = min(runs, key=lambda r: r.nvlink)
+    assert f"| {low.nvlink:.1%} ({low.seed}) |" in target
+    per_seed = placement.target_table(results).splitlines()
+    assert [line.split(" | ")[0] for line in per_seed[2:]] == ["| 1", "| 2"]
+
+
+def test_the_loss_trace_explains_each_lost_connected_set(tmp_path: Path) -> None:
+    out = tmp_path / "losses.jsonl"
+    summaries = placement.trace_losses(TINY, 80, seed=2, load=0.9, out=out)
+    assert [r.on_node for r, _ in summaries] == list(placement.ON_NODE_POLICIES)
+    losses = [json.loads(line) for line in out.read_text().splitlines()]
+    assert losses
+    assert sum(sum(c.values()) for _, c in summaries) == len(losses)
+    nodes = {n.name: n for n in placement.cluster(TINY)}
+    for loss in losses:
+        topology = nodes[loss["node"]].topology
+        assert loss["k"] >= 2
+        assert not placement.connected(topology, loss["took"])
+        assert set(loss["took"]) <= set(loss["free"])
+        assert loss["class"] in {"on-node", "node-choice", "cluster"}
+        if loss["class"] == "on-node":  # packing would have kept the set connected
+            assert placement.connected(topology, loss["packing_would_take"])
+        if loss["class"] == "cluster":
+            assert loss["connected_elsewhere"] == []
+            assert loss["holders"]["free GPUs on nodes without NVLink"] >= 0

@@ -22,9 +22,11 @@ from reporter.publish.nrt import RBAC_VERBS as NRT_RBAC_VERBS
 from tests.helm_chart import (
     ALL_ON,
     CHART_DIR,
+    EXTENDER_ALONE,
     FULLNAME,
     KUBE_1_30,
     NAMESPACE,
+    SCHEDULER_PEER,
     VAP_API,
     Rendered,
     container,
@@ -62,13 +64,14 @@ RENDERS = {
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
     "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
     "availability and the extender on, heartbeats judged, oldest supported": (
-        {"availability": {"enabled": True}, "extender": {"enabled": True}},
+        {"availability": {"enabled": True}, **EXTENDER_ALONE},
         (),
         chart_min_kube(),
     ),
     "nrt and koordinator on, newest": (NRT_KOORD, (VAP_API,), NEWEST),
     "nrt and koordinator on, oldest supported": (NRT_KOORD, (), chart_min_kube()),
-    "extender alone, oldest supported": ({"extender": {"enabled": True}}, (), chart_min_kube()),
+    "extender alone, oldest supported": (EXTENDER_ALONE, (), chart_min_kube()),
+    "extender alone, newest": (EXTENDER_ALONE, (), NEWEST),
 }
 
 
@@ -393,12 +396,15 @@ def test_availability_turns_the_agent_on_with_its_interval_and_the_mounted_socke
     variables = env(rendered)
     assert variables["TOPO_REPORTER_AVAILABILITY"] == "true"
     assert variables["TOPO_REPORTER_AVAILABILITY_INTERVAL"] == "30s"
+    assert variables["TOPO_REPORTER_ON_NODE_POLICY"] == "nvidia-besteffort"
     mount = next(m for m in container(rendered)["volumeMounts"] if m["name"] == "pod-resources")
     assert variables["TOPO_REPORTER_POD_RESOURCES_SOCKET"] == mount["mountPath"] + "/kubelet.sock"
     assert (
         env(render({"availability": {"enabled": True}}))["TOPO_REPORTER_AVAILABILITY_INTERVAL"]
         == "10s"
     )
+    packing = {"availability": {"enabled": True, "onNodePolicy": "packing"}}
+    assert env(render(packing))["TOPO_REPORTER_ON_NODE_POLICY"] == "packing"
 
 
 def test_availability_off_sets_none_of_its_variables(default: Rendered) -> None:
@@ -647,21 +653,114 @@ def test_the_extender_serves_on_its_port_behind_a_service(all_on: Rendered) -> N
     pod = deployment["spec"]["template"]
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["topo-reporter"]
-    assert c["args"] == ["extender", "--listen", "0.0.0.0:9888"]
+    assert c["args"][:5] == [
+        "extender",
+        "--listen",
+        "0.0.0.0:9888",
+        "--max-request-bytes",
+        "4194304",
+    ]
     environment = {e["name"]: e["value"] for e in c["env"]}
     assert environment["TOPO_REPORTER_PREFIX"] == "topo.example.com"
     assert environment["TOPO_REPORTER_GPU_RESOURCE"] == "nvidia.com/gpu"
     assert environment["TOPO_REPORTER_LOG_LEVEL"] == "debug"
-    assert c["ports"] == [{"name": "http", "containerPort": 9888, "protocol": "TCP"}]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["ports"] == [{"name": "extender", "containerPort": 9888, "protocol": "TCP"}]
     (service,) = [s for s in all_on.of_kind("Service") if s["metadata"]["name"] == name]
-    assert service["spec"]["ports"] == [
-        {"name": "http", "port": 9888, "targetPort": "http", "protocol": "TCP"}
-    ]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
     assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+
+
+def test_the_extender_serves_plain_http_by_default() -> None:
+    rendered = render(EXTENDER_ALONE)
+    pod = rendered.one("Deployment")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["args"] == ["extender", "--listen", "0.0.0.0:8888", "--max-request-bytes", "2097152"]
+    assert c["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "extender",
+        "scheme": "HTTP",
+    }
+    assert c["livenessProbe"]["httpGet"] == {
+        "path": "/healthz",
+        "port": "extender",
+        "scheme": "HTTP",
+    }
+    (service,) = [
+        s for s in rendered.of_kind("Service") if s["metadata"]["name"].endswith("-extender")
+    ]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8888, "targetPort": "extender", "protocol": "TCP"}
+    ]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["tmp"]
+
+
+def test_with_tls_the_extender_serves_https_from_the_secrets_files(all_on: Rendered) -> None:
+    pod = all_on.one("Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][5:] == [
+        "--tls-cert-file",
+        "/etc/topo-reporter/tls/tls.crt",
+        "--tls-key-file",
+        "/etc/topo-reporter/tls/tls.key",
+    ]
+    assert {"name": "tls", "mountPath": "/etc/topo-reporter/tls", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    (tls,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert tls["secret"] == {"secretName": "extender-tls", "defaultMode": 0o440}
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 65532
+    # The kubelet probes over HTTPS (it does not check the certificate).
+    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    (service,) = [
+        s for s in all_on.of_kind("Service") if s["metadata"]["name"].endswith("-extender")
+    ]
+    assert service["spec"]["ports"][0]["name"] == "https"
+
+
+def test_tls_without_a_secret_fails_the_render_in_one_line() -> None:
+    with pytest.raises(helm.HelmError) as failed:
+        render(
+            {"extender": {**EXTENDER_ALONE["extender"], "tls": {"enabled": True, "secretName": ""}}}
+        )
+    assert "extender.tls.enabled needs extender.tls.secretName" in str(failed.value)
+
+
+def test_only_the_named_peers_may_reach_the_extenders_port(all_on: Rendered) -> None:
+    policy = all_on.one("NetworkPolicy")
+    assert policy["metadata"]["name"] == f"{FULLNAME}-extender"
+    pod = all_on.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod.items()
+    agent_pod = all_on.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert not spec["podSelector"]["matchLabels"].items() <= agent_pod.items()
+    # Ingress only: the extender's own calls to the API server are not restricted.
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [
+        {
+            "from": [SCHEDULER_PEER, {"ipBlock": {"cidr": "10.0.0.0/24"}}],
+            "ports": [{"port": 9888, "protocol": "TCP"}],
+        }
+    ]
+
+
+def test_a_network_policy_naming_no_one_fails_the_render_in_one_line() -> None:
+    with pytest.raises(helm.HelmError) as failed:
+        render({"extender": {"enabled": True}})
+    assert "extender.networkPolicy.from is empty: name your scheduler's pods" in str(failed.value)
+    off = render({"extender": {"enabled": True, "networkPolicy": {"enabled": False}}})
+    assert "NetworkPolicy" not in off.kinds()
+    assert "Deployment" in off.kinds()
+
+
+def test_the_notes_give_the_extenders_address_and_say_who_may_call(all_on: Rendered) -> None:
+    assert f"https://{FULLNAME}-extender.{NAMESPACE}.svc:9888" in all_on.notes
+    assert "enableHTTPS: true" in all_on.notes
+    assert "admits only the peers of extender.networkPolicy.from" in all_on.notes
+    open_door = render({"extender": {"enabled": True, "networkPolicy": {"enabled": False}}})
+    assert f"http://{FULLNAME}-extender.{NAMESPACE}.svc:8888" in open_door.notes
+    assert "any pod can call it" in open_door.notes
 
 
 def test_no_agent_selector_picks_an_extender_pod_nor_the_reverse(all_on: Rendered) -> None:
@@ -853,10 +952,10 @@ def test_koordinator_mounts_koordlets_directory_writable_and_points_the_agent_at
 
 # --- The heartbeat Lease (availability.heartbeat) ------------------------------------------------
 
-HEARTBEAT_ON: dict[str, Any] = {"availability": {"enabled": True}, "extender": {"enabled": True}}
+HEARTBEAT_ON: dict[str, Any] = {"availability": {"enabled": True}, **EXTENDER_ALONE}
 HEARTBEAT_OFF: dict[str, Any] = {
     "availability": {"enabled": True, "heartbeat": {"enabled": False}},
-    "extender": {"enabled": True},
+    **EXTENDER_ALONE,
 }
 
 

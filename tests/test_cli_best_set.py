@@ -22,6 +22,7 @@ from tests.golden import FIXTURES
 from tests.test_placement_best_set import REAL
 
 DGX_A100 = FIXTURES / "03-dgx-a100-nv12-mlx5.txt"
+DGX1_TEXT = FIXTURES / "01-dgx1-style-8x-v100-nv1-nv2-nic-gpu-numa-id.txt"
 TOPOLOGY = dict(REAL)["03-dgx-a100-nv12-mlx5"]
 
 
@@ -243,10 +244,29 @@ def test_best_set_with_must_include_and_the_packing_policy(
     assert status == 0
     assert out.startswith("GPUs: 0,1\n")
     assert out.endswith(
-        "policy: packing (the best set of the best split of the available GPUs into sets of 2)\n"
+        "policy: packing (connected where it can be, cutting into the smallest connected set: "
+        "the largest stay whole)\n"
     )
     status, out, _ = run([*argv, "--format", "json", str(DGX_A100)], capsys)
     assert json.loads(out)["policy"] == "packing"
+
+
+def test_best_set_with_nvidia_s_policy_honours_the_order_of_available(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The DGX-1 text: GPUs 0-3 and 4-7 are NVLink quads, 0-4 and 1-5 NV2 across. go-gpuallocator
+    # splits all six free GPUs into pairs for the most NVLinks summed, {0,4} {1,5} {6,7}, and hands
+    # out the first pair of two NVLinks in the order it was given.
+    argv = ["best-set", "--gpus", "2", "--policy", "nvidia-besteffort", str(DGX1_TEXT)]
+    status, out, _ = run([*argv, "--available", "0,1,4,5,6,7"], capsys)
+    assert status == 0
+    assert out.startswith("GPUs: 0,4\n")
+    assert out.endswith(
+        "policy: nvidia-besteffort (go-gpuallocator v0.6.0's best-effort choice, as NVIDIA's "
+        "device plugin makes it; ties go to the order of --available)\n"
+    )
+    status, out, _ = run([*argv, "--available", "6,7,0,1,4,5"], capsys)
+    assert out.startswith("GPUs: 6,7\n")
 
 
 def test_best_set_says_when_the_budget_ran_out(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from kubernetes import config as k8s_config
 
 from reporter.schema import dra
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
-from tests.helm_chart import FULLNAME, NAMESPACE, VAP_API, render
+from tests.helm_chart import EXTENDER_ALONE, FULLNAME, NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
@@ -35,7 +35,7 @@ POLICY_TIMEOUT_S = 60.0
 CHART_VALUES = {
     "admissionPolicy": {"enabled": True},
     "availability": {"enabled": True},
-    "extender": {"enabled": True},
+    **EXTENDER_ALONE,
     "dra": {"deviceTaints": True},
 }
 MERGE = "application/merge-patch+json"

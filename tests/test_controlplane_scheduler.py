@@ -18,6 +18,7 @@ import http.client
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from tests.controlplane_fixtures import (
     stop_process,
     unique,
 )
+from tests.kube_double.tls import Certificate, make_certificate
 from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_cli import CLI, env
 from tests.test_collect_podresources_kubelet import KubeletPodResources, converge
@@ -126,8 +128,10 @@ class Cluster:
     """A group of GPU Nodes, the extender and the scheduler, on the real apiserver; `close`
     stops the processes and deletes what it made."""
 
-    def __init__(self, server: RealApiServer, work: Path) -> None:
+    def __init__(self, server: RealApiServer, work: Path, tls: Certificate | None = None) -> None:
         self.server = server
+        self.tls = tls
+        """The extender's certificate and key: it serves HTTPS, the scheduler verifies it."""
         self.core = server.core()
         self.work = work
         self.group = unique("g")
@@ -242,14 +246,31 @@ class Cluster:
                 str(self.server.kubeconfig),
                 "--log-format",
                 "json",
+                *(
+                    ()
+                    if self.tls is None
+                    else (
+                        "--tls-cert-file",
+                        str(self.tls.cert),
+                        "--tls-key-file",
+                        str(self.tls.key),
+                    )
+                ),
             ],
             log,
         )
         self._processes.append(self.extender)
-        self.url = f"http://{self._serving_address(log)}"
+        scheme = "http" if self.tls is None else "https"
+        self.url = f"{scheme}://{self._serving_address(log)}"
         self.wait_for_the_extender()
         config = self.work / "scheduler.yaml"
-        config.write_text(yaml.safe_dump(scheduler_configuration(self.url, self.scheduler_name)))
+        stanza = scheduler_configuration(self.url, self.scheduler_name)
+        if self.tls is not None:
+            # As docs/scheduling.md says under TLS: HTTPS, the certificate checked against its CA.
+            stanza["extenders"][0].update(
+                enableHTTPS=True, tlsConfig={"caFile": str(self.tls.cert)}
+            )
+        config.write_text(yaml.safe_dump(stanza))
         self._processes.append(
             start_harness(
                 self.server.binary,
@@ -280,12 +301,11 @@ class Cluster:
             f"the pod needs {PROBE_GPUS}"
             for node, text in self.availability.items()
         }
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
         deadline = time.monotonic() + WAIT_S
         seen: Any = None
         while True:
             self._alive()
-            connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+            connection = self._connection()
             try:
                 connection.request("POST", "/filter", probe_args(want))
                 response = connection.getresponse()
@@ -336,8 +356,7 @@ class Cluster:
 
     def extender_calls(self, verb: str) -> float:
         """The calls of `verb` the extender answered, from its /metrics."""
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        connection = self._connection()
         try:
             connection.request("GET", "/metrics")
             text = connection.getresponse().read().decode()
@@ -345,6 +364,14 @@ class Cluster:
             connection.close()
         line = f'topo_reporter_extender_requests_total{{result="ok",verb="{verb}"}} '
         return sum(float(x.removeprefix(line)) for x in text.splitlines() if x.startswith(line))
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """A connection to the extender, over TLS (verifying its certificate) when it serves it."""
+        host, port = self.url.split("://", 1)[1].rsplit(":", 1)
+        if self.tls is None:
+            return http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        context = ssl.create_default_context(cafile=str(self.tls.cert))
+        return http.client.HTTPSConnection(host, int(port), timeout=WAIT_S, context=context)
 
     def kill_extender(self) -> None:
         assert self.extender is not None
@@ -477,6 +504,24 @@ def test_with_the_extender_down_pods_are_still_scheduled(
 
         cluster.kill_extender()
         assert cluster.schedule("while-down", 4) == node
+
+
+def test_the_scheduler_calls_the_extender_over_https(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    # Issue 19, item 7: kube-scheduler's enableHTTPS and tlsConfig.caFile against the extender's
+    # --tls-cert-file. Only the extender can refuse this pod (the scheduler counts 8 free GPUs):
+    # its reason in the scheduler's message means the call went over TLS and was answered.
+    certificate = make_certificate(tmp_path)
+    with Cluster(real_apiserver, tmp_path, tls=certificate) as cluster:
+        node = cluster.add_node("h100", "dgx-h100", range(6))
+        cluster.start()
+        cluster.create_pod("over-https", 4)
+        assert f"topo-reporter: 2 free {GPU}, the pod needs 4" in cluster.wait_unschedulable(
+            "over-https"
+        )
+        assert cluster.extender_calls("filter") >= 1
+        assert cluster.schedule("fits", 2) == node
 
 
 def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(

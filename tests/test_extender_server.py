@@ -3,6 +3,7 @@ the Node cache, and the HTTP server answering as kube-scheduler calls it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.client
 import json
@@ -18,7 +19,7 @@ import structlog
 from reporter.availability import compute_availability, encode_availability, node_score
 from reporter.errors import PublishError
 from reporter.extender.cache import NodeCache, NodeWatcher
-from reporter.extender.server import ExtenderMetrics, ExtenderServer
+from reporter.extender.server import LIMITS, ExtenderMetrics, ExtenderServer
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.watch import NodeAnnotation, NodeSnapshot, NodeWatch, WatchEvent
 from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
@@ -43,8 +44,16 @@ def annotation(profile_name: str, free: tuple[int, ...]) -> str:
 class Extender:
     """A running extender and a way to call it as kube-scheduler does."""
 
-    def __init__(self, server: ExtenderServer, cache: NodeCache, metrics: ExtenderMetrics) -> None:
+    def __init__(
+        self,
+        server: ExtenderServer,
+        cache: NodeCache,
+        metrics: ExtenderMetrics,
+        watcher: NodeWatcher,
+        stop: threading.Event,
+    ) -> None:
         self.server, self.cache, self.metrics = server, cache, metrics
+        self.watcher, self.stop = watcher, stop
 
     def call(
         self,
@@ -110,7 +119,7 @@ def extender_factory(
             server.stop()
 
         stops.append(finish)
-        return Extender(server, cache, metrics)
+        return Extender(server, cache, metrics, watcher, stop)
 
     yield start
     for finish in stops:
@@ -266,7 +275,7 @@ def test_bad_requests_get_a_status_and_one_line(
     status: int,
     reason: bytes,
 ) -> None:
-    extender = extender_factory(max_body_bytes=1024)
+    extender = extender_factory(limits=dataclasses.replace(LIMITS, max_body_bytes=1024))
     got, data = extender.call(method, path, payload, headers)
     assert got == status
     assert reason in data
@@ -312,7 +321,8 @@ def test_metrics_count_calls_and_cached_nodes(
 ) -> None:
     apiserver.add_node("dgx", annotations={KEY: annotation("dgx-a100", (0,))})
     extender = extender_factory()
-    eventually(lambda: extender.cache.synced, "the first list")
+    # Ready once listed and watching: `synced` alone comes a moment before the watch is open.
+    eventually(lambda: extender.call("GET", "/readyz") == (200, b"ok\n"), "list and watch")
     extender.post("filter", {"Pod": pod(2), "NodeNames": ["dgx"]})
     extender.call("POST", "/prioritize", b"{")
     status, text = extender.call("GET", "/metrics")
@@ -364,3 +374,65 @@ def test_a_watch_that_ends_at_once_is_a_failure_with_backoff_not_a_loop() -> Non
         stop.set()
     assert "ended the watch at once" in str(errors[0])
     assert client.watches <= len(errors) + 1
+
+
+# -- issue 19, item 1: a value that int() refuses -------------------------------------------------
+
+POISON = "1;" + "0" * 4301 + ";0.1.1.0.1"
+"""The review's annotation: 4,301 zeros, one past int()'s digit limit."""
+
+
+def test_a_poisoned_node_at_start_is_unreadable_and_the_extender_serves(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("poisoned", annotations={KEY: POISON})
+    apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (0,))})
+    extender = extender_factory()
+    eventually(lambda: extender.call("GET", "/readyz") == (200, b"ok\n"), "readiness")
+    assert extender.call("GET", "/healthz") == (200, b"ok\n")
+    args = {"Pod": pod(2), "NodeNames": ["poisoned", "dgx-busy"]}
+    assert extender.post("filter", args)["NodeNames"] == ["poisoned"]
+    ranked = extender.post("prioritize", {"Pod": pod(2), "NodeNames": ["poisoned"]})
+    assert ranked == [{"Host": "poisoned", "Score": 5}]
+    assert b'topo_reporter_extender_nodes{availability="unreadable"} 2.0' in (
+        extender.metrics.render()
+    )
+
+
+def test_a_poisoned_value_arriving_while_it_runs_leaves_the_watch_running(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("dgx", annotations={KEY: annotation("dgx-a100", (0,))})
+    extender = extender_factory()
+    eventually(lambda: extender.cache.get("dgx") is not None, "the first list")
+    apiserver.edit_node("dgx", {"metadata": {"annotations": {KEY: POISON}}})
+    apiserver.add_node("late", annotations={KEY: annotation("dgx-a100", (0,))})
+    # The watch took the poisoned value and went on to the next event.
+    eventually(lambda: extender.cache.get("late") is not None, "the event after the poison")
+    assert extender.cache.get("dgx") is None
+    args = {"Pod": pod(2), "NodeNames": ["dgx"]}
+    assert extender.post("prioritize", args) == [{"Host": "dgx", "Score": 5}]
+    assert extender.call("GET", "/healthz") == (200, b"ok\n")
+    assert extender.call("GET", "/readyz") == (200, b"ok\n")
+
+
+def test_whole_nodes_with_a_poisoned_value_are_answered(
+    extender_factory: Callable[..., Extender],
+) -> None:
+    extender = extender_factory()
+    sent = {"items": [{"metadata": {"name": "a", "annotations": {KEY: POISON}}}]}
+    assert extender.post("filter", {"Pod": pod(2), "Nodes": sent})["Nodes"] == sent
+    assert extender.post("prioritize", {"Pod": pod(2), "Nodes": sent}) == [
+        {"Host": "a", "Score": 5}
+    ]
+
+
+def test_readyz_is_503_whenever_the_watch_is_not_running(
+    extender_factory: Callable[..., Extender],
+) -> None:
+    extender = extender_factory(watch_timeout_s=1)  # so that a stop is seen within a second
+    eventually(lambda: extender.call("GET", "/readyz")[0] == 200, "readiness")
+    extender.stop.set()  # the watch thread ends, as when anything ends it
+    eventually(lambda: not extender.watcher.alive, "the watch thread to end")
+    assert extender.call("GET", "/healthz") == (503, b"the Node watch stopped\n")
+    assert extender.call("GET", "/readyz") == (503, b"the Node watch stopped\n")

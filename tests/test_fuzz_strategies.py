@@ -17,6 +17,7 @@ from tests import (
     strategies,
     test_fuzz_codec,
     test_fuzz_documents,
+    test_fuzz_numbers,
     test_fuzz_parsers,
     test_hostile_inputs_v2,
 )
@@ -35,6 +36,7 @@ STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "test_fuzz_parsers.legend_topologies": test_fuzz_parsers.legend_topologies(),
     "test_fuzz_parsers.DRIVERS": test_fuzz_parsers.DRIVERS,
     "test_fuzz_documents.DOCUMENTS": test_fuzz_documents.DOCUMENTS,
+    "test_fuzz_numbers.NUMBER_TEXTS": test_fuzz_numbers.NUMBER_TEXTS,
     "test_hostile_inputs_v2.documents_with_a_float": (
         test_hostile_inputs_v2.documents_with_a_float()
     ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 from kubernetes.config import incluster_config
 from structlog.testing import capture_logs
 
+from parsers.cpulist import parse_cpulist
+from parsers.errors import ParseError
 from reporter.agent import SchemaProjection
 from reporter.cli import main
 from reporter.collect.kubelet import read_kubelet, read_kubelet_policies
@@ -432,3 +435,69 @@ def test_an_api_answer_is_read_within_bounds(
         return
     with pytest.raises(error, match=said):
         errors_map.answer_json(answer, "read node n1")
+
+
+# -- issue 19, item 1: numbers too long for int() ------------------------------------------------
+
+LONG_NUMBER = "1" * 4400
+"""The review's CPU number: past int()'s 4,300-digit limit, where it raises a bare ValueError."""
+A100_PASTE = FIXTURES / "nvidia-smi" / "03-dgx-a100-nv12-mlx5.txt"
+ASUS_SYSFS = FIXTURES / "machines" / "asus-esc8000a" / "sysfs"
+ASUS_GPU2 = "devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0"
+
+
+def paste_with_long_cpu_number(tmp_path: Path) -> Path:
+    """The DGX A100 paste with GPU0's CPU affinity a 4,400-digit number."""
+    text = A100_PASTE.read_text()
+    assert "\t48-63,176-191\t" in text
+    path = tmp_path / "paste.txt"
+    path.write_text(text.replace("\t48-63,176-191\t", f"\t{LONG_NUMBER}\t", 1))
+    return path
+
+
+@pytest.mark.parametrize("command", ["parse", "best-set"])
+def test_a_paste_with_a_4400_digit_cpu_number_is_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = ["--gpus", "2"] if command == "best-set" else []
+    err = _one_line_exit_1([command, str(paste_with_long_cpu_number(tmp_path)), *extra], capsys)
+    assert "a number of 4400 digits" in err
+    assert "line 10" in err
+
+
+@pytest.fixture
+def sysfs_with_long_cpu_number(tmp_path: Path) -> Path:
+    """The ASUS machine's sysfs tree with GPU 2's `local_cpulist` a 4,400-digit number."""
+    root = tmp_path / "sysfs"
+    shutil.copytree(ASUS_SYSFS, root, symlinks=True)
+    (root / ASUS_GPU2 / "local_cpulist").write_text(LONG_NUMBER + "\n")
+    return root
+
+
+def test_collect_reads_a_4400_digit_cpu_list_in_sysfs_as_unknown(
+    sysfs_with_long_cpu_number: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(
+        ["collect", "--backend", "sysfs", "--sysfs-root", str(sysfs_with_long_cpu_number)]
+    )
+    out, _ = capsys.readouterr()
+    assert status == 0
+    gpus = json.loads(out.strip().splitlines()[-1])["gpus"]
+    # That GPU's CPU list is unknown, as where the file is missing; the scan goes on.
+    assert [g["cpus"] for g in gpus] == ["0-31", "0-31", None, "32-63"]
+
+
+def test_the_run_loop_publishes_through_a_4400_digit_cpu_list_in_sysfs(
+    sysfs_with_long_cpu_number: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--once", "--dry-run", "--node", "n1", "--backend", "sysfs"]
+    status = main([*argv, "--sysfs-root", str(sysfs_with_long_cpu_number), "--listen", ""])
+    out, _ = capsys.readouterr()
+    assert status == 0
+    assert f'"{TOPOLOGY_KEY}"' in out
+
+
+def test_a_stride_group_wider_than_any_machine_is_refused_not_allocated() -> None:
+    # 2**99999999999 bits was allocated before the check; 9 digits took 1.5 s and 125 MB.
+    with pytest.raises(ParseError, match="0 < used <= group <= 65536"):
+        parse_cpulist("0-15:99999999999/99999999999")

@@ -114,6 +114,22 @@ def test_free_gpus_come_from_the_availability_annotation(
     assert f"Free GPUs: unknown: the {key} annotation is damaged (" in damaged.stdout
 
 
+def test_an_availability_value_int_refuses_is_damaged_in_the_list_and_the_node(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    # Issue 19: 4,301 zeros, one past int()'s digit limit, crashed both views.
+    key = f"{PREFIX}/{AVAILABILITY_KEY}"
+    poison = "1;" + "0" * 4301 + ";0.1.1.0.1"
+    published.edit_node(NODE, {"metadata": {"annotations": {key: poison}}})
+    listed = plugin("--kubeconfig", str(admin_kubeconfig))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split() == [NODE, "8", "nvswitch", "8", "<unknown>"]
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert shown.returncode == 0, shown.stderr
+    assert f"Free GPUs: unknown: the {key} annotation is damaged (" in shown.stdout
+    assert "a number of 4301 digits" in shown.stdout
+
+
 def test_a_node_with_a_finding_shows_it_with_evidence_and_fix(
     published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
 ) -> None:

@@ -1,7 +1,10 @@
 """`best_gpu_set` and `score_gpu_set`: the exact optimum, the documented order, the errors.
 
-Both policies, with and without `available` and `must_include`, are compared against exhaustive
-searches written plainly here: every k-subset for `best`, every split for `packing`.
+Every policy, with and without `available` and `must_include`, is compared against an exhaustive
+search written plainly here: every k-subset for `best` and `packing` (whose reach is every clique
+of free GPUs), every split in go-gpuallocator's order for `nvidia-besteffort`. How that policy
+answers go-gpuallocator's own test cases, and agrees with go-gpuallocator's own code, is
+tests/test_placement_gpuallocator.py.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from parsers.links import SELF, Link, LinkKind, parse_link
 from parsers.nvsmi import parse_topo
 from reporter.collect import build_scanner, list_profiles
 from reporter.errors import InputError, PlacementError
+from reporter.gpuallocator import pair_points, pair_points_matrix
 from reporter.placement import (
     DEFAULT_BUDGET,
     GpuSet,
@@ -29,6 +33,8 @@ from reporter.placement import (
     Score,
     best_gpu_set,
     link_points,
+    nvlink_reach,
+    pair_link,
     score_gpu_set,
 )
 from reporter.schema.model import Gpu, Nic, Source, Topology
@@ -57,19 +63,17 @@ def brute_force(
     return best
 
 
-def splits(gpus: list[int], k: int, leftover: int) -> Iterator[list[tuple[int, ...]]]:
-    """Every split of `gpus` into sets of k and `leftover` unassigned, in the documented order:
-    the lowest GPU starts a set (partners in lexicographic order), or else is left over."""
-    if not gpus:
-        yield []
-        return
-    first, others = gpus[0], gpus[1:]
-    for partners in itertools.combinations(others, k - 1):
-        rest = [g for g in others if g not in partners]
-        for tail in splits(rest, k, leftover):
-            yield [(first, *partners), *tail]
-    if leftover:
-        yield from splits(others, k, leftover - 1)
+def reach_by_cliques(topology: Topology, usable: Sequence[int]) -> dict[int, int]:
+    """Per usable GPU, the largest set of usable GPUs holding it, all pairwise NVLink-joined."""
+    reach = dict.fromkeys(usable, 1)
+    for size in range(2, len(usable) + 1):
+        for group in itertools.combinations(usable, size):
+            if all(
+                pair_link(topology, a, b).is_nvlink for a, b in itertools.combinations(group, 2)
+            ):
+                for g in group:
+                    reach[g] = size
+    return reach
 
 
 def brute_force_packing(
@@ -78,23 +82,73 @@ def brute_force_packing(
     available: Sequence[int] | None = None,
     must_include: Sequence[int] = (),
 ) -> GpuSet:
-    """The first split with the most (link, PCIe) points summed, holding must_include in one set;
-    then its set holding must_include, or its best scored set (ties: the lowest indices)."""
+    """Every k-subset holding must_include in lexicographic order; the first that is connected if
+    any is, then of the smallest fit (the largest reach of its GPUs), then of the best score."""
     pool = sorted(set(range(len(topology.gpus)) if available is None else available))
     usable = [i for i in pool if not topology.gpus[i].lost]
-    must = set(must_include)
-    best: tuple[tuple[int, int], list[GpuSet]] | None = None
-    for split in splits(usable, k, len(usable) % k):
-        if must and not any(must <= set(group) for group in split):
+    reach = reach_by_cliques(topology, usable)
+    best: tuple[tuple[bool, int, Score], GpuSet] | None = None
+    for gpus in itertools.combinations(usable, k):
+        if not set(must_include) <= set(gpus):
             continue
-        scored = [score_gpu_set(topology, group) for group in split]
-        value = (sum(s.score.links for s in scored), sum(s.score.pcie for s in scored))
-        if best is None or value > best[0]:
-            best = (value, scored)
+        scored = score_gpu_set(topology, gpus)
+        joined = all(
+            pair_link(topology, a, b).is_nvlink for a, b in itertools.combinations(gpus, 2)
+        )
+        key = (joined, -max(reach[g] for g in gpus), scored.score)
+        if best is None or key > best[0]:
+            best = (key, scored)
     assert best is not None
-    if must:
-        return next(s for s in best[1] if must <= set(s.gpus))
-    return min(best[1], key=lambda s: (tuple(-x for x in s.score), s.gpus))
+    return best[1]
+
+
+def go_order_splits(
+    devices: list[int | None], size: int, padding: int
+) -> Iterator[list[tuple[int | None, ...]]]:
+    """Every split of `devices` (padded with None) into sets of `size`, in go-gpuallocator's
+    order: the first device left starts a set, its partners in combination order; a set holds
+    no padding or all of it."""
+    if len(devices) == size:
+        yield [tuple(devices)]
+        return
+    first, rest = devices[0], devices[1:]
+    for picks in itertools.combinations(range(len(rest)), size - 1):
+        group = (first, *(rest[i] for i in picks))
+        empty = group.count(None)
+        if empty and empty != padding:
+            continue
+        left = [d for i, d in enumerate(rest) if i not in picks]
+        if empty:
+            left = [d for d in left if d is not None]
+        for tail in go_order_splits(left, size, padding):
+            yield [group, *tail]
+
+
+def brute_force_besteffort(
+    topology: Topology, k: int, order: Sequence[int], required: Sequence[int] = ()
+) -> tuple[int | None, ...]:
+    """go-gpuallocator's Allocate, exhaustively: the first split in its order with the most
+    points (the padded set's pairs count), holding the required GPUs in one unpadded set; its
+    first set of the most points among those holding them. k = 1: the first that is required."""
+    points = pair_points_matrix(topology)
+
+    def value(group: Sequence[int | None]) -> int:
+        real = [g for g in group if g is not None]
+        return sum(points[a][b] for a, b in itertools.combinations(real, 2))
+
+    if k == 1:
+        return next((g,) for g in order if set(required) <= {g})
+    padding = (-len(order)) % k
+    best: tuple[int, list[tuple[int | None, ...]]] | None = None
+    for split in go_order_splits([*order, *([None] * padding)], k, padding):
+        if not any(set(required) <= set(g) and None not in g for g in split):
+            continue
+        total = sum(value(g) for g in split)
+        if best is None or total > best[0]:
+            best = (total, split)
+    assert best is not None
+    held = [g for g in best[1] if set(required) <= set(g)]
+    return max(held, key=lambda g: (value(g), -held.index(g)))
 
 
 def real_topologies() -> list[tuple[str, Topology]]:
@@ -194,7 +248,7 @@ def small_pools(topology: Topology) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(("name", "topology"), MACHINES, ids=[name for name, _ in MACHINES])
-def test_every_machine_packs_as_the_exhaustive_split(name: str, topology: Topology) -> None:
+def test_every_machine_packs_as_the_exhaustive_search(name: str, topology: Topology) -> None:
     for pool in small_pools(topology):
         for k in range(1, len(pool) + 1):
             got = best_gpu_set(topology, k, pool, policy=Policy.PACKING)
@@ -206,9 +260,30 @@ def test_every_machine_packs_as_the_exhaustive_split(name: str, topology: Topolo
             assert got == want, f"{name} k={k} pool={pool} must={must}"
 
 
+@pytest.mark.parametrize(("name", "topology"), MACHINES, ids=[name for name, _ in MACHINES])
+def test_every_machine_answers_as_go_gpuallocators_exhaustive_splits(
+    name: str, topology: Topology
+) -> None:
+    rng = random.Random(name)
+    for pool in small_pools(topology):
+        for k in range(1, len(pool) + 1):
+            order = rng.sample(pool, len(pool))  # the kubelet's map order decides the ties
+            must = rng.sample(order, min(k, 2)) if k % 2 else []
+            want = brute_force_besteffort(topology, k, order, must)
+            if None in want:
+                with pytest.raises(PlacementError, match="empty place"):
+                    best_gpu_set(topology, k, order, must_include=must, policy=NVIDIA)
+                continue
+            got = best_gpu_set(topology, k, order, must_include=must, policy=NVIDIA)
+            assert got == score_gpu_set(topology, want), f"{name} k={k} order={order} must={must}"
+
+
+NVIDIA = Policy.NVIDIA_BESTEFFORT
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), topology=topologies(max_gpus=8).filter(lambda t: len(t.gpus) > 0))
-def test_generated_topologies_with_must_include_and_both_policies(
+def test_generated_topologies_with_must_include_and_every_policy(
     data: st.DataObject, topology: Topology
 ) -> None:
     usable = [i for i in range(len(topology.gpus)) if not topology.gpus[i].lost]
@@ -218,9 +293,18 @@ def test_generated_topologies_with_must_include_and_both_policies(
     k = data.draw(st.integers(1, len(available)), "k")
     must = data.draw(st.lists(st.sampled_from(available), max_size=k, unique=True), "must")
     policy = data.draw(st.sampled_from(list(Policy)), "policy")
+    if policy is NVIDIA:
+        want = brute_force_besteffort(topology, k, available, must)
+        if None in want:
+            with pytest.raises(PlacementError, match="empty place"):
+                best_gpu_set(topology, k, available, must_include=must, policy=policy)
+            return
+        expected = score_gpu_set(topology, want)
+    else:
+        exhaustive = brute_force_packing if policy is Policy.PACKING else brute_force
+        expected = exhaustive(topology, k, available, must)
     got = best_gpu_set(topology, k, available, must_include=must, policy=policy)
-    exhaustive = brute_force_packing if policy is Policy.PACKING else brute_force
-    assert got == exhaustive(topology, k, available, must)
+    assert got == expected
     assert set(must) <= set(got.gpus)
 
 
@@ -504,20 +588,73 @@ def pair_token(matrix: tuple[tuple[Link, ...], ...], a: int, b: int) -> str:
     return matrix[a][b].token
 
 
-def test_packing_keeps_the_rest_of_the_node_in_good_sets() -> None:
-    # The best pair is 1-2 (NV3), but taking it leaves 0 and 3 joined only by SYS; splitting into
-    # 0-1 and 2-3 (NV2 each) keeps two good pairs, so packing hands out 0-1.
-    topology = machine(
-        ["X NV2 SYS SYS", "NV2 X NV3 SYS", "SYS NV3 X NV2", "SYS SYS NV2 X"], [0, 0, 0, 0]
-    )
-    assert best_gpu_set(topology, 2).gpus == (1, 2)
-    packed = best_gpu_set(topology, 2, policy=Policy.PACKING)
+WORKSTATION = dict(SIMULATED)["simulated-workstation-nvlink-bridge"]
+
+
+def test_packing_keeps_the_largest_connected_sets_whole() -> None:
+    # A workstation: GPUs 0 and 1 on an NVLink bridge, GPU 2 alone. One GPU: the lone one.
+    assert best_gpu_set(WORKSTATION, 1).gpus == (0,)
+    assert best_gpu_set(WORKSTATION, 1, policy=Policy.PACKING).gpus == (2,)
+    # A DGX-1 with one quad whole (4-7) and the pair 0-1 (NV1) left of the other: a pair takes
+    # the loose pair, not two of the quad, although 6-7 (NV2 over a PCIe switch) scores higher.
+    assert best_gpu_set(DGX1, 2, [0, 1, 4, 5, 6, 7]).gpus == (6, 7)
+    packed = best_gpu_set(DGX1, 2, [0, 1, 4, 5, 6, 7], policy=Policy.PACKING)
     assert (packed.gpus, packed.exact) == ((0, 1), True)
     # The policy by name, as a config file gives it.
-    assert best_gpu_set(topology, 2, policy="packing").gpus == (0, 1)  # type: ignore[arg-type]
-    # With 3 free, one is left over: 1-2 with 0 left over is the best split (30 points).
-    assert best_gpu_set(topology, 2, [0, 1, 2], policy=Policy.PACKING).gpus == (1, 2)
-    assert best_gpu_set(topology, 2, must_include=[3], policy=Policy.PACKING).gpus == (2, 3)
+    assert best_gpu_set(DGX1, 2, [0, 1, 4, 5, 6, 7], policy="packing").gpus == (0, 1)  # type: ignore[arg-type]
+    # One GPU beside the whole quad 0-3: GPU 5 reaches only 1 (NV2), so it goes first.
+    assert best_gpu_set(DGX1, 1, [0, 1, 2, 3, 5]).gpus == (0,)
+    assert best_gpu_set(DGX1, 1, [0, 1, 2, 3, 5], policy=Policy.PACKING).gpus == (5,)
+    # A connected set beats a smaller fit: 4 GPUs take the quad, not 1, 2 and two of the quad.
+    assert best_gpu_set(DGX1, 4, [0, 1, 4, 5, 6, 7], policy=Policy.PACKING).gpus == (4, 5, 6, 7)
+    # Without any connected set, the smallest fit still: 3 GPUs of the workstation take all.
+    assert best_gpu_set(WORKSTATION, 3, policy=Policy.PACKING).gpus == (0, 1, 2)
+    assert best_gpu_set(WORKSTATION, 2, must_include=[2], policy=Policy.PACKING).gpus == (0, 2)
+
+
+def test_reach_is_the_largest_connected_set_of_free_gpus_holding_each() -> None:
+    reach, exact = nvlink_reach(DGX1, range(8))
+    assert (reach, exact) == (dict.fromkeys(range(8), 4), True)
+    # 0, 1 and 2 are a triangle of their quad; 4 reaches only 0 (NV2) or 5 (NV1), one at a time.
+    assert nvlink_reach(DGX1, [0, 1, 2, 4, 5])[0] == {0: 3, 1: 3, 2: 3, 4: 2, 5: 2}
+    assert nvlink_reach(WORKSTATION, [0, 1, 2])[0] == {0: 2, 1: 2, 2: 1}
+    # A budget too small for the clique search: each GPU's island stands in, never smaller.
+    assert nvlink_reach(DGX1, range(8), budget=3) == (dict.fromkeys(range(8), 8), False)
+
+
+def test_nvidia_besteffort_sees_the_machine_as_go_gpuallocator_does() -> None:
+    # Points per pair: 100 per NVLink plus the PCIe path (PIX 50 ... SYS 10).
+    assert DGX1.pcie is not None
+    assert pair_points(DGX1, 2, 3) == 200 + 50  # NV2 over a shared PCIe switch
+    assert pair_points(DGX1, 0, 5) == 10  # SYS, no NVLink
+    # Through NVSwitches go-gpuallocator sees no NVLink at all: only the PCIe points remain.
+    h100 = dict(SIMULATED)["simulated-dgx-h100"]
+    assert h100.nvswitch
+    assert (pair_points(h100, 0, 1), pair_points(h100, 0, 4)) == (20, 10)
+    # Parsed `nvidia-smi topo -m` text does not know the PCIe path beneath an NVLink: 0 there.
+    blind = dataclasses.replace(DGX1, pcie=None)
+    assert (pair_points(blind, 2, 3), pair_points(blind, 0, 5)) == (200, 1 * 10)
+    # Its ties go to the order of `available` (the kubelet's map order): one GPU is the first.
+    assert best_gpu_set(h100, 1, [5, 2, 7], policy=NVIDIA).gpus == (5,)
+    assert best_gpu_set(h100, 1, [7, 2, 5], policy=NVIDIA).gpus == (7,)
+
+
+def test_nvidia_besteffort_answers_a_padded_set_that_the_device_plugin_cannot_hand_out() -> None:
+    a100 = dict(SIMULATED)["simulated-dgx-a100"]
+    # Five free, three asked: go-gpuallocator pads to six; its best split is {0, 2, 6} and
+    # {4, 5, empty}, and the padded set scores highest (4-5 share a PCIe switch: PXB 40).
+    assert brute_force_besteffort(a100, 3, [0, 2, 4, 5, 6]) == (4, 5, None)
+    with pytest.raises(
+        PlacementError,
+        match=r"go-gpuallocator v0\.6\.0 answers GPUs 4,5 and 1 empty place\(s\) for 3 GPUs",
+    ):
+        best_gpu_set(a100, 3, [0, 2, 4, 5, 6], policy=NVIDIA)
+    # Any required GPU keeps the padding out of the answer.
+    assert best_gpu_set(a100, 3, [0, 2, 4, 5, 6], must_include=[0], policy=NVIDIA).gpus == (
+        0,
+        2,
+        6,
+    )
 
 
 def random_topology(n: int, seed: int) -> Topology:
@@ -556,7 +693,9 @@ def test_a_tiny_budget_still_answers_a_valid_set_marked_inexact(policy: Policy) 
 
 
 def test_an_unknown_policy_is_a_placement_error() -> None:
-    with pytest.raises(PlacementError, match="policy 'spread' is not one of: best, packing"):
+    with pytest.raises(
+        PlacementError, match="policy 'spread' is not one of: best, packing, nvidia-besteffort"
+    ):
         best_gpu_set(DGX_A100, 2, policy="spread")  # type: ignore[arg-type]
 
 

@@ -25,6 +25,7 @@ import structlog
 
 from parsers.cpulist import parse_cpulist
 from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from parsers.links import SELF, Link, LinkKind
 from parsers.nvidia_proc import parse_device_minor
 from parsers.pci import is_pci_address, normalize_pci_address
@@ -43,7 +44,7 @@ NVIDIA_VENDOR = 0x10DE
 # another vendor.
 GPU_SUBCLASSES = frozenset({0x0300, 0x0302})
 _HOST_BRIDGE = re.compile(r"pci([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2})")
-_NODE_DIR = re.compile(r"node(\d+)")
+_NODE_DIR = re.compile(r"node([0-9]{1,5})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +273,7 @@ class SysfsCollector:
                 log.warning("sysfs_numa_node_unreadable", node=entry)
                 continue
             distances = self._read(f"{base}/distance", parse_distance_row) or ()
-            nodes.append(NumaNode(int(match.group(1)), cpus, distances))
+            nodes.append(NumaNode(parse_decimal(match.group(1), field=entry), cpus, distances))
         return tuple(sorted(nodes, key=lambda n: n.id))
 
 
@@ -288,7 +289,7 @@ def numa_memory(hostfs: HostFS) -> dict[int, int]:
         if match is None:
             continue
         try:
-            memory[int(match.group(1))] = parse_node_memtotal(
+            memory[parse_decimal(match.group(1), field=entry)] = parse_node_memtotal(
                 hostfs.read_text(f"devices/system/node/{entry}/meminfo")
             )
         except (OSError, ParseError) as e:

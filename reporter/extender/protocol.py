@@ -26,20 +26,26 @@ from json.encoder import encode_basestring_ascii
 from operator import not_
 from typing import Any, cast
 
+from parsers.errors import ParseError
+from parsers.integers import parse_decimal
 from reporter.availability import NEUTRAL_SCORE, Availability, decode_availability, node_score
 from reporter.errors import ConfigError, InputError, SchemaError
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_GPUS_PER_POD = 1 << 20
 """A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+"""The default largest body: names of 50,000 nodes, or about 200 whole Nodes (the form without
+nodeCacheCapable). Answering costs up to 40 times the body's size in memory (whole Nodes about
+7 times): `reporter.extender.server.peak_bytes`."""
 MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
 KEPT_SIZES = 16
-RANKS_KEPT = 4096
-"""Distinct annotation values whose rank is remembered (at most 8 KB each: 32 MB at worst)."""
 """Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
-_COUNT = re.compile(r"\d{1,7}")
+RANKS_KEPT = 4096
+"""Distinct valid annotation values whose rank is remembered (at most 6 KB each: 24 MB at worst,
+about 100 bytes each for 8-GPU nodes)."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -202,25 +208,35 @@ def _count(value: Any, where: str) -> int:
     # the Quantity as a string or as a number.
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and _COUNT.fullmatch(value):
-        return int(value)
+    if isinstance(value, str):
+        try:
+            return parse_decimal(value, field=where, max_digits=7)
+        except ParseError:
+            pass
     raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
 
 
-@functools.lru_cache(maxsize=RANKS_KEPT)
 def rank(text: str | None) -> NodeRank | None:
     """The rank of an availability annotation value; None when absent or damaged.
 
     Remembered by text: many nodes carry the same value (same machine, same free GPUs), and the
-    whole-Nodes form sends every node's annotation again with every call.
+    whole-Nodes form sends every node's annotation again with every call. Only values that decode
+    are remembered: a refused one (up to the 256 KiB an annotation may hold, or megabytes in a
+    request) is decoded again, or refused by its length at once, but never kept.
     """
     if text is None:
         return None
     try:
-        return NodeRank.of(decode_availability(text))
+        return _decoded_rank(text)
     except SchemaError:
         # Someone edited it, or another version wrote it: neutral, never a crash.
         return None
+
+
+@functools.lru_cache(maxsize=RANKS_KEPT)
+def _decoded_rank(text: str) -> NodeRank:
+    # lru_cache keeps what returns, not what raises: the SchemaError of a refused text.
+    return NodeRank.of(decode_availability(text))
 
 
 def node_rank(node: Mapping[str, Any], key: str) -> NodeRank | None:

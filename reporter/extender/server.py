@@ -9,13 +9,11 @@ extender error (ignored with `ignorable: true`). It reads the NodeCache and neve
 
 from __future__ import annotations
 
-import socket
-import threading
+import ssl
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
+import structlog
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -27,9 +25,30 @@ from prometheus_client import (
 
 from reporter.extender import protocol
 from reporter.extender.cache import NodeCache
+from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
-"""5,000 whole Nodes (without nodeCacheCapable) fit; a request larger than this is refused (413)."""
+LIMITS = Limits(
+    max_body_bytes=protocol.MAX_REQUEST_BYTES, concurrent_requests=2, max_connections=128
+)
+"""kube-scheduler makes one call at a time; the second slot serves a call it gave up on while
+the extender still answers it, or a second scheduler. Held by the chart's 256 MiB: `peak_bytes`."""
+PARSE_COST = 40
+"""Memory per body byte at the peak of answering, at worst. Measured as the process's peak RSS:
+26 for a body of `{}` objects, 31.5 to 34.2 for objects of one key nested 1 to 3 deep (each level
+a dict of 184 bytes for 6 bytes of text), 7 for whole Nodes; Python's own count (tracemalloc),
+which the tests check, is lower (25 to 31)."""
+IDLE_BYTES = 48 * 1024 * 1024
+"""The extender with 5,000 nodes cached and nothing to do: 40 MiB measured."""
+READ_BYTES = 256 * 1024
+"""What one read brings from one connection (asyncio's), held until its request is answered."""
+
+
+def peak_bytes(limits: Limits) -> int:
+    """The most memory the extender needs under `limits`: what its memory limit must hold."""
+    bodies = limits.concurrent_requests * PARSE_COST * limits.max_body_bytes
+    return IDLE_BYTES + bodies + limits.max_connections * READ_BYTES
+
+
 VERBS = ("filter", "prioritize")
 
 
@@ -50,6 +69,16 @@ class ExtenderMetrics:
             "Time to answer one extender call, body read to answer written.",
             ["verb"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "topo_reporter_extender_requests_in_flight",
+            "Calls being read or answered; at the concurrency bound, one more is answered 503.",
+            registry=r,
+        )
+        self.connections = Gauge(
+            "topo_reporter_extender_connections",
+            "Open connections; at the cap, the next ones wait in the listen backlog.",
             registry=r,
         )
         self.filtered = Counter(
@@ -93,54 +122,44 @@ class ExtenderServer:
         cache: NodeCache,
         metrics: ExtenderMetrics,
         resource: str = protocol.DEFAULT_RESOURCE,
-        max_body_bytes: int = MAX_BODY_BYTES,
+        limits: Limits = LIMITS,
+        tls: ssl.SSLContext | None = None,
         watching: Callable[[], bool] = lambda: True,
         problem: Callable[[], str | None] = lambda: None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                # One call per scheduling cycle per verb would drown every other line.
-                return
-
-            def setup(self) -> None:
-                super().setup()
-                # Headers and body leave in separate writes; delayed ACKs would add 40 ms each.
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-            def do_GET(self) -> None:
-                owner._get(self)
-
-            def do_POST(self) -> None:
-                owner._post(self)
-
+        """Raises OSError when the address cannot be bound."""
         self._cache = cache
         self._metrics = metrics
         self._resource = resource
-        self._max_body_bytes = max_body_bytes
         self._watching = watching
         self._problem = problem
-        self._server = ThreadingHTTPServer(address, Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="topo-reporter-extender", daemon=True
+        server = self._server = HttpServer(
+            address,
+            self.handle,
+            limits=limits,
+            tls=tls,
+            name="topo-reporter-extender",
+            log=log,
+            too_large_hint=(
+                ": set nodeCacheCapable: true so the scheduler sends node names only, or raise "
+                "--max-request-bytes with the memory limit"
+            ),
+            on_refused=self._refused,
         )
+        metrics.in_flight.set_function(lambda: server.in_flight)
+        metrics.connections.set_function(lambda: server.connections)
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        return self._server.address
 
     def start(self) -> ExtenderServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
     def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
@@ -159,65 +178,49 @@ class ExtenderServer:
             return answer
         return protocol.prioritize_answer(args, verdicts)
 
-    def _get(self, request: BaseHTTPRequestHandler) -> None:
-        path = request.path.split("?", 1)[0]
-        if path == "/metrics":
-            _send(request, 200, self._metrics.render(), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
-            ok = self._watching()
-            _text(request, 200 if ok else 503, "ok" if ok else "the Node watch stopped")
-        elif path == "/readyz":
-            # Ready while the Node view is current: listed, and the last list or watch worked.
-            reason = self._problem() or (None if self._cache.synced else "no list of Nodes yet")
-            _text(request, 503 if reason else 200, reason or "ok")
-        elif path.lstrip("/") in VERBS:
-            _text(request, 405, f"{path} takes POST with an ExtenderArgs body")
-        else:
-            _text(request, 404, "not found: POST /filter or /prioritize; GET /healthz, /metrics")
+    def handle(self, request: Request) -> Response:
+        """The answer to one request, as the HTTP server hands it over."""
+        if request.method == "POST":
+            return self._post(request)
+        if request.method not in ("GET", "HEAD"):
+            return text(405, f"{request.method[:16]} is not served: POST a verb, GET the rest")
+        return self._get(request.path)
 
-    def _post(self, request: BaseHTTPRequestHandler) -> None:
-        verb = request.path.split("?", 1)[0].strip("/")
-        if verb not in VERBS:
-            _text(request, 404, f"no verb {verb[:64]!r}: POST /filter or /prioritize")
-            return
-        started = time.perf_counter()
-        length = request.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            request.close_connection = True
-            self._metrics.requests.labels(verb=verb, result="bad_request").inc()
-            _text(request, 411, "the request must state its Content-Length")
-            return
-        if int(length) > self._max_body_bytes:
-            request.close_connection = True
-            self._metrics.requests.labels(verb=verb, result="bad_request").inc()
-            _text(
-                request,
-                413,
-                f"the body is {length} bytes, more than {self._max_body_bytes}: set "
-                "nodeCacheCapable: true so the scheduler sends node names only",
+    def _get(self, path: str) -> Response:
+        if path == "/metrics":
+            return Response(200, self._metrics.render(), CONTENT_TYPE_LATEST)
+        if path == "/healthz":
+            ok = self._watching()
+            return text(200 if ok else 503, "ok" if ok else "the Node watch stopped")
+        if path == "/readyz":
+            # Ready while the Node view is current: the watch runs, it listed, and the last list
+            # or watch worked.
+            reason = (
+                (None if self._watching() else "the Node watch stopped")
+                or self._problem()
+                or (None if self._cache.synced else "no list of Nodes yet")
             )
-            return
-        body = request.rfile.read(int(length))
+            return text(503 if reason else 200, reason or "ok")
+        if path.lstrip("/") in VERBS:
+            return text(405, f"{path} takes POST with an ExtenderArgs body")
+        return text(404, "not found: POST /filter or /prioritize; GET /healthz, /readyz, /metrics")
+
+    def _post(self, request: Request) -> Response:
+        verb = request.path.strip("/")
+        if verb not in VERBS:
+            return text(404, f"no verb {verb[:64]!r}: POST /filter or /prioritize")
+        started = time.perf_counter()
         try:
-            answer = self.answer(verb, body)
+            answer = self.answer(verb, request.body)
         except protocol.BadRequestError as e:
             self._metrics.requests.labels(verb=verb, result="bad_request").inc()
-            _text(request, 400, str(e))
-            return
-        _send(request, 200, answer, "application/json")
+            return text(400, str(e))
         self._metrics.requests.labels(verb=verb, result="ok").inc()
         self._metrics.duration.labels(verb=verb).observe(time.perf_counter() - started)
+        return Response(200, answer, "application/json")
 
-
-def _text(request: BaseHTTPRequestHandler, code: int, line: str) -> None:
-    _send(request, code, (line + "\n").encode(), "text/plain; charset=utf-8")
-
-
-def _send(request: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str) -> None:
-    request.send_response(code)
-    request.send_header("Content-Type", content_type)
-    request.send_header("Content-Length", str(len(body)))
-    if request.close_connection:
-        request.send_header("Connection", "close")
-    request.end_headers()
-    request.wfile.write(body)
+    def _refused(self, request: Request, status: int) -> None:
+        verb = request.path.strip("/")
+        if verb in VERBS:
+            result = "busy" if status == 503 else "bad_request"
+            self._metrics.requests.labels(verb=verb, result=result).inc()

@@ -22,9 +22,9 @@ from kubernetes.config import incluster_config, kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from reporter.errors import ConfigError
-from reporter.inputs import read_bounded
+from reporter.inputs import MAX_PEM_BYTES, read_bounded
 from reporter.publish import errors_map
-from reporter.publish.rest import MAX_PEM_BYTES, MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
+from reporter.publish.rest import MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
 from reporter.publish.wire import JSON, WireClient
 
 

@@ -23,7 +23,6 @@ import binascii
 import json
 import os
 import ssl
-import tempfile
 import threading
 import time
 import urllib.request
@@ -43,7 +42,7 @@ from reporter.errors import (
     ConfigError,
     InputError,
 )
-from reporter.inputs import read_bounded
+from reporter.inputs import MAX_PEM_BYTES, load_cert_chain, read_bounded
 from reporter.publish import errors_map
 from reporter.publish.client import COMPONENT
 from reporter.publish.wire import JSON, WireClient
@@ -54,8 +53,6 @@ TOKEN_REFRESH_S = 60.0
 # service account token or an OIDC token is a few KiB.
 MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
 MAX_TOKEN_BYTES = 64 * 1024
-MAX_PEM_BYTES = 1024 * 1024
-"""A CA bundle or a client certificate or key: the system bundle is about 220 KiB."""
 """A token file is re-read at least this often, even when it looks unchanged."""
 
 _CLUSTER_KEYS = frozenset(
@@ -334,41 +331,18 @@ def _ssl_context(config: RestConfig) -> ssl.SSLContext:
 
 
 def _load_client_certificate(context: ssl.SSLContext, config: RestConfig) -> None:
-    """Client certificate and key, read within MAX_PEM_BYTES, through private files deleted at once.
-
-    ssl loads a certificate chain from files only, and reads them to their end. The copies live
-    in a 0700 directory under the temp dir (the chart mounts an emptyDir on /tmp; the root file
-    system is read-only), are created 0600 and are gone before this returns.
-    """
+    """Client certificate and key, each read within MAX_PEM_BYTES before OpenSSL sees it."""
 
     def content(data: bytes | None, named: str | None, what: str) -> bytes | None:
         if data is not None or named is None:
             return data
         return pem_file(named, what).encode("utf-8")
 
-    with tempfile.TemporaryDirectory(prefix="topo-reporter-") as private:
-        paths: list[str | None] = []
-        for name, text in (
-            (
-                "client.crt",
-                content(
-                    config.client_cert_data, config.client_cert_file, "client-certificate file"
-                ),
-            ),
-            (
-                "client.key",
-                content(config.client_key_data, config.client_key_file, "client-key file"),
-            ),
-        ):
-            if text is None:
-                paths.append(None)
-                continue
-            target = os.path.join(private, name)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text)
-            paths.append(target)
-        context.load_cert_chain(paths[0] or "", paths[1])
+    certificate = content(
+        config.client_cert_data, config.client_cert_file, "client-certificate file"
+    )
+    key = content(config.client_key_data, config.client_key_file, "client-key file")
+    load_cert_chain(context, certificate or b"", key)
 
 
 def _user_agent() -> str:

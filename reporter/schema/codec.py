@@ -23,6 +23,7 @@ import jsonschema
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.documents import check_document, load_json
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
 from parsers.links import Link, parse_link
 from reporter.errors import SchemaError
 from reporter.schema.keys import SCHEMA_VERSION
@@ -349,11 +350,11 @@ def _v1_fabric(clique: str | None, field: str) -> GpuFabric | None:
     if clique is None:
         return None
     match = _CLIQUE.fullmatch(clique)
-    if match is None or int(match.group(2)) >= 2**32 - 1:
+    # The pattern admits only short ASCII digit runs: parse_decimal cannot refuse them.
+    clique_id = None if match is None else parse_decimal(match.group(2), field=field)
+    if match is None or clique_id is None or clique_id >= 2**32 - 1:
         raise SchemaError(field, f"{excerpt(clique)} is not <cluster UUID>.<clique ID>")
-    return GpuFabric(
-        state=FabricState.COMPLETED, cluster_uuid=match.group(1), clique=int(match.group(2))
-    )
+    return GpuFabric(state=FabricState.COMPLETED, cluster_uuid=match.group(1), clique=clique_id)
 
 
 def _fabric(doc: dict[str, Any]) -> GpuFabric:

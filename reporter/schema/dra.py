@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from parsers.integers import parse_decimal
 from reporter.errors import ConfigError
 from reporter.schema import fabric, keys
 from reporter.schema.model import Topology
@@ -77,7 +78,7 @@ def gpu_minor(device: str) -> int | None:
     if len(device) > _MAX_DEVICE_NAME:
         return None
     match = _GPU_DEVICE.fullmatch(device)
-    return None if match is None else int(match.group(1))
+    return None if match is None else parse_decimal(match.group(1), field="device")
 
 
 @dataclass(frozen=True, slots=True)

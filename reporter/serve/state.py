@@ -3,9 +3,10 @@
 Live: the loop made progress recently, or is in a wait it announced (the interval, a retry's
 backoff, a server's Retry-After): a wait asked for is not a stall. Ready: the last publish
 succeeded, no source is failing (the topology's, and, with availability on, the kubelet's
-PodResources and the heartbeat Lease), the data is fresh, and the node's NVLink partition is not
-withheld (a fabric not completed, GPUs that disagree on it). It only records; it never decides what
-to publish.
+PodResources and the heartbeat Lease) and the data is fresh. A withheld NVLink partition (a fabric
+not completed, GPUs that disagree on it) is said in the ready answer, not made a NotReady: a pod kept
+NotReady by a rack's hardware would stall the DaemonSet's rolling update on that node for as long as
+the hardware stays as it is. It only records; it never decides what to publish.
 """
 
 from __future__ import annotations
@@ -121,10 +122,11 @@ class AgentState:
                 return Verdict(
                     False, "; ".join(f"{k}: {v}" for k, v in sorted(self._live_problems.items()))
                 )
-            if self._fabric is not None:
-                return Verdict(False, f"no nvlink-partition label: {self._fabric}")
             assert self._published_at is not None  # set together with clearing the error
             age = self._clock() - self._published_at
             if age > self._stale_after_s:
                 return Verdict(False, f"data is {age:.0f}s old")
-            return Verdict(True, "; ".join(["ok", *(self._notes[k] for k in sorted(self._notes))]))
+            notes = [self._notes[k] for k in sorted(self._notes)]
+            if self._fabric is not None:
+                notes.append(f"no nvlink-partition label: {self._fabric}")
+            return Verdict(True, "; ".join(["ok", *notes]))

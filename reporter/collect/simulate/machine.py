@@ -21,6 +21,7 @@ from typing import Any
 from parsers.cpulist import parse_cpulist
 from parsers.documents import load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal, parse_hex_digits
 from parsers.nvidia_proc import MAX_MINOR
 from reporter.collect.fabricinfo import health_mask
 from reporter.errors import ConfigError
@@ -265,10 +266,10 @@ def _build(name: str, data: Any) -> Machine:
     numa_known = bool(data.get("numa_known", True))
     numa_nodes = tuple(
         NumaSpec(
-            int(n["id"]),
+            _whole(n["id"], "numa_nodes.id"),
             parse_cpulist(str(n["cpus"]), field=f"numa_nodes[{n['id']}].cpus"),
-            tuple(int(d) for d in n.get("distances", [])),
-            int(n.get("mem_gib", DEFAULT_NUMA_MEM_GIB)),
+            tuple(_whole(d, "numa_nodes.distances") for d in n.get("distances", [])),
+            _whole(n.get("mem_gib", DEFAULT_NUMA_MEM_GIB), "numa_nodes.mem_gib"),
         )
         for n in data["numa_nodes"]
     )
@@ -291,7 +292,7 @@ def _build(name: str, data: Any) -> Machine:
     for switch in data.get("nvswitches", []):
         nvswitches[str(switch["name"])] = str(switch["pci"])
     links = _nvlinks(data.get("nvlink", []), len(gpu_functions), nvswitches)
-    overrides = {int(g["index"]): g for g in data.get("gpus", [])}
+    overrides = {_whole(g["index"], "gpus.index"): g for g in data.get("gpus", [])}
     fabric = data.get("fabric")
     if fabric is not None and not isinstance(fabric, dict):
         raise ValueError("fabric: a mapping of cluster_uuid, clique, state, health, ...")
@@ -312,10 +313,12 @@ def _build(name: str, data: Any) -> Machine:
                     or f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'topo-reporter/{name}/{f.gpu}')}"
                 ),
                 model=str(spec["model"]),
-                mem_mib=int(spec["mem_mib"]),
+                mem_mib=_whole(spec["mem_mib"], "mem_mib"),
                 mig=None if spec.get("mig") is None else bool(spec["mig"]),
                 memory_affinity=affinity,
-                gpu_numa=None if spec.get("gpu_numa") is None else int(spec["gpu_numa"]),
+                gpu_numa=None
+                if spec.get("gpu_numa") is None
+                else _whole(spec["gpu_numa"], "gpu_numa"),
                 nvlinks=links[f.gpu],
                 fabric=_fabric(f.gpu, fabric, overrides.get(f.gpu, {})),
                 mig_devices=_mig_devices(name, f.gpu, spec),
@@ -333,6 +336,13 @@ def _build(name: str, data: Any) -> Machine:
         gpus=tuple(gpus),
         nvswitches=nvswitches,
     )
+
+
+def _whole(value: object, name: str) -> int:
+    """A profile's whole number: a YAML integer as it is, text through the one bounded parser."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return parse_decimal(str(value), field=name, signed=True)
 
 
 def _bounded(value: Any, low: int, high: int, field: str) -> int:
@@ -402,7 +412,7 @@ def _optional_byte(value: Any, field: str) -> int | None:
 
 def _mig_devices(name: str, gpu: int, spec: dict[str, Any]) -> tuple[str, ...]:
     """Stable UUIDs for the `mig_devices` MIG devices a profile asks for on one GPU."""
-    count = int(spec.get("mig_devices", 0))
+    count = _whole(spec.get("mig_devices", 0), "mig_devices")
     if count and not spec.get("mig"):
         raise ValueError(f"GPU {gpu} has mig_devices but not mig: true")
     if not 0 <= count <= MAX_MIG_DEVICES:
@@ -419,8 +429,12 @@ def _nvlinks(
     """Per GPU, the far end of each link index, in the order the profile wires them."""
     links: list[list[NvlinkEnd]] = [[] for _ in range(n_gpus)]
     for bond in bonds:
-        count = int(bond["links"])
-        gpus = list(range(n_gpus)) if bond.get("gpus") == "all" else [int(g) for g in bond["gpus"]]
+        count = _whole(bond["links"], "nvlink.links")
+        gpus = (
+            list(range(n_gpus))
+            if bond.get("gpus") == "all"
+            else [_whole(g, "nvlink.gpus") for g in bond["gpus"]]
+        )
         if any(g >= n_gpus for g in gpus):
             raise ValueError(f"NVLink bond {bond} names a GPU the profile does not have")
         if "switches" in bond:
@@ -461,8 +475,9 @@ class _TreeBuilder:
 
     def _bus(self, node: Mapping[str, Any]) -> int:
         if "bus" in node:
-            self._next_bus = max(self._next_bus, int(node["bus"]) + 1)
-            return int(node["bus"])
+            bus = _whole(node["bus"], "bus")
+            self._next_bus = max(self._next_bus, bus + 1)
+            return bus
         bus = self._next_bus
         self._next_bus += 1
         if bus > 0xFF:
@@ -472,14 +487,16 @@ class _TreeBuilder:
     def _address(self, bus: int, slot: str) -> str:
         dev, fn = slot.split(".")
         width = 4 if self._domain <= 0xFFFF else 8
-        return f"{self._domain:0{width}x}:{bus:02x}:{int(dev, 16):02x}.{int(fn)}"
+        device = parse_hex_digits(dev, field="slot")
+        return f"{self._domain:0{width}x}:{bus:02x}:{device:02x}.{_whole(fn, 'slot')}"
 
     def host_bridge(self, spec: Mapping[str, Any]) -> None:
         domain, bus = str(spec["host_bridge"]).split(":")
-        self._domain, root_bus = int(domain, 16), int(bus, 16)
+        self._domain = parse_hex_digits(domain, field="host_bridge")
+        root_bus = parse_hex_digits(bus, field="host_bridge")
         width = 4 if self._domain <= 0xFFFF else 8
         self._bridge = f"pci{self._domain:0{width}x}:{root_bus:02x}"
-        self._numa = int(spec["numa"]) if self.numa_known and "numa" in spec else None
+        self._numa = _whole(spec["numa"], "numa") if self.numa_known and "numa" in spec else None
         self._next_bus = root_bus + 1
         slot = 0
         for port in spec.get("root_ports", []):
@@ -564,7 +581,12 @@ class _TreeBuilder:
             )
 
         if "gpu" in node:
-            add(0, NVIDIA, int(node.get("class", CLASS_3D)), gpu=int(node["gpu"]))
+            add(
+                0,
+                NVIDIA,
+                _whole(node.get("class", CLASS_3D), "class"),
+                gpu=_whole(node["gpu"], "gpu"),
+            )
             if self.gpu_audio:
                 add(1, NVIDIA, CLASS_AUDIO)
         elif "nic" in node:

@@ -1,0 +1,387 @@
+"""The one HTTP server of the agent (health, metrics) and of the extender (its verbs too).
+
+uvicorn, on the h11 parser, serves in a thread of its own with its own event loop; the handlers are
+plain functions from a `Request` to a `Response`, which know nothing of HTTP framing. Why uvicorn:
+measured against waitress in bench/README.md ("HTTP server"), and the only one of the two that
+serves TLS. What it brings: h11's strict framing (a `Content-Length` of anything but ASCII digits,
+or of more than 20 digits, is a 400; headers past 16 KiB are refused), non-blocking TLS, a listen
+backlog, and asyncio's accept loop, which waits a second at the file-descriptor limit instead of
+spinning. What this module adds, because a process that any pod can reach must outlive any client:
+
+- at most `max_connections` connections (and fewer than the file-descriptor limit): at the cap
+  the server stops accepting, and the next connections wait in the listen backlog until one
+  closes;
+- a request head must arrive within `header_timeout_s` of the connection (or of its first byte
+  after an answer), a TLS handshake too; an idle keep-alive connection closes after `idle_s`;
+- a body must state its length (411), stay within `max_body_bytes` (413) and arrive within
+  `body_timeout_s` (408); `Content-Length` with `Transfer-Encoding` is a 400 (request smuggling,
+  RFC 9112 section 6.1);
+- at most `concurrent_requests` requests with a body at once; one more is answered 503 at once,
+  never queued: memory is bounded by that number times what one body costs.
+
+A handler's exception is a 500 with one line, logged; it never reaches the client or kills the
+server. Nothing here reads cluster state: the handlers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from parsers.errors import ParseError
+from parsers.integers import parse_decimal
+
+TEXT = "text/plain; charset=utf-8"
+_FD_RESERVE = 64
+"""File descriptors kept out of the connection cap: the API client, log files, TLS files."""
+_STOP_WAIT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client may cost the server. Every field is a bound, not a target."""
+
+    max_body_bytes: int = 64 * 1024
+    """Largest request body read; a larger `Content-Length` is answered 413 unread."""
+    concurrent_requests: int = 4
+    """Requests with a body handled at once; one more is answered 503 at once."""
+    max_connections: int = 1024
+    """Open connections; at the cap the next ones wait in the listen backlog until one closes."""
+    header_timeout_s: float = 10.0
+    """From a connection (or the first byte of its next request) to a complete request head."""
+    body_timeout_s: float = 10.0
+    """From a complete request head to a complete body."""
+    idle_s: float = 60.0
+    """A keep-alive connection with no request for this long is closed (Go's client: 90 s)."""
+    backlog: int = 1024
+    """Connections the kernel queues before they are accepted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a handler sees of one request: no headers, since none of ours needs any."""
+
+    method: str
+    path: str
+    """The path without the query string."""
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = TEXT
+
+
+def text(status: int, line: str) -> Response:
+    """A one-line plain-text answer."""
+    return Response(status, (line + "\n").encode())
+
+
+Handler = Callable[[Request], Response]
+
+
+class HttpServer:
+    """Serves `handler` on `address`; bound (and listening) once constructed.
+
+    Raises OSError when the address cannot be bound.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: Handler,
+        *,
+        limits: Limits,
+        tls: ssl.SSLContext | None = None,
+        name: str = "topo-reporter-http",
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        too_large_hint: str = "",
+        on_refused: Callable[[Request, int], None] = lambda request, status: None,
+    ) -> None:
+        self._handler = handler
+        self._limits = limits
+        self._too_large_hint = too_large_hint
+        self._on_refused = on_refused
+        self._log = log or structlog.get_logger("topo_reporter.http")
+        self._socket = _listen(address, limits.backlog)
+        self._in_flight = 0  # requests with a body being read or handled; the loop's own count
+        self._pool = ThreadPoolExecutor(limits.concurrent_requests, thread_name_prefix=name)
+        _quiet_uvicorn(self._log)
+        config = uvicorn.Config(
+            self._asgi,
+            http=_protocol(limits, _connection_cap(limits.max_connections)),
+            interface="asgi3",
+            proxy_headers=False,
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            backlog=limits.backlog,
+            timeout_keep_alive=max(1, round(limits.idle_s)),
+            timeout_graceful_shutdown=1,
+            ssl_context_factory=None if tls is None else lambda config, default: tls,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._socket.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def connections(self) -> int:
+        """Open connections (counted once their TLS handshake, if any, is done)."""
+        return len(self._server.server_state.connections)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests with a body being read or handled (at most `concurrent_requests`)."""
+        return self._in_flight
+
+    def start(self) -> HttpServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Close the listener and the connections; returns within a few seconds."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(_STOP_WAIT_S)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._socket.close()
+
+    def _serve(self) -> None:
+        loop = _Loop(self._limits.header_timeout_s)
+        loop.set_exception_handler(self._loop_error)
+        try:
+            loop.run_until_complete(self._server.serve(sockets=[self._socket]))
+        finally:
+            loop.close()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # asyncio's default handler prints a traceback to stderr; at the file-descriptor limit
+        # that is once a second. One structured line instead.
+        error = context.get("exception")
+        self._log.warning(
+            "http_server_error", error=str(context.get("message")), cause=repr(error)[:200]
+        )
+
+    async def _asgi(self, scope: Any, receive: Any, send: Any) -> None:
+        response, close = await self._answer(scope, receive)
+        if close:
+            # Refused before the handler saw it: the handler's metrics never count it.
+            refused = Request(str(scope["method"]), str(scope["path"]), b"")
+            self._on_refused(refused, response.status)
+        headers = [
+            (b"content-type", response.content_type.encode()),
+            (b"content-length", str(len(response.body)).encode()),
+        ]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+    async def _answer(self, scope: Any, receive: Any) -> tuple[Response, bool]:
+        """The response, and whether the connection must close after it (a body left unread)."""
+        method, path = str(scope["method"]), str(scope["path"])
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        if b"transfer-encoding" in headers and b"content-length" in headers:
+            return text(400, "Content-Length and Transfer-Encoding together: send one"), True
+        length_text = headers.get(b"content-length")
+        if method in ("GET", "HEAD") and length_text in (None, b"0"):
+            # Health and metrics: cheap, never queued behind the verbs, answered on the loop.
+            return self._handle(Request(method, path, b"")), False
+        if length_text is None:
+            return text(411, "the request must state its Content-Length"), True
+        try:
+            # h11 let through only ASCII digits, at most 20 of them.
+            length = parse_decimal(length_text.decode("ascii"), field="Content-Length")
+        except (ParseError, UnicodeDecodeError):
+            return text(400, "Content-Length is not a number"), True
+        if length > self._limits.max_body_bytes:
+            line = f"the body is {length} bytes, more than {self._limits.max_body_bytes}"
+            return text(413, line + self._too_large_hint), True
+        if self._in_flight >= self._limits.concurrent_requests:
+            return text(503, "busy: too many requests at once, retry"), True
+        self._in_flight += 1
+        try:
+            try:
+                body = await asyncio.wait_for(_read_body(receive), self._limits.body_timeout_s)
+            except TimeoutError:
+                return text(408, "the body did not arrive in time"), True
+            if body is None:
+                return text(400, "the client went away"), True
+            request = Request(method, path, body)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, self._handle, request), False
+        finally:
+            self._in_flight -= 1
+
+    def _handle(self, request: Request) -> Response:
+        try:
+            return self._handler(request)
+        except Exception:
+            # A defect of ours, not of the request: say so in one line, keep serving.
+            self._log.exception("http_handler_failed", method=request.method, path=request.path)
+            return text(500, "internal error: see the server's log")
+
+
+def _listen(address: tuple[str, int], backlog: int) -> socket.socket:
+    """A listening TCP socket. Raises OSError.
+
+    Made with IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets
+    whose protocol says TCP, and with it on, an answer's head and body (two writes) wait for
+    the client's delayed ACK: 40 ms a request.
+    """
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The whole body; None when the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _connection_cap(wanted: int) -> int:
+    """`wanted`, lowered below the file-descriptor limit: the server stops accepting at the cap,
+    so it never meets EMFILE on its connections' account."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - _FD_RESERVE))
+
+
+def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the connection cap and the request-head deadline."""
+
+    class Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) >= cap and isinstance(self.loop, _Loop):
+                # Full: the next connections wait in the listen backlog until one closes. One
+                # accepted meanwhile (or whose TLS handshake was under way) still comes in.
+                self.loop.pause_accepting()
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
+                # The first byte of a new request: its head has header_timeout_s to arrive.
+                self._arm()
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            self._disarm()
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+            if len(self.connections) < cap and isinstance(self.loop, _Loop):
+                self.loop.resume_accepting()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(limits.header_timeout_s, self._expire, self.cycle)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self, cycle: object) -> None:
+            self._deadline = None
+            if self.cycle is cycle:
+                # No request head since the deadline was set: a stalled or trickling client.
+                self.transport.close()
+
+    return Protocol
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    """asyncio's loop with two bounds of its own: TLS handshakes get the request-head deadline
+    (asyncio's default is 60 s), so that a client that connects and never says hello holds its
+    descriptor no longer than one that sends no request; and accept() fails once a second at the
+    descriptor limit, not a thousand times."""
+
+    def __init__(self, handshake_timeout_s: float) -> None:
+        super().__init__()
+        self._handshake_timeout_s = handshake_timeout_s
+        self._listener: tuple[Any, ...] | None = None
+        self._paused = False
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", self._handshake_timeout_s)
+        return await super().create_server(*args, **kwargs)
+
+    def _start_serving(
+        self, factory: Any, sock: Any, context: Any, server: Any, *rest: Any
+    ) -> None:
+        # After each wake-up on the listener, asyncio calls accept() up to `backlog` times (its
+        # next argument, here 1024); when accept() fails for want of a descriptor it goes on
+        # (CPython 3.11 to 3.13), logging each failure and scheduling one more retry for each: a
+        # thousand refusals a second at the limit. One accept() per wake-up: one a second. The
+        # listen backlog itself is set elsewhere (Server), unchanged. asyncio calls this again to
+        # retry after a refusal: while paused, the retry waits for resume_accepting.
+        self._listener = (factory, sock, context, server, 1, *rest[1:])
+        if not self._paused:
+            super()._start_serving(*self._listener)  # type: ignore[misc]
+
+    def pause_accepting(self) -> None:
+        """Accept nothing until resume_accepting: connections wait in the listen backlog, where
+        they cost the process neither a descriptor nor memory (as Go's LimitListener does)."""
+        if self._listener is not None and not self._paused:
+            self._paused = True
+            self.remove_reader(self._listener[1].fileno())
+
+    def resume_accepting(self) -> None:
+        if self._listener is not None and self._paused:
+            self._paused = False
+            super()._start_serving(*self._listener)  # type: ignore[misc]
+
+
+def _quiet_uvicorn(log: structlog.typing.FilteringBoundLogger) -> None:
+    """uvicorn logs through `logging`: its startup lines and one warning per malformed request
+    would be plain text among our JSON lines. Keep its errors, as structured lines, and drop the
+    rest (the client got its 400; a flood of them must not become a flood of log lines)."""
+
+    class ToStructlog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log.error("http_server_error", error=record.getMessage()[:500])
+
+    logger = logging.getLogger("uvicorn")
+    logger.handlers = [ToStructlog(logging.ERROR)]
+    logger.propagate = False
