@@ -55,7 +55,7 @@ from reporter.placement import (
     nvlink_reach,
     score_gpu_set,
 )
-from reporter.schema.model import Topology
+from reporter.schema.model import MAX_GPUS, Topology
 
 __all__ = [
     "ALLOCATION_KEY",
@@ -97,8 +97,6 @@ MAX_SCORE = 10
 AVAILABILITY_BUDGET = 4_000_000
 """Search work units for all k of one node together (a few seconds of one core at worst)."""
 
-MAX_GPUS = 256
-"""The topology schema's limit on GPUs per node; more free GPUs than this is not a real node."""
 MAX_TEXT_CHARS = 8192
 """Longer than any value `encode_availability` writes for MAX_GPUS GPUs (about 6 KB)."""
 _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -43,7 +44,13 @@ class HostFS(Protocol):
 
 
 class DirHostFS:
-    """A sysfs tree on disk: the host's `/sys`, a bind mount of it, or a test fixture."""
+    """A sysfs tree on disk: the host's `/sys`, a bind mount of it, or a test fixture.
+
+    What it reads is a regular file inside the root: a path whose symlinks lead out of the root
+    is absent (the host's own sysfs links are relative and stay inside), and anything else at
+    a file's place (a FIFO, a device) is refused without waiting. Real sysfs and procfs hold
+    neither; a hostile or broken mount can, and open() of a FIFO waits for a writer forever.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -54,19 +61,42 @@ class DirHostFS:
             raise FileNotFoundError(errno.ENOENT, "path leaves the sysfs root", path)
         return self.root / relative
 
+    def _inside(self, where: str, path: str) -> None:
+        """Raise FileNotFoundError when `where` (a resolved absolute path) is outside the root."""
+        root = os.path.realpath(self.root)
+        if where != root and not where.startswith(root + os.sep):
+            raise FileNotFoundError(errno.ENOENT, "symlink leaves the sysfs root", path)
+
+    def _open(self, path: str, flags: int) -> int:
+        """A descriptor of `path`, opened where the kernel's walk of its symlinks led, checked to
+        be inside the root: the descriptor's own path, so nothing can change in between."""
+        fd = os.open(self._host_path(path), flags | os.O_CLOEXEC)
+        try:
+            self._inside(os.readlink(f"/proc/self/fd/{fd}"), path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def read_text(self, path: str) -> str:
-        with self._host_path(path).open("rb") as f:
+        # Non-blocking, so that a FIFO opens at once (and is refused), not when a writer comes.
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
             return f.read(MAX_READ_BYTES).decode("utf-8", errors="replace")
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(os.listdir(self._host_path(path)))
+        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
 
     def realpath(self, path: str) -> str:
-        root = os.path.realpath(self.root)
         resolved = os.path.realpath(self._host_path(path), strict=True)
-        if resolved != root and not resolved.startswith(root + os.sep):
-            raise FileNotFoundError(errno.ENOENT, "symlink leaves the sysfs root", path)
-        return os.path.relpath(resolved, root)
+        self._inside(resolved, path)
+        return os.path.relpath(resolved, os.path.realpath(self.root))
 
 
 class MemoryHostFS:

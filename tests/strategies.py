@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TypeVar
+
 from hypothesis import strategies as st
 
 from parsers.links import SELF, Link, LinkKind
@@ -19,6 +22,8 @@ from reporter.schema.model import (
     Topology,
 )
 from reporter.schema.normalize import infer_nvswitch
+
+T = TypeVar("T")
 
 PCIE_KINDS = [LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE, LinkKind.SYS]
 
@@ -124,6 +129,29 @@ def nvlink_healths(draw: st.DrawFn, index: int, n: int) -> NvlinkHealth:
     return NvlinkHealth(count=count, down=tuple(sorted(down)), lost=tuple(lost))
 
 
+def _unique_identities(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    """The GPUs with every UUID, PCI address, minor and MIG device held by its first GPU only (a
+    later GPU drawn with one loses it): the decoder refuses a node where two GPUs share one."""
+    seen: set[object] = set()
+
+    def first(value: T | None) -> T | None:
+        if value is None or value in seen:
+            return None
+        seen.add(value)
+        return value
+
+    return tuple(
+        replace(
+            gpu,
+            uuid=first(gpu.uuid),
+            pci=first(gpu.pci),
+            minor=first(gpu.minor),
+            mig_devices=tuple(m for m in gpu.mig_devices if first(m) is not None),
+        )
+        for gpu in gpus
+    )
+
+
 @st.composite
 def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topology:
     """Any valid topology, every optional field exercised."""
@@ -153,6 +181,7 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topolo
         )
         for i in range(n)
     )
+    gpus = _unique_identities(gpus)
     names = draw(st.lists(nic_names, max_size=max_nics, unique=True))
     peers = draw(symmetric_matrix(len(names), pcie_links))
     nics = tuple(

@@ -175,6 +175,13 @@ def test_a_device_plugin_node_counts_claims_too(
         ("gpu.nvidia.com", NODE, "gpu-0-mig-", True),
         ("gpu.nvidia.com", NODE, "g" * 300, True),
         ("gpu.nvidia.com", NODE, "gpu-0\x00", True),
+        ("gpu.nvidia.com", NODE, "gpu-\u0663", True),
+        ("gpu.nvidia.com", NODE, "gpu-03", True),
+        ("gpu.nvidia.com", NODE, "GPU-3", True),
+        ("gpu.nvidia.com", NODE, "", True),
+        ("gpu.nvidia.com", NODE.upper(), "gpu-0", True),
+        ("gpu.nvidia.com", "", "gpu-0", True),
+        ("", NODE, "gpu-0", False),
     ],
     ids=[
         "another driver: not ours, ignored",
@@ -184,6 +191,13 @@ def test_a_device_plugin_node_counts_claims_too(
         "a MIG name without its parts",
         "300 bytes",
         "a NUL byte",
+        "another script's digit",
+        "a leading zero",
+        "upper case",
+        "no name",
+        "the pool in upper case",
+        "no pool",
+        "no driver: not ours, ignored",
     ],
 )
 def test_a_claimed_device_that_is_not_a_gpu_here_frees_nothing_and_crashes_nothing(

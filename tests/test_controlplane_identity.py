@@ -541,3 +541,52 @@ def test_the_agent_with_the_pods_token_writes_its_nodes_rule_and_not_anothers(
             )
             for rule in found["items"]:
                 admin.delete_cluster_custom_object(*RULES, rule["metadata"]["name"])
+
+
+def test_a_rule_someone_labelled_for_the_agents_node_does_not_stop_the_agents_rules(
+    real_apiserver: RealApiServer, agent: Agent, tmp_path: Path
+) -> None:
+    # Anyone who may create DeviceTaintRules can put the agent's labels on one in another
+    # node's pool. The agent took it for its own and deleted it; the policy refused the delete,
+    # and the sink stopped before creating the agent's own rule, at every scan (redteam).
+    machine = profile(tmp_path, [1])
+    admin = k8s.CustomObjectsApi(real_apiserver.api())
+    wait_for_rule_policy(k8s.CustomObjectsApi(agent.api), agent.node_b)
+    planted = taint_rule(f"planted-{agent.node_a}", agent.node_b)
+    planted["metadata"]["labels"] = {
+        "app.kubernetes.io/managed-by": "topo-reporter",
+        f"{PREFIX}/node": agent.node_a,
+    }
+    admin.create_cluster_custom_object(*RULES, planted)
+    try:
+        run = subprocess.run(
+            [
+                *CLI,
+                "run",
+                "--simulate",
+                str(machine),
+                "--once",
+                "--listen",
+                "",
+                "--dra-device-taints",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env(
+                KUBECONFIG=str(agent.kubeconfig),
+                NODE_NAME=agent.node_a,
+                TOPO_REPORTER_LOG_FORMAT="json",
+            ),
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        names = {r["metadata"]["name"] for r in admin.list_cluster_custom_object(*RULES)["items"]}
+        assert {dra.rule_name(agent.node_a, "gpu-1"), planted["metadata"]["name"]} <= names
+        assert "device_taint_rules_not_ours" in run.stdout + run.stderr
+    finally:
+        found = admin.list_cluster_custom_object(
+            *RULES, label_selector=dra.owned_selector(agent.node_a, PREFIX)
+        )
+        for rule in found["items"]:
+            admin.delete_cluster_custom_object(*RULES, rule["metadata"]["name"])

@@ -36,6 +36,7 @@ from reporter.collect.fabricinfo import (
 from reporter.errors import CollectError, NvmlUnavailable
 from reporter.hostfs import HostFS
 from reporter.schema.model import (
+    MAX_GPUS,
     FabricState,
     Gpu,
     GpuFabric,
@@ -202,6 +203,14 @@ class NvmlCollector:
     def _collect(self) -> Topology | None:
         driver = self._call(None, "nvmlSystemGetDriverVersion")
         count = self._call(None, "nvmlDeviceGetCount")
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_GPUS
+        ):
+            # Checked before any GPU is asked for: every pair of them is asked for its path.
+            raise CollectError(
+                f"NVML counts {excerpt(count)} GPUs: no node has that many (at most {MAX_GPUS}); "
+                "the driver answered garbage"
+            )
         if not count:
             return None
         handles: list[Any] = []

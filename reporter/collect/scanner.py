@@ -22,8 +22,9 @@ from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.collect.sysfs import SysfsCollector, SysfsView
-from reporter.errors import CollectError, ConfigError, NvmlUnavailable
+from reporter.errors import CollectError, ConfigError, NvmlUnavailable, SchemaError
 from reporter.hostfs import DirHostFS, HostFS
+from reporter.schema.codec import check
 from reporter.schema.model import Gpu, Topology
 
 log = structlog.get_logger(__name__)
@@ -55,6 +56,8 @@ class CollectorScanner:
         self._clock = clock
         self._proc = procfs
         self._counters = LinkCounters()
+        self._checked: Topology | None = None
+        """The last topology that passed the schema check."""
 
     def scan(self) -> ScanResult:
         start = self._clock()
@@ -70,10 +73,45 @@ class CollectorScanner:
             sysfs = SourceStatus("sysfs", SourceState.FAILED, self._clock() - start, str(e))
         if self.backend == "sysfs":
             topology = view.topology() if view is not None else None
+            problem = self._unpublishable(topology)
+            if problem is not None:
+                topology, sysfs = None, _failed(sysfs, _SYSFS_GARBAGE, problem)
             return ScanResult(topology, (sysfs,))
         link_errors: list[LinkErrors] = []
         nvml_topology, nvml = _short_of_sysfs(*self._nvml(view, link_errors), view)
-        return ScanResult(self._merge(nvml_topology, view), (nvml, sysfs), tuple(link_errors))
+        merged = self._merge(nvml_topology, view)
+        problem = self._unpublishable(merged)
+        if problem is not None:
+            # Whose answer: NVML's own topology is checked; if it passes, sysfs added the garbage
+            # (NICs, NUMA nodes, procfs minors).
+            nvml_problem = self._unpublishable(nvml_topology)
+            if nvml_problem is not None:
+                nvml_topology, nvml = None, _failed(nvml, _NVML_GARBAGE, nvml_problem)
+            else:
+                view, sysfs = None, _failed(sysfs, _SYSFS_GARBAGE, problem)
+            merged = self._merge(nvml_topology, view)
+            problem = self._unpublishable(merged)
+            if problem is not None:
+                merged, sysfs = None, _failed(sysfs, _SYSFS_GARBAGE, problem)
+        return ScanResult(merged, (nvml, sysfs), tuple(link_errors))
+
+    def _unpublishable(self, topology: Topology | None) -> str | None:
+        """Why the decoder would refuse `topology` once published, or None.
+
+        A driver or a mount answering garbage (a GPU name with escape sequences, 2^64 bytes of
+        memory, one minor for every GPU) must not reach the Node as a topology every reader
+        refuses, nor as text an operator's terminal obeys: it fails its source, and the agent
+        keeps what it had. The last topology that passed is remembered: a steady machine is
+        checked once, not at every scan (bench/publish_check.py).
+        """
+        if topology is None or topology == self._checked:
+            return None
+        try:
+            check(topology)
+        except SchemaError as e:
+            return str(e)
+        self._checked = topology
+        return None
 
     def _nvml(
         self, view: SysfsView | None, link_errors: list[LinkErrors]
@@ -111,6 +149,20 @@ class CollectorScanner:
             nics=view.nic_entries(gpu_places),
             numa_nodes=view.numa_nodes,
         )
+
+
+_NVML_GARBAGE = "NVML answered what the topology schema cannot hold"
+_SYSFS_GARBAGE = "sysfs holds what the topology schema cannot"
+
+
+def _failed(status: SourceStatus, what: str, problem: str) -> SourceStatus:
+    # Not logged here: the agent says a source failed once, not at every scan.
+    return SourceStatus(
+        status.name,
+        SourceState.FAILED,
+        status.duration_s,
+        f"{what} ({problem}): not published; check the driver and the node",
+    )
 
 
 def _with_minors(nvml: Topology, view: SysfsView) -> tuple[Gpu, ...]:

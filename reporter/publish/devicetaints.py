@@ -9,8 +9,10 @@ are missing and deletes the ones no longer wanted (a rule whose reason changed i
 created again: the agent holds no `update` right), and lists again once per resync period. So
 while health is steady it writes nothing.
 
-It touches only rules it listed with its own labels. A create that meets an object of that name
-(409) met someone else's rule, which it leaves alone and reports once. The admission policy
+It touches only rules it listed with its own labels that are rules it writes (its name scheme,
+its node's pool): our labels are anyone's to write, and a rule they mark in another pool or in
+none is left alone and reported once. A create that meets an object of that name (409) met
+someone else's rule, which it leaves alone and reports once. The admission policy
 (chart) keeps each agent to rules whose pool is its own node.
 
 It writes through `reporter.publish.api.ApiClient`, so the dry run prints each rule it would create.
@@ -65,6 +67,8 @@ class DeviceTaintSink:
         self._known: dict[str, tuple[Any, ...]] | None = None
         """Our rules on the cluster, by name, as last listed or written; None: list again."""
         self._listed_at = -float("inf")
+        self._not_ours_told: list[str] = []
+        """The names of the rules under our labels that are not ours, as last said."""
         self._foreign: set[str] = set()
         """Names taken by someone else's rule: not tried again until the next list."""
         self._refused: tuple[tuple[DeviceTaint, ...], float, ApiPermanentError] | None = None
@@ -116,13 +120,11 @@ class DeviceTaintSink:
                     continue
                 raise
             self._resource = resource
-            self._known = {
-                str(item["metadata"]["name"]): devicetaints.rule_content(item)
-                for item in page["items"]
-                if isinstance(item, dict) and isinstance(item.get("metadata"), dict)
-            }
+            own = [devicetaints.own_rule(item, self._node) for item in page["items"]]
+            self._known = dict(rule for rule in own if rule is not None)
             self._listed_at = self._clock()
             self._foreign.clear()
+            self._not_ours(page["items"], own)
             return
         self._served = False
         self._log.error(
@@ -134,6 +136,25 @@ class DeviceTaintSink:
             "the kube-scheduler with the same gates, then restart the agent; no rule is written "
             "until then",
         )
+
+    def _not_ours(self, items: list[Any], own: list[tuple[str, Any] | None]) -> None:
+        """Rules under our labels that are not ones this agent writes: left alone (their names
+        not created over), said once while they stay."""
+        names = sorted(
+            devicetaints.listed_name(item)
+            for item, rule in zip(items, own, strict=True)
+            if rule is None
+        )
+        self._foreign.update(names)
+        if names and names != self._not_ours_told:
+            self._log.warning(
+                "device_taint_rules_not_ours",
+                rules=[name[:80] for name in names[:8]],
+                count=len(names),
+                hint="these carry this agent's labels but are not rules it writes (another "
+                "pool, no pool, or not its name): left alone; delete them if nobody needs them",
+            )
+        self._not_ours_told = names
 
     def _converge(
         self, resource: Resource, known: dict[str, tuple[Any, ...]], taints: Sequence[DeviceTaint]

@@ -5,8 +5,8 @@ give equal annotations and equal hashes on every machine; it writes v2. Decoding
 as untrusted: bounded in size, validated against the shipped JSON Schema of its version (v1
 documents, written by earlier agents, still read), then checked for what a schema cannot say
 (square matrices with X on the diagonal, islands, a clique that matches its fabric, link indexes,
-hash); every rejection is a `SchemaError` naming the field. It never returns a partly decoded
-topology.
+GPU identities unique within the node, hash); every rejection is a `SchemaError` naming the field.
+It never returns a partly decoded topology.
 """
 
 from __future__ import annotations
@@ -64,9 +64,22 @@ def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
     return schema
 
 
+def _whole_number(_: object, instance: object) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# JSON Schema counts 1.0 (and -0.0) as an integer. The encoder writes ints only, and a GPU index of
+# 0.0 decoded fine, then crashed whatever indexed a matrix with it (the agent's Event diff, the
+# doctor, `kubectl gpu-topology`): here an integer is an int, nothing else.
+_STRICT_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _whole_number)
+_Validator: type[jsonschema.protocols.Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]  # types-jsonschema leaves extend unannotated
+    jsonschema.Draft202012Validator, type_checker=_STRICT_TYPES
+)
+
+
 @cache
-def _validator(version: int) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json_schema(version))
+def _validator(version: int) -> jsonschema.protocols.Validator:
+    return _Validator(json_schema(version))
 
 
 def _cpulist(cpus: frozenset[int] | None) -> str | None:
@@ -210,6 +223,12 @@ def decode(text: str | bytes) -> Topology:
     return from_document(doc)
 
 
+def check(topology: Topology) -> None:
+    """Raise SchemaError (naming the field) when `decode` would refuse what `encode` writes of
+    `topology`: what a source observed is checked with this before anyone publishes it."""
+    from_document(to_document(topology))
+
+
 def from_document(doc: Any) -> Topology:
     """Validate an already-parsed v1 or v2 document and build the model. Raises SchemaError."""
     if not isinstance(doc, dict):
@@ -231,6 +250,7 @@ def from_document(doc: Any) -> Topology:
             missing = next(k for k in error.validator_value if k not in error.instance)
             raise SchemaError(f"{path}.{missing}" if path else missing, "is required")
         raise SchemaError(path, _schema_message(error))
+    _check_identities(doc["gpus"])
     try:
         topology = Topology(
             source=Source(doc["source"]),
@@ -263,6 +283,25 @@ def from_document(doc: Any) -> Topology:
             "is not in canonical form",
         )
     return topology
+
+
+_IDENTITIES = ("uuid", "pci", "minor", "mig_devices")
+"""What devices are matched to a GPU by (device plugin IDs, NVIDIA's DRA device `gpu-<minor>`,
+NVLink far ends): two GPUs with one of them would have another's claims counted on the wrong GPU."""
+
+
+def _check_identities(gpus: list[dict[str, Any]]) -> None:
+    """Raise SchemaError when two GPUs share a UUID, PCI address, minor number or MIG device."""
+    owner: dict[tuple[str, Any], int] = {}
+    for i, gpu in enumerate(gpus):
+        for key in _IDENTITIES:
+            value = gpu.get(key)
+            for one in value if isinstance(value, list) else (value,):
+                if one is None:
+                    continue
+                first = owner.setdefault((key, one), i)
+                if first != i:
+                    raise SchemaError(f"gpus[{i}].{key}", f"{excerpt(one)} is also GPU{first}'s")
 
 
 def _path(parts: Any) -> str:

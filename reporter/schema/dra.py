@@ -167,12 +167,17 @@ def rule(
     }
 
 
-def rule_content(obj: dict[str, Any]) -> tuple[Any, ...]:
+def _object(value: Any) -> dict[str, Any]:
+    """`value` where it is a JSON object, else empty: a listed rule of any shape reads safely."""
+    return value if isinstance(value, dict) else {}
+
+
+def rule_content(obj: Any) -> tuple[Any, ...]:
     """What decides whether a rule as stored is the one we want: the selector and the taint
-    (not `timeAdded`, which the API server sets)."""
-    spec = obj.get("spec") or {}
-    selector = spec.get("deviceSelector") or {}
-    taint = spec.get("taint") or {}
+    (not `timeAdded`, which the API server sets). Any shape reads: what is missing is None."""
+    spec = _object(_object(obj).get("spec"))
+    selector = _object(spec.get("deviceSelector"))
+    taint = _object(spec.get("taint"))
     return (
         selector.get("driver"),
         selector.get("pool"),
@@ -183,3 +188,21 @@ def rule_content(obj: dict[str, Any]) -> tuple[Any, ...]:
         taint.get("value"),
         taint.get("effect"),
     )
+
+
+def listed_name(obj: Any) -> str:
+    """The name of a listed object as text, `?` where it has none."""
+    name = _object(_object(obj).get("metadata")).get("name")
+    return "?" if name is None else str(name)
+
+
+def own_rule(obj: Any, node: str) -> tuple[str, tuple[Any, ...]] | None:
+    """(name, content) of a listed rule that is one this node's agent writes: named
+    `topo-reporter.<node>.<device>` and selecting devices in the node's own pool. None for any
+    other, whatever labels it carries: our labels are anyone's to write, and deleting what they
+    mark would delete another node's rule, or (the admission policy refusing) stop the sink."""
+    name = _object(_object(obj).get("metadata")).get("name")
+    if not isinstance(name, str) or not name.startswith(rule_name(node, "")):
+        return None
+    content = rule_content(obj)
+    return (name, content) if content[1] == node else None

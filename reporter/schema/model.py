@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from parsers.links import SELF, Link, LinkKind
 
 __all__ = [
+    "MAX_GPUS",
     "SELF",
     "FabricHealth",
     "FabricState",
@@ -28,6 +29,10 @@ __all__ = [
     "Source",
     "Topology",
 ]
+
+
+MAX_GPUS = 256
+"""GPUs of one node the schema holds (`gpus` maxItems): more is not a node but garbage."""
 
 
 class Source(enum.Enum):

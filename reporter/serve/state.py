@@ -3,10 +3,10 @@
 Live: the loop made progress recently, or is in a wait it announced (the interval, a retry's
 backoff, a server's Retry-After): a wait asked for is not a stall. Ready: the last publish
 succeeded, no source is failing (the topology's, and, with availability on, the kubelet's
-PodResources and the heartbeat Lease) and the data is fresh. A withheld NVLink partition (a fabric
-not completed, GPUs that disagree on it) is said in the ready answer, not made a NotReady: a pod kept
-NotReady by a rack's hardware would stall the DaemonSet's rolling update on that node for as long as
-the hardware stays as it is. It only records; it never decides what to publish.
+PodResources and the heartbeat Lease) and the data is fresh. A withheld NVLink partition (a
+fabric not completed, GPUs that disagree on it) is said in the ready answer, not made a NotReady:
+a pod kept NotReady by a rack's hardware would stall the DaemonSet's rolling update on that node
+for as long as the hardware stays as it is. It only records; it never decides what to publish.
 """
 
 from __future__ import annotations
