@@ -3,10 +3,11 @@
 Method. One process: the API server double from tests/kube_double (HTTPS on 127.0.0.1, the
 agent's token and RBAC), 200 Nodes, and 200 agents, each in its own thread, each with its own API
 client (`--client lean`, the default, as `topo-reporter run` picks for a token kubeconfig or a
-pod; `--client official` for the `kubernetes` one), NodePatchSink and Agent as `run` wires them.
-Every agent's scanner returns one simulated DGX H100 scan (scan cost is bench/scan_cost.py's
-subject). A simulated hour is compressed 60x: interval 1 s for the default 60 s, resync 5 s for the
-default 5 min, so 60 s of wall time is one node-hour. Requests are counted by the double. Phases:
+pod; `--client official` for the `kubernetes` one), each agent built as `run` builds it
+(reporter.assembly.build_agent). Every agent's scanner returns one simulated DGX H100 scan (scan
+cost is bench/scan_cost.py's subject). A simulated hour is compressed 60x: interval 1 s for the
+default 60 s, resync 5 s for the default 5 min, so 60 s of wall time is one node-hour. Requests
+are counted by the double. Phases:
 
 1. install: 200 agents start on Nodes that carry nothing;
 2. steady state: one compressed hour, nothing changes; writes and reads per node-hour;
@@ -43,26 +44,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RandomFaultDouble, quiet_logs, table
-from reporter.agent import Agent, SchemaProjection
+from reporter.agent import Agent
+from reporter.assembly import build_agent
 from reporter.collect import ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
-from reporter.live import AvailabilityLoop
 from reporter.publish.api import ApiClient
-from reporter.publish.availability import AvailabilitySink
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.rest import RestApiClient, load_rest_config
-from reporter.publish.retry import Backoff
-from reporter.publish.sink import NodePatchSink
 from reporter.schema import keys
 from reporter.schema.codec import encode
 from reporter.schema.model import Topology
-from reporter.serve.metrics import Metrics, api_error_kind
-from reporter.serve.state import AgentState
+from reporter.serve.metrics import Metrics
+from reporter.settings import Settings
 from tests.agent_support import ClockedStop, FakeClock
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
@@ -100,29 +96,13 @@ CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
 def start_agent(
     node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
 ) -> Running:
-    stop = threading.Event()
-    metrics = Metrics()
-    log = structlog.get_logger("topo_reporter").bind(node=node)
-    sink = NodePatchSink(
-        client(kubeconfig),
-        node=node,
-        prefix=PREFIX,
-        stop=stop,
-        backoff=Backoff(),
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(node=node, prefix=PREFIX, interval_s=INTERVAL_S, resync_s=RESYNC_S),
+        api=client(kubeconfig),
         scanner=FixedScanner(scan),
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=AgentState(stall_after_s=300, stale_after_s=900),
-        metrics=metrics,
-        log=log,
-        stop=stop,
-        interval_s=INTERVAL_S,
-        resync_s=RESYNC_S,
+        stall_after_s=300,
     )
+    agent, stop, metrics = parts.agent, parts.stop, parts.metrics
     thread = threading.Thread(target=agent.run, name=f"agent-{node}", daemon=True)
     thread.start()
     return Running(agent, stop, thread, metrics)
@@ -229,37 +209,25 @@ def availability_cost(
     clock = FakeClock()
     ticks = int(hours * 3600 / TICK_S)
     stop = ClockedStop(clock, waits=ticks)
-    metrics = Metrics()
-    state = AgentState(stall_after_s=300, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=node)
-    api = client(kubeconfig)
-    sink = NodePatchSink(
-        api, node=node, prefix=PREFIX, stop=stop, backoff=Backoff(), log=log, on_wait=state.waiting
-    )
     kubelet = ChurningKubelet(per_hour, clock, seed=int(per_hour) + 1)
-    loop = AvailabilityLoop(
-        source=kubelet,
-        sink=AvailabilitySink(api, node=node, prefix=PREFIX, log=log, on_written=sink.observe),
-        state=state,
-        metrics=metrics,
-        log=log,
-        interval_s=TICK_S,
-        resync_s=LIVE_RESYNC_S,
-        clock=clock,
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(
+            node=node,
+            prefix=PREFIX,
+            interval_s=SCAN_S,
+            resync_s=LIVE_RESYNC_S,
+            availability=True,
+            availability_interval_s=TICK_S,
+        ),
+        api=client(kubeconfig),
         scanner=FixedScanner(scan),
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
+        source=kubelet,
         stop=stop,
-        interval_s=SCAN_S,
-        resync_s=LIVE_RESYNC_S,
         clock=clock,
-        live=loop,
+        stall_after_s=300,
     )
+    agent, loop = parts.agent, parts.live
+    assert loop is not None
     agent.step()  # install: the first publish, not counted
     path = f"/api/v1/nodes/{node}"
     mark = len(double.requests)

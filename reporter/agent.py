@@ -33,7 +33,8 @@ from reporter.publish.sink import Sink
 from reporter.schema import keys
 from reporter.schema import labels as projections
 from reporter.schema.codec import decode
-from reporter.schema.diff import changes, event_message
+from reporter.schema.diff import EVENT_MESSAGE_MAX_BYTES, changes, event_message
+from reporter.schema.fabric import node_fabric
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
@@ -48,6 +49,9 @@ the loop or the server asked for is not a stall, however long."""
 REASON_CHANGED = "GPUTopologyChanged"
 REASON_DEGRADED = DEGRADED_REASON
 REASON_FINDING = "GPUTopologyFinding"
+REASON_FABRIC = "NVLinkFabricProblem"
+"""Warning Event: the node's NVLink partition is withheld, or its GPUs answered fabric or rack
+values that cannot be taken (reporter.schema.fabric.NodeFabric.problems)."""
 
 
 class Projection(Protocol):
@@ -62,14 +66,17 @@ class Projection(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SchemaProjection:
-    """The schema v1 projection: DESIGN.md's labels, `topology`, `matrix` and `owned`."""
+    """The schema's projection: docs/schema.md's labels, `topology`, `matrix` and `owned`."""
 
     prefix: str
+    node: str | None = None
+    """The Node's name: a node without a multi-node NVLink fabric is its own domain, named after
+    it (without one, those two labels are left out)."""
 
     def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired:
         kubelet = {} if policies is None else projections.kubelet_labels(policies, self.prefix)
         return patch.desired(
-            projections.labels(topology, self.prefix) | kubelet,
+            projections.labels(topology, self.prefix, self.node) | kubelet,
             projections.annotations(topology, self.prefix),
             self.prefix,
         )
@@ -86,16 +93,26 @@ class SchemaProjection:
 
 
 def _worse(old: Topology, new: Topology) -> bool:
-    """Fewer GPUs or NICs, more lost GPUs, or a smaller NVLink island: worth a Warning."""
+    """Fewer GPUs or NICs, more lost GPUs, a smaller NVLink island, more NVLinks down or a
+    fabric less healthy: worth a Warning."""
 
     def island(t: Topology) -> int:
         return max((len(i) for i in t.islands), default=0)
+
+    def down(t: Topology) -> int:
+        return sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None)
+
+    def fabric(t: Topology) -> int:
+        health = node_fabric(t).health
+        return {None: 0, "healthy": 0, "degraded": 1}.get(health, 2)
 
     return (
         len(new.gpus) < len(old.gpus)
         or len(new.nics) < len(old.nics)
         or sum(g.lost for g in new.gpus) > sum(g.lost for g in old.gpus)
         or island(new) < island(old)
+        or down(new) > down(old)
+        or fabric(new) > fabric(old)
     )
 
 
@@ -152,6 +169,8 @@ class Agent:
         """The availability loop, on its own cadence in `run()`; None when not wired."""
         self._chosen: Topology | None = None
         """The topology chosen by the last scan: the one the live loop reads availability for."""
+        self._fabric_told: tuple[str, ...] = ()
+        """The fabric problems last reported as a Warning Event."""
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -266,6 +285,22 @@ class Agent:
                 self._event(EventType.WARNING, reason, event_text(finding))
         self._findings_told = set(current)
 
+    def _report_fabric(self, topology: Topology) -> None:
+        """Readiness and one Warning Event per distinct set of fabric problems (a partition
+        withheld, garbage from the driver): said once, again when they change."""
+        fabric = node_fabric(topology)
+        self._state.set_fabric_problem(fabric.withheld)
+        if fabric.problems == self._fabric_told:
+            return
+        if fabric.problems:
+            self._log.warning("fabric_problem", problems=list(fabric.problems))
+            lead = "no nvlink-partition label" if fabric.withheld is not None else "NVLink fabric"
+            message = event_message(fabric.problems, EVENT_MESSAGE_MAX_BYTES - len(lead) - 2)
+            self._event(EventType.WARNING, REASON_FABRIC, f"{lead}: {message}")
+        else:
+            self._log.info("fabric_problem_gone", was=list(self._fabric_told))
+        self._fabric_told = fabric.problems
+
     def _publish(self, topology: Topology) -> bool:
         want = self._projection.desired(topology, self._policies)
         resync = self._clock() - self._last_read >= self._resync_s
@@ -302,6 +337,7 @@ class Agent:
         if wrote:
             self._tell_change(previous, topology)
         self._report_findings(topology, changed=wrote)
+        self._report_fabric(topology)
         return True
 
     def _tell_change(self, previous: Topology | None, topology: Topology) -> None:

@@ -8,7 +8,6 @@ cause ends here as one line on stderr (what happened, what to do) and a non-zero
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -16,57 +15,45 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import structlog
 
 from parsers.documents import DocumentBoundError, load_json, load_yaml
 from parsers.errors import ParseError, excerpt
 from parsers.nvsmi import parse_topo
-from reporter import doctor, logs, settings
-from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection, run_until_signalled
+from reporter import assembly, doctor, logs, settings, terminal
+from reporter.agent import run_until_signalled
 from reporter.collect import BACKENDS, build_scanner, list_profiles
-from reporter.collect.kubelet import read_kubelet_policies
-from reporter.collect.simulate.machine import load_machine
-from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from reporter.collect.sysfs import numa_memory
 from reporter.errors import (
     CollectError,
     ConfigError,
     InputError,
-    PublishError,
     SchemaError,
     TopoReporterError,
 )
-from reporter.hostfs import DirHostFS, HostFS
 from reporter.inputs import read_bounded
-from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
-from reporter.publish.api import NODES, ApiClient
-from reporter.publish.availability import AvailabilitySink
-from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
-from reporter.publish.nodefeature import NodeFeatureSink, object_name
-from reporter.publish.nrt import NrtOutput, NrtSink
-from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
-from reporter.publish.retry import Backoff
-from reporter.publish.sink import NodePatchSink, Sink
 from reporter.schema import keys
 from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
 from reporter.schema.formats import FORMATS, format_topology
 from reporter.schema.model import Topology
 from reporter.schema.node import node_name, topology_annotation
 from reporter.schema.normalize import topology_from_matrix
-from reporter.serve.http import HealthServer
-from reporter.serve.metrics import Metrics, api_error_kind
-from reporter.serve.state import AgentState
+from reporter.serve.metrics import api_error_kind
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+"""A subcommand: its parsed arguments in, the exit status out."""
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What add_subparsers() returns: each subcommand's function adds its parser to it."""
 
 # Inputs are a few kilobytes; a Node object with every annotation is at most a few hundred.
 MAX_INPUT_BYTES = 4 * 1024 * 1024
@@ -175,14 +162,46 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_parse(args: argparse.Namespace) -> int:
     topology = topology_from_text(read_input(args.file), args.file)
-    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
+
+
+def _file_command(
+    commands: Commands, name: str, help_text: str, description: str, handler: Handler
+) -> None:
+    """A subcommand that reads one FILE and prints a topology in --format."""
+    reader = commands.add_parser(name, help=help_text, description=description)
+    reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    _add_format(reader)
+    reader.set_defaults(handler=handler)
+
+
+def _parse_command(commands: Commands) -> None:
+    _file_command(
+        commands,
+        "parse",
+        "turn `nvidia-smi topo -m` text into the schema",
+        "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
+        "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+        _cmd_parse,
+    )
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
     topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
-    sys.stdout.write(format_topology(topology, args.format, args.prefix))
+    terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
+
+
+def _render_command(commands: Commands) -> None:
+    _file_command(
+        commands,
+        "render",
+        "read a topology annotation or a Node object and print it",
+        "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
+        "(or -o yaml) prints it, validate it, and print it.",
+        _cmd_render,
+    )
 
 
 def _gpu_count(value: str) -> int:
@@ -228,7 +247,7 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
     if args.format == "json":
         document = best.to_document()
         document["policy"] = str(args.policy)
-        sys.stdout.write(json.dumps(document) + "\n")
+        terminal.write(sys.stdout, json.dumps(document) + "\n")
         return EXIT_OK
     links, numa, nic, pcie = best.score
     policy = (
@@ -243,13 +262,69 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
         else f"note: not proven optimal: the search budget of {args.budget} work units ran out "
         "first; this is the best set found (raise --budget to search further)\n"
     )
-    sys.stdout.write(
+    terminal.write(
+        sys.stdout,
         f"GPUs: {','.join(map(str, best.gpus))}\n"
         f"score: {links} {numa} {nic} {pcie} (link points, minus NUMA nodes spanned, NIC points, "
         f"PCIe points; larger is better; {best.points_per_pair:.1f} points per pair)\n"
-        f"why: {best.explain()}\n{policy}{inexact}"
+        f"why: {best.explain()}\n{policy}{inexact}",
     )
     return EXIT_OK
+
+
+def _best_set_command(commands: Commands) -> None:
+    best_set = commands.add_parser(
+        "best-set",
+        help="the K best-connected GPUs of a node, with their score and why",
+        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
+        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
+        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
+        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
+        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
+    )
+    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    best_set.add_argument(
+        "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
+    )
+    best_set.add_argument(
+        "--available",
+        type=_gpu_indices,
+        metavar="I,J,...",
+        help="the GPU indices free to choose from (default: every GPU that is not lost; an empty "
+        "list means none is free)",
+    )
+    best_set.add_argument(
+        "--must-include",
+        type=_gpu_indices,
+        default=[],
+        metavar="I,J,...",
+        help="GPU indices the set must hold (the kubelet's mustInclude); each must be available",
+    )
+    best_set.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=Policy.BEST,
+        help="best: the best single set (default); packing: split all available GPUs into sets "
+        "of K as NVIDIA's allocator does, and return the best set of the best split",
+    )
+    best_set.add_argument(
+        "--budget",
+        type=_work_units,
+        default=DEFAULT_BUDGET,
+        metavar="UNITS",
+        help=f"search work units before settling for the best set found, reported as not proven "
+        f"optimal (default: {DEFAULT_BUDGET})",
+    )
+    best_set.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    best_set.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"annotation prefix of a Node object (default: {keys.DEFAULT_PREFIX})",
+    )
+    best_set.set_defaults(handler=_cmd_best_set)
 
 
 def _logs_to_stderr() -> None:
@@ -275,189 +350,94 @@ def _cmd_collect(args: argparse.Namespace) -> int:
             "is this a GPU node, and is the host's /sys mounted there?"
         )
     for status in result.failed:
-        print(f"topo-reporter: warning: {status.name}: {status.error}", file=sys.stderr)
-    sys.stdout.write(format_topology(result.topology, args.format, args.prefix))
+        terminal.write(sys.stderr, f"topo-reporter: warning: {status.name}: {status.error}\n")
+    node = args.node or socket.gethostname().lower()
+    terminal.write(sys.stdout, format_topology(result.topology, args.format, args.prefix, node))
     return EXIT_OK
+
+
+def _collect_command(commands: Commands) -> None:
+    collect = commands.add_parser(
+        "collect",
+        help="read this machine's topology (or a simulated one's) and print it",
+        description="Scan this machine with NVML and sysfs, or a simulated machine, and print the "
+        "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
+    )
+    collect.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=os.environ.get("TOPO_REPORTER_BACKEND", "auto"),
+        help="where to read from (default: auto; env TOPO_REPORTER_BACKEND)",
+    )
+    collect.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        default=os.environ.get("TOPO_REPORTER_SYSFS_ROOT", "/sys"),
+        help="where the host's /sys is mounted (default: /sys; env TOPO_REPORTER_SYSFS_ROOT)",
+    )
+    collect.add_argument(
+        "--simulate",
+        metavar="PROFILE",
+        default=os.environ.get("TOPO_REPORTER_SIMULATE"),
+        help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a "
+        "profile YAML file (env TOPO_REPORTER_SIMULATE)",
+    )
+    collect.add_argument(
+        "--node",
+        metavar="NAME",
+        default=os.environ.get("TOPO_REPORTER_NODE") or os.environ.get("NODE_NAME"),
+        help="the Node's name, which a node without a multi-node NVLink fabric names its "
+        "nvlink-domain after (default: TOPO_REPORTER_NODE, NODE_NAME, else the lower-cased "
+        "hostname, as `run` uses)",
+    )
+    _add_format(collect)
+    collect.set_defaults(handler=_cmd_collect)
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
     profiles = list_profiles()
     width = max(len(p.name) for p in profiles)
     for profile in profiles:
-        sys.stdout.write(f"{profile.name:<{width}}  {profile.description}\n")
+        terminal.write(sys.stdout, f"{profile.name:<{width}}  {profile.description}\n")
     return EXIT_OK
 
 
-# The official `kubernetes` client costs the agent ~33 MiB and 0.18 s to import: it is imported
-# only where the lean client cannot serve (exec/auth-provider kubeconfigs, proxies) and by doctor.
-
-
-def _api_client(kubeconfig: str | None, log: structlog.typing.FilteringBoundLogger) -> ApiClient:
-    """The lean client, or the official one where only it can use these credentials."""
-    try:
-        config = load_rest_config(kubeconfig)
-    except LeanClientUnsupportedError as e:
-        log.info("api_client", api_client="official", reason=str(e))
-        from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
-
-        return kube.KubeApiClient(kube.load_configuration(kubeconfig))
-    log.info("api_client", api_client="lean", server=config.server)
-    return RestApiClient(config)
-
-
-def nrt_output(
-    config: settings.Settings,
-    client: ApiClient,
-    log: structlog.typing.FilteringBoundLogger,
-    *,
-    stop: threading.Event,
-    metrics: Metrics,
-) -> NrtOutput:
-    """The live output of `run --nrt`: the node's NodeResourceTopology, from each allocation
-    view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
-    Manager policies from its config file. API errors and results go to `metrics`."""
-    node = config.node or socket.gethostname().lower()
-    hostfs: HostFS = (
-        DirHostFS(Path(config.sysfs_root))
-        if config.simulate is None
-        else memory_hostfs(load_machine(config.simulate))
+def _profiles_command(commands: Commands) -> None:
+    profiles = commands.add_parser(
+        "profiles",
+        help="list the simulated machines",
+        description="List the machine profiles that `--simulate` accepts.",
     )
-    sink = NrtSink(
-        client,
-        stop=stop,
-        backoff=Backoff(),
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-    )
-    return NrtOutput(
-        sink,
-        node=node,
-        memory=lambda: numa_memory(hostfs),
-        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        log=log,
-        resync_s=config.resync_s,
-        on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
-    )
-
-
-def _free_source(config: settings.Settings) -> FreeSource:
-    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
-    if config.simulate_used is not None:
-        assert config.simulate is not None  # validate() requires it
-        machine = load_machine(config.simulate)
-        check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
-        return SimulatedFreeSource(config.simulate_used)
-    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
-
-    if config.gpu_resources is None:
-        return PodResourcesReader(Path(config.pod_resources_socket))
-    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+    profiles.set_defaults(handler=_cmd_profiles)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     config = settings.resolve(vars(args), os.environ)
-    # validate() lets only a dry run go without a node name; it prints the patch for this host's
-    # Node, named as the kubelet names it by default, and every log line says so.
-    node = config.node or socket.gethostname().lower()
-    logs.configure(log_format=config.log_format, level=config.log_level, node=node)
-    log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter").bind(
-        node=node
+    logs.configure(
+        log_format=config.log_format, level=config.log_level, node=assembly.agent_node(config)
     )
-    scanner = build_scanner(config.backend, Path(config.sysfs_root), config.simulate)
-    stop = threading.Event()
-    metrics = Metrics()
-    state = AgentState(
-        stall_after_s=STALL_AFTER_S,
-        stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
-    )
-    sink: Sink
-
-    def on_error(e: PublishError) -> None:
-        metrics.api_errors.labels(kind=api_error_kind(e)).inc()
-
-    if config.sink == "nodefeature":
-        object_name(node)  # a name NFD cannot take is the one line said, before anything
-    api: ApiClient
-    if config.dry_run:
-        # A dry run publishes to an empty Node, printing what it would send.
-        empty = {(NODES, node): {"metadata": {"name": node}}}
-        api = PrintingClient(sys.stdout, log, objects=empty)
-    else:
-        api = _api_client(config.kubeconfig, log)
-    if config.sink == "node":
-        sink = NodePatchSink(
-            api,
-            node=node,
-            prefix=config.prefix,
-            stop=stop,
-            backoff=Backoff(),
-            log=log,
-            on_error=on_error,
-            on_wait=state.waiting,
-        )
-    else:
-        sink = NodeFeatureSink(
-            api,
-            node=node,
-            prefix=config.prefix,
-            namespace=config.namespace,
-            stop=stop,
-            backoff=Backoff(),
-            log=log,
-            on_error=on_error,
-            on_wait=state.waiting,
-        )
-    live = None
-    # The availability keys go on the Node (validate() allows availability with the node sink
-    # only); a dry run without availability has no Node to keep them off.
-    if isinstance(sink, NodePatchSink) and (config.availability or not config.dry_run):
-        live = AvailabilityLoop(
-            # Off: the loop only takes our keys off the Node, where an earlier run left them.
-            source=_free_source(config) if config.availability else None,
-            sink=AvailabilitySink(
-                api, node=node, prefix=config.prefix, log=log, on_written=sink.observe
-            ),
-            state=state,
-            metrics=metrics,
-            log=log,
-            interval_s=config.availability_interval_s if config.availability else config.interval_s,
-            resync_s=config.resync_s,
-            outputs=(nrt_output(config, api, log, stop=stop, metrics=metrics),)
-            if config.nrt
-            else (),
-        )
-    agent = Agent(
-        scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(config.prefix),
-        state=state,
-        metrics=metrics,
-        log=log,
-        stop=stop,
-        interval_s=config.interval_s,
-        resync_s=config.resync_s,
-        kubelet=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=()
-        if config.koordinator_dir is None
-        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
-        live=live,
-    )
+    parts = assembly.build_agent(config)
     if config.once:
-        return EXIT_OK if agent.step() else EXIT_FAILURE
-    address = settings.listen_address(config.listen)
-    server = None
-    if address is not None:
-        try:
-            server = HealthServer(address, state, metrics).start()
-        except OSError as e:
-            raise ConfigError(f"cannot listen on {config.listen}: {e.strerror}") from e
-        log.info("serving", address=f"{server.address[0]}:{server.address[1]}")
+        return EXIT_OK if parts.agent.step() else EXIT_FAILURE
+    server = parts.serve(config.listen)
     try:
-        run_until_signalled(agent, stop, log)
+        run_until_signalled(parts.agent, parts.stop, parts.log)
     finally:
         if server is not None:
             server.stop()
     return EXIT_OK
+
+
+def _run_command(commands: Commands) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run the agent: scan, publish on the Node, serve health and metrics",
+        description="Scan the GPU topology every --interval and publish it on this Node's labels "
+        "and annotations when it changes. Settings: flags > TOPO_REPORTER_* environment > "
+        "--config YAML file > defaults.",
+    )
+    settings.add_arguments(run)
+    run.set_defaults(handler=_cmd_run)
 
 
 def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBoundLogger) -> None:
@@ -529,190 +509,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    # An operator's tool: the official client, for every kubeconfig kubectl takes.
-    from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
-
-    reader = doctor.ApiClusterReader(
-        kube.KubeApiClient(kube.load_configuration(args.kubeconfig), request_timeout_s=(5.0, 30.0)),
-        agent_selector=args.agent_selector,
-    )
-    if args.node:
-        nodes = [reader.get_node(args.node)]
-    else:
-        nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
-    by_node = {
-        str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
-    }
-    if args.format == "json":
-        sys.stdout.write(doctor.report_json(by_node))
-    else:
-        sys.stdout.write(doctor.report_text(by_node, summary=args.all))
-    worst = doctor.worst(by_node)
-    return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="topo-reporter",
-        description="Publish the GPU topology of a Kubernetes node as labels and annotations.",
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {version('topo-reporter')}"
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    for name, help_text, description, handler in (
-        (
-            "parse",
-            "turn `nvidia-smi topo -m` text into the schema",
-            "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
-            "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
-            _cmd_parse,
-        ),
-        (
-            "render",
-            "read a topology annotation or a Node object and print it",
-            "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
-            "(or -o yaml) prints it, validate it, and print it.",
-            _cmd_render,
-        ),
-    ):
-        reader = commands.add_parser(name, help=help_text, description=description)
-        reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-        _add_format(reader)
-        reader.set_defaults(handler=handler)
-
-    collect = commands.add_parser(
-        "collect",
-        help="read this machine's topology (or a simulated one's) and print it",
-        description="Scan this machine with NVML and sysfs, or a simulated machine, and print the "
-        "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
-    )
-    collect.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default=os.environ.get("TOPO_REPORTER_BACKEND", "auto"),
-        help="where to read from (default: auto; env TOPO_REPORTER_BACKEND)",
-    )
-    collect.add_argument(
-        "--sysfs-root",
-        metavar="DIR",
-        default=os.environ.get("TOPO_REPORTER_SYSFS_ROOT", "/sys"),
-        help="where the host's /sys is mounted (default: /sys; env TOPO_REPORTER_SYSFS_ROOT)",
-    )
-    collect.add_argument(
-        "--simulate",
-        metavar="PROFILE",
-        default=os.environ.get("TOPO_REPORTER_SIMULATE"),
-        help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a "
-        "profile YAML file (env TOPO_REPORTER_SIMULATE)",
-    )
-    _add_format(collect)
-    collect.set_defaults(handler=_cmd_collect)
-
-    profiles = commands.add_parser(
-        "profiles",
-        help="list the simulated machines",
-        description="List the machine profiles that `--simulate` accepts.",
-    )
-    profiles.set_defaults(handler=_cmd_profiles)
-    run = commands.add_parser(
-        "run",
-        help="run the agent: scan, publish on the Node, serve health and metrics",
-        description="Scan the GPU topology every --interval and publish it on this Node's labels "
-        "and annotations when it changes. Settings: flags > TOPO_REPORTER_* environment > "
-        "--config YAML file > defaults.",
-    )
-    settings.add_arguments(run)
-    run.set_defaults(handler=_cmd_run)
-
-    diagnose = commands.add_parser(
-        "doctor",
-        help="explain why GPU pods stay Pending or run slow, node by node",
-        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
-        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
-        "no finding is an error, 1 otherwise, 2 on bad usage.",
-    )
-    which = diagnose.add_mutually_exclusive_group(required=True)
-    which.add_argument("--node", metavar="NAME", help="examine one node")
-    which.add_argument(
-        "--all", action="store_true", help="examine every GPU node and summarize, worst first"
-    )
-    diagnose.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
-    )
-    diagnose.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
-    )
-    diagnose.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
-    )
-    diagnose.add_argument(
-        "--agent-selector",
-        default=doctor.AGENT_POD_SELECTOR,
-        help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
-    )
-    diagnose.set_defaults(handler=_cmd_doctor)
-
-    best_set = commands.add_parser(
-        "best-set",
-        help="the K best-connected GPUs of a node, with their score and why",
-        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
-        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
-        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
-        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
-        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
-    )
-    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    best_set.add_argument(
-        "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
-    )
-    best_set.add_argument(
-        "--available",
-        type=_gpu_indices,
-        metavar="I,J,...",
-        help="the GPU indices free to choose from (default: every GPU that is not lost; an empty "
-        "list means none is free)",
-    )
-    best_set.add_argument(
-        "--must-include",
-        type=_gpu_indices,
-        default=[],
-        metavar="I,J,...",
-        help="GPU indices the set must hold (the kubelet's mustInclude); each must be available",
-    )
-    best_set.add_argument(
-        "--policy",
-        type=Policy,
-        choices=list(Policy),
-        default=Policy.BEST,
-        help="best: the best single set (default); packing: split all available GPUs into sets "
-        "of K as NVIDIA's allocator does, and return the best set of the best split",
-    )
-    best_set.add_argument(
-        "--budget",
-        type=_work_units,
-        default=DEFAULT_BUDGET,
-        metavar="UNITS",
-        help=f"search work units before settling for the best set found, reported as not proven "
-        f"optimal (default: {DEFAULT_BUDGET})",
-    )
-    best_set.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
-    )
-    best_set.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help=f"annotation prefix of a Node object (default: {keys.DEFAULT_PREFIX})",
-    )
-    best_set.set_defaults(handler=_cmd_best_set)
-
+def _extender_command(commands: Commands) -> None:
     extender = commands.add_parser(
         "extender",
         help="serve kube-scheduler's extender verbs: filter and rank nodes by free GPUs",
@@ -763,6 +560,91 @@ def build_parser() -> argparse.ArgumentParser:
         help="debug, info, warning or error (default: info)",
     )
     extender.set_defaults(handler=_cmd_extender)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    # An operator's tool: the official client, for every kubeconfig kubectl takes.
+    from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
+
+    reader = doctor.ApiClusterReader(
+        kube.KubeApiClient(kube.load_configuration(args.kubeconfig), request_timeout_s=(5.0, 30.0)),
+        agent_selector=args.agent_selector,
+    )
+    if args.node:
+        nodes = [reader.get_node(args.node)]
+    else:
+        nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
+    by_node = {
+        str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
+    }
+    if args.format == "json":
+        terminal.write(sys.stdout, doctor.report_json(by_node))
+    else:
+        terminal.write(sys.stdout, doctor.report_text(by_node, summary=args.all))
+    worst = doctor.worst(by_node)
+    return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
+
+
+def _doctor_command(commands: Commands) -> None:
+    diagnose = commands.add_parser(
+        "doctor",
+        help="explain why GPU pods stay Pending or run slow, node by node",
+        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
+        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
+        "no finding is an error, 1 otherwise, 2 on bad usage.",
+    )
+    which = diagnose.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", metavar="NAME", help="examine one node")
+    which.add_argument(
+        "--all", action="store_true", help="examine every GPU node and summarize, worst first"
+    )
+    diagnose.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    diagnose.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    diagnose.add_argument(
+        "--prefix",
+        default=keys.DEFAULT_PREFIX,
+        help=f"label and annotation prefix (default: {keys.DEFAULT_PREFIX})",
+    )
+    diagnose.add_argument(
+        "--agent-selector",
+        default=doctor.AGENT_POD_SELECTOR,
+        help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
+    )
+    diagnose.set_defaults(handler=_cmd_doctor)
+
+
+COMMANDS: tuple[Callable[[Commands], None], ...] = (
+    _parse_command,
+    _render_command,
+    _collect_command,
+    _profiles_command,
+    _run_command,
+    _doctor_command,
+    _best_set_command,
+    _extender_command,
+)
+"""Each subcommand's parser, in the order `--help` lists them; a new subcommand is one function
+beside its handler, named here."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="topo-reporter",
+        description="Publish the GPU topology of a Kubernetes node as labels and annotations.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version('topo-reporter')}"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_command in COMMANDS:
+        add_command(commands)
     return parser
 
 
@@ -772,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.handler(args)
     except TopoReporterError as e:
-        print(f"topo-reporter: error: {e}", file=sys.stderr)
+        terminal.write(sys.stderr, f"topo-reporter: error: {e}\n")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

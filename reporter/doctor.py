@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from parsers.kubelet import KubeletPolicies
 from reporter.errors import ApiPermanentError, SchemaError
 from reporter.publish.api import EVENTS, NODES, PODS, ApiClient, Resource
+from reporter.publish.client import COMPONENT, NODE_EVENT_NAMESPACE
 from reporter.schema import keys
 from reporter.schema.codec import decode
 from reporter.schema.labels import gpus_per_numa
@@ -214,14 +215,22 @@ def node_findings(
     prefix: str,
     agent: AgentObservation,
 ) -> list[Finding]:
-    """Every finding for one Node object (as the API returns it) and its decoded topology."""
+    """Every finding for one Node object (as the API returns it) and its decoded topology.
+
+    `topology` None with the annotation present means it does not decode: `examine` reports that
+    (topology-unreadable); here it is not "no topology data", whose evidence would be false.
+    """
     name = node.get("metadata", {}).get("name", "?")
     status = node.get("status") or {}
     allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
     capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
     findings: list[Finding] = []
     if topology is None:
-        if capacity or allocatable:
+        if _annotations(node).get(keys.key(prefix, keys.TOPOLOGY)) is not None:
+            # Its fix (delete it, the agent republishes) needs an agent: say where there is none.
+            if agent.pod_found is False or agent.pod_ready is False:
+                findings.append(_agent_not_ready(name, agent))
+        elif capacity or allocatable:
             findings.append(_no_data(name, capacity or allocatable or 0, agent))
         return findings
     seen = len(topology.gpus)
@@ -280,6 +289,10 @@ def node_findings(
 
 def _labels(node: Mapping[str, Any]) -> dict[str, str]:
     return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
 
 
 def _no_data(name: str, gpus: int, agent: AgentObservation) -> Finding:
@@ -354,8 +367,9 @@ class ApiClusterReader:
         namespace: str | None = None,
         tool: str = "topo-reporter doctor",
     ) -> None:
-        """`namespace`: where the agent runs, to look up its pods and Events there only (None:
-        every namespace); `tool`: the command that 403 messages say needs the permission."""
+        """`namespace`: where the agent runs, to look up its pods there only (None: every
+        namespace); its Events are read where it posts them (NODE_EVENT_NAMESPACE) only. `tool`:
+        the command that 403 messages say needs the permission."""
         self._api = api
         self._agent_selector = agent_selector
         self._namespace = namespace
@@ -388,10 +402,10 @@ class ApiClusterReader:
         return node
 
     def _optional(
-        self, resource: Resource, query: Mapping[str, str]
+        self, resource: Resource, namespace: str | None, query: Mapping[str, str]
     ) -> list[dict[str, Any]] | None:
         try:
-            return list(self._api.list(resource, self._namespace, query=query)["items"])
+            return list(self._api.list(resource, namespace, query=query)["items"])
         except ApiPermanentError as e:
             if e.status == 403:
                 return None
@@ -399,11 +413,28 @@ class ApiClusterReader:
 
     def agent_pods(self, node: str) -> list[dict[str, Any]] | None:
         query = {"labelSelector": self._agent_selector, "fieldSelector": f"spec.nodeName={node}"}
-        return self._optional(PODS, query)
+        return self._optional(PODS, self._namespace, query)
 
     def node_events(self, node: str) -> list[dict[str, Any]] | None:
         selector = f"involvedObject.kind=Node,involvedObject.name={node}"
-        return self._optional(EVENTS, {"fieldSelector": selector})
+        return self._optional(EVENTS, NODE_EVENT_NAMESPACE, {"fieldSelector": selector})
+
+
+def is_agent_event(event: Mapping[str, Any], node: str) -> bool:
+    """An Event our agent posted about `node`: in NODE_EVENT_NAMESPACE, from COMPONENT, about the
+    cluster-scoped Node (no involvedObject namespace), as reporter.publish.client writes it.
+
+    The API server takes an Event about a Node in any namespace whose name the involvedObject
+    repeats, so whoever may create Events there can write any reason, source and message about
+    any Node; only these are the agent's word (a finding, its evidence)."""
+    involved = event.get("involvedObject") or {}
+    return (
+        (event.get("metadata") or {}).get("namespace") == NODE_EVENT_NAMESPACE
+        and (event.get("source") or {}).get("component") == COMPONENT
+        and involved.get("kind") == "Node"
+        and involved.get("name") == node
+        and not involved.get("namespace")
+    )
 
 
 def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
@@ -417,7 +448,9 @@ def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
             for c in (pod.get("status") or {}).get("conditions") or []
         )
     events = reader.node_events(node)
-    degraded = [e for e in events or [] if e.get("reason") == DEGRADED_REASON]
+    degraded = [
+        e for e in events or [] if e.get("reason") == DEGRADED_REASON and is_agent_event(e, node)
+    ]
     degraded.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     return AgentObservation(
         pod_found=None if pods is None else bool(pods),
@@ -428,9 +461,7 @@ def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
 
 def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Finding]:
     """Every finding for one Node: its annotation decoded, its agent observed."""
-    annotation = ((node.get("metadata") or {}).get("annotations") or {}).get(
-        keys.key(prefix, keys.TOPOLOGY)
-    )
+    annotation = _annotations(node).get(keys.key(prefix, keys.TOPOLOGY))
     topology: Topology | None = None
     findings: list[Finding] = []
     if annotation is not None:

@@ -2,9 +2,10 @@
 
 Every sysfs read of the agent goes through a `HostFS`: the real one is rooted where the host's
 `/sys` is mounted (`--sysfs-root`, `/host/sys` in the chart), the simulated one lives in memory so
-that `--simulate` works on a read-only root filesystem. Paths handed to a HostFS are relative to
-its root (`bus/pci/devices`), never absolute. A HostFS only reads: it must never write, create or
-follow a symlink out of its root.
+that `--simulate` works on a read-only root filesystem. The NVIDIA driver's files in procfs
+(`/proc/driver/nvidia`) are read through a second HostFS rooted at `/proc`. Paths handed to a
+HostFS are relative to its root (`bus/pci/devices`), never absolute. A HostFS only reads: it must
+never write, create or follow a symlink out of its root.
 
 Every method raises `OSError` (`FileNotFoundError` for what is absent, broken symlinks included):
 callers treat a file they cannot read as "the host does not say".

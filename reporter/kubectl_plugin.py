@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsers.cpulist import format_cpulist
-from reporter import doctor
+from reporter import doctor, terminal
 from reporter.availability import (
     AVAILABILITY_KEY,
     GPU_FREE_NVLINK_MAX_LABEL,
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-n",
         "--namespace",
-        help="the namespace topo-reporter runs in: its pods and Events are looked up there "
-        "(default: every namespace)",
+        help="the namespace topo-reporter runs in: its pods are looked up there (default: every "
+        "namespace); its Events are read in default, where it posts them",
     )
     parser.add_argument(
         "--format",
@@ -204,15 +204,15 @@ def run(args: argparse.Namespace) -> int:
         nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
         rows = [node_row(n, args.prefix) for n in nodes]
         if not rows:
-            print(
+            terminal.write(
+                sys.stderr,
                 f"No GPU nodes found: no node has {doctor.GPU_RESOURCE} capacity or a "
-                f"{keys.key(args.prefix, keys.TOPOLOGY)} annotation.",
-                file=sys.stderr,
+                f"{keys.key(args.prefix, keys.TOPOLOGY)} annotation.\n",
             )
         elif args.format == "json":
-            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+            terminal.write(sys.stdout, json.dumps(rows, indent=2) + "\n")
         else:
-            sys.stdout.write(list_text(rows))
+            terminal.write(sys.stdout, list_text(rows))
         return EXIT_OK
     try:
         node = reader.get_node(args.node)
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         raise
     findings = doctor.examine(reader, node, args.prefix)
-    sys.stdout.write(show_node(node, findings, args.format, args.prefix))
+    terminal.write(sys.stdout, show_node(node, findings, args.format, args.prefix))
     return EXIT_OK if _topology(node, args.prefix) is not None else EXIT_FAILURE
 
 
@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except TopoReporterError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

@@ -1,6 +1,7 @@
 """Logging set-up: structlog, JSON when stderr is not a terminal, key=value on one.
 
-Every line carries the node name. A processor blanks any field whose name says it holds a secret
+Every line carries the node name; key=value lines are written without terminal control sequences
+(reporter.terminal). A processor blanks any field whose name says it holds a secret
 (token, authorization, password, kubeconfig content), so a careless `log.info(..., token=t)` cannot
 leak one; messages are written never to include them in the first place.
 """
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from typing import TextIO, cast
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
+
+from reporter.terminal import TerminalStream
 
 _SECRET_FIELDS = ("token", "authorization", "password", "secret", "kubeconfig_content", "cert")
 
@@ -54,6 +57,11 @@ def configure(
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # On a terminal a line can quote the cluster (an API server's message): written through
+        # TerminalStream, it cannot carry escape sequences. JSON escapes them itself. PrintLogger
+        # only writes and flushes, which is all TerminalStream has.
+        logger_factory=structlog.PrintLoggerFactory(
+            out if as_json else cast(TextIO, TerminalStream(out))
+        ),
         cache_logger_on_first_use=False,
     )

@@ -9,10 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import structlog
-
 from parsers.kubelet import KubeletPolicies
-from reporter.agent import Agent, SchemaProjection
+from reporter.agent import Agent
+from reporter.assembly import build_agent
 from reporter.collect import ScanResult, SourceState, SourceStatus
 from reporter.publish.api import ApiClient
 from reporter.publish.kube import KubeApiClient, load_configuration
@@ -20,8 +19,9 @@ from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import SELF, Gpu, Link, LinkKind, Nic, NumaNode, Source, Topology
-from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
+from reporter.settings import Settings
 
 NODE = "gpu-node-1"
 PREFIX = "gpu.topology.io"
@@ -183,36 +183,21 @@ def wire_agent(
     stall_after_s: float = 180,
     node: str = NODE,
 ) -> Wired:
-    """An agent on `node`, publishing through `client` to whatever kubeconfig names."""
+    """An agent on `node`, built as `run` builds it, publishing through `client` to whatever
+    kubeconfig names; availability off, as `run`'s default."""
     clock = clock or FakeClock()
-    stop = stop if stop is not None else threading.Event()
-    metrics = Metrics()
-    state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=node)
-    sink = NodePatchSink(
-        client(kubeconfig, request_timeout_s),
-        node=node,
-        prefix=PREFIX,
-        stop=stop,
-        backoff=backoff,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-        on_wait=state.waiting,
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(node=node, prefix=PREFIX, interval_s=interval_s, resync_s=resync_s),
+        api=client(kubeconfig, request_timeout_s),
         scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
-        stop=stop,
-        interval_s=interval_s,
-        resync_s=resync_s,
-        clock=clock,
         kubelet=kubelet,
+        stop=stop,
+        clock=clock,
+        backoff=backoff,
+        stall_after_s=stall_after_s,
     )
-    return Wired(agent, scanner, sink, state, metrics, clock, stop)
+    assert isinstance(parts.sink, NodePatchSink)
+    return Wired(parts.agent, scanner, parts.sink, parts.state, parts.metrics, clock, parts.stop)
 
 
 WireAgent = Callable[..., Wired]

@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,9 @@ GO_MISSING = (
     "the control-plane tests need Go: install Go 1.26 (https://go.dev/dl/) and put `go` on PATH"
 )
 GO_FALLBACK = Path("/usr/local/go/bin/go")
-"""Where the official Go tarball installs; found even when PATH does not name it."""
+"""Where the official Go tarball (and tests/prereqs.sh) installs; found even when PATH does not name
+it, or names an older Go (Debian's golang-go)."""
+GO_MIN = (1, 26)
 
 BUILD_TIMEOUT_S = 3600.0
 """A cold build compiles kube-apiserver and etcd: tens of minutes on two cores; warm, seconds."""
@@ -40,13 +43,39 @@ STOP_TIMEOUT_S = 40.0
 MAX_LOG_TAIL = 4000
 
 
+def go_version(go: str) -> tuple[int, int]:
+    """(major, minor) of a `go` command; (0, 0) when it does not say. Asked outside any module,
+    with GOTOOLCHAIN=local, so that no go.mod makes it download another toolchain."""
+    result = subprocess.run(
+        [go, "env", "GOVERSION"],
+        cwd="/",
+        env={**os.environ, "GOTOOLCHAIN": "local"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    found = re.match(r"go(\d+)\.(\d+)", result.stdout.strip())
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
 def go_binary() -> str:
-    """The `go` command, or a test failure in one line saying what to install."""
-    found = shutil.which("go")
-    if found:
-        return found
-    if GO_FALLBACK.is_file():
-        return str(GO_FALLBACK)
+    """The first Go 1.26 or newer, on PATH or in /usr/local/go, or a test failure in one line
+    saying what to install."""
+    older = []
+    for go in (shutil.which("go"), str(GO_FALLBACK) if GO_FALLBACK.is_file() else None):
+        if go is None:
+            continue
+        version = go_version(go)
+        if version >= GO_MIN:
+            return go
+        older.append(f"{go} (go{version[0]}.{version[1]})")
+    if older:
+        pytest.fail(
+            f"the control-plane tests need Go 1.26 or newer, found only {', '.join(older)}: "
+            "install Go 1.26 (https://go.dev/dl/, or sh tests/prereqs.sh)",
+            pytrace=False,
+        )
     pytest.fail(GO_MISSING, pytrace=False)
 
 

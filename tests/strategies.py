@@ -5,7 +5,19 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from parsers.links import SELF, Link, LinkKind
-from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
+from reporter.schema.fabric import CONDITIONS
+from reporter.schema.model import (
+    FabricHealth,
+    FabricState,
+    Gpu,
+    GpuFabric,
+    Nic,
+    NumaNode,
+    NvlinkHealth,
+    RackPosition,
+    Source,
+    Topology,
+)
 from reporter.schema.normalize import infer_nvswitch
 
 PCIE_KINDS = [LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE, LinkKind.SYS]
@@ -68,6 +80,50 @@ pci_addresses = st.tuples(
 ).map(lambda t: f"{t[0]:0{4 if t[0] <= 0xFFFF else 8}x}:{t[1]:02x}:{t[2]:02x}.{t[3]}")
 
 
+label_values = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,14}[A-Za-z0-9])?", fullmatch=True)
+bytes_ = st.none() | st.integers(0, 255)
+rack_positions = st.builds(
+    RackPosition,
+    chassis_serial=st.none() | label_values,
+    slot=bytes_,
+    tray=bytes_,
+    host_id=bytes_,
+)
+problem_lines = st.from_regex(r"[ -~]{1,60}", fullmatch=True).filter(lambda t: t.strip() != "")
+
+
+@st.composite
+def gpu_fabrics(draw: st.DrawFn) -> GpuFabric:
+    """Every shape a GPU's fabric can take: any state, attached or not, garbage marked."""
+    unreadable = draw(st.booleans())
+    cluster = None if unreadable else draw(st.none() | st.uuids().map(str))
+    return GpuFabric(
+        state=draw(st.sampled_from(list(FabricState))),
+        cluster_uuid=cluster,
+        clique=None if unreadable else draw(st.integers(0, 2**32 - 2)),
+        error=draw(st.none() | st.integers(1, 999)),
+        health=draw(st.none() | st.sampled_from(list(FabricHealth))),
+        conditions=tuple(
+            draw(st.lists(st.sampled_from(list(CONDITIONS)), max_size=3, unique=True))
+        ),
+        position=draw(st.none() | rack_positions),
+        problems=tuple(draw(st.lists(problem_lines, max_size=2))),
+    )
+
+
+@st.composite
+def nvlink_healths(draw: st.DrawFn, index: int, n: int) -> NvlinkHealth:
+    count = draw(st.integers(1, 36))
+    down = draw(st.lists(st.integers(0, count - 1), max_size=4, unique=True))
+    peers = [p for p in range(n) if p != index]
+    lost = draw(
+        st.lists(st.tuples(st.sampled_from(peers), st.integers(1, 4)), max_size=2)
+        if peers
+        else st.just([])
+    )
+    return NvlinkHealth(count=count, down=tuple(sorted(down)), lost=tuple(lost))
+
+
 @st.composite
 def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topology:
     """Any valid topology, every optional field exercised."""
@@ -87,13 +143,13 @@ def topologies(draw: st.DrawFn, max_gpus: int = 10, max_nics: int = 5) -> Topolo
             mem_mib=draw(st.none() | st.integers(0, 200_000)),
             mig=draw(st.none() | st.booleans()),
             gpu_numa=draw(st.none() | st.integers(0, 64)),
-            clique=draw(
-                st.none() | st.tuples(uuids, st.integers(0, 9)).map(lambda c: f"{c[0][4:]}.{c[1]}")
-            ),
             mig_devices=tuple(
                 draw(st.lists(uuids.map(lambda u: f"MIG-{u[4:]}"), max_size=3, unique=True))
             ),
             lost=draw(st.booleans()),
+            minor=draw(st.none() | st.integers(0, 254)),
+            fabric=draw(st.none() | gpu_fabrics()),
+            nvlink=draw(st.none() | nvlink_healths(i, n)),
         )
         for i in range(n)
     )

@@ -13,17 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import structlog
 
-from reporter.agent import Agent, SchemaProjection
+from reporter.agent import Agent
+from reporter.assembly import build_agent
 from reporter.availability import compute_availability, encode_availability
 from reporter.collect.podresources import AllocationView, PodResourcesError
 from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
-from reporter.publish.availability import AvailabilitySink
-from reporter.publish.sink import NodePatchSink
 from reporter.schema.model import Topology
-from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
+from reporter.settings import Settings
 from tests.agent_support import (
     FAST,
     NODE,
@@ -90,50 +89,33 @@ def wire_live(
     outputs: tuple[LiveOutput, ...] = (),
     waits: int = 1_000,
 ) -> Live:
-    """An agent with its live loop, as `run --availability` wires it (one client for both sinks)."""
+    """An agent with its live loop, built as `run --availability` builds it (one client for both
+    sinks); `source=None` is availability off, whose loop only takes our keys off the Node."""
     clock = FakeClock()
     stop = ClockedStop(clock, waits=waits)
-    metrics = Metrics()
-    state = AgentState(stall_after_s=180, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
-    api = client(kubeconfig, (2.0, 2.0))
     scanner = scanner or FakeScanner([ok(topology())])
-    sink = NodePatchSink(
-        api,
-        node=NODE,
-        prefix=PREFIX,
-        stop=stop,
-        backoff=FAST,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-        on_wait=state.waiting,
-    )
-    loop = AvailabilityLoop(
-        source=source,
-        sink=AvailabilitySink(api, node=NODE, prefix=PREFIX, log=log, on_written=sink.observe),
-        state=state,
-        metrics=metrics,
-        log=log,
-        interval_s=INTERVAL_S,
-        resync_s=RESYNC_S,
-        clock=clock,
-        outputs=outputs,
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(
+            node=NODE,
+            prefix=PREFIX,
+            interval_s=SCAN_S,
+            resync_s=RESYNC_S,
+            availability=source is not None,
+            availability_interval_s=INTERVAL_S,
+        ),
+        api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
+        source=source,
+        live_outputs=outputs,
+        kubelet=lambda: None,
         stop=stop,
-        interval_s=SCAN_S,
-        resync_s=RESYNC_S,
         clock=clock,
-        live=loop,
+        backoff=FAST,
+        stall_after_s=180,
     )
-    stop.probe = state.liveness
-    return Live(agent, loop, scanner, source, metrics, state, clock, stop)
+    assert parts.live is not None
+    stop.probe = parts.state.liveness
+    return Live(parts.agent, parts.live, scanner, source, parts.metrics, parts.state, clock, stop)
 
 
 @pytest.fixture

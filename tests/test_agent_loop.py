@@ -170,7 +170,7 @@ def test_keys_it_owned_and_no_longer_produces_are_removed(
 
 
 def _projection(t: Topology) -> tuple[dict[str, str], dict[str, str]]:
-    return labels(t, PREFIX), annotations(t, PREFIX)
+    return labels(t, PREFIX, NODE), annotations(t, PREFIX)
 
 
 def test_drift_is_repaired_at_resync_with_one_read_and_one_patch(

@@ -56,7 +56,7 @@ def test_parse_reads_stdin(
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(DGX_A100.read_bytes())))
     status, out, _ = run(["parse", "-"], capsys)
     assert status == 0
-    assert json.loads(out)["v"] == 1
+    assert json.loads(out)["v"] == 2
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml", "matrix", "labels"])

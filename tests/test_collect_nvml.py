@@ -16,7 +16,7 @@ from reporter.collect.simulate.machine import Machine, load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.errors import CollectError, ConfigError, NvmlUnavailable
 from reporter.hostfs import DirHostFS
-from reporter.schema.model import Source, Topology
+from reporter.schema.model import NvlinkHealth, Source, Topology
 
 
 def collect(profile: str, faults: Faults | None = None, **kwargs: int) -> Topology:
@@ -229,14 +229,30 @@ def test_links_beyond_the_hardware_are_no_such_link_whatever_the_binding(max_lin
     assert topology.links[0][1].token == "NV12"
 
 
-def test_a_binding_walking_fewer_links_than_the_hardware_has_counts_what_it_walks() -> None:
-    # nvidia-ml-py 13 walks 36; a binding that stops at 12 cannot see an H100's 18 links.
-    assert collect("dgx-h100", nvlink_max_links=12).links[0][1].token == "NV12"
-    assert collect("dgx-h100", nvlink_max_links=18).links[0][1].token == "NV18"
+def test_the_gpus_own_link_count_decides_not_the_bindings_maximum() -> None:
+    # NVML_FI_DEV_NVLINK_LINK_COUNT says 18: walked whatever NVML_NVLINK_MAX_LINKS says (12 in
+    # old bindings, 36 in nvidia-ml-py 13), and only 18 state queries per GPU are made.
+    machine = load_machine("dgx-h100")
+    for max_links in (12, 18, 36):
+        nvml = FakeNvml(machine, nvlink_max_links=max_links)
+        topology = NvmlCollector(nvml, memory_hostfs(machine)).collect()
+        assert topology is not None
+        assert topology.links[0][1].token == "NV18"
+        assert topology.gpus[0].nvlink == NvlinkHealth(18)
+        assert nvml.calls.count("nvmlDeviceGetNvLinkState") == 8 * 18
+
+
+def test_without_the_link_count_field_the_bindings_maximum_is_walked() -> None:
+    # A driver without nvmlDeviceGetFieldValues: the walk of old, as far as the binding goes.
+    faults = Faults(calls={("nvmlDeviceGetFieldValues", None): fake.NVML_ERROR_FUNCTION_NOT_FOUND})
+    assert collect("dgx-h100", faults, nvlink_max_links=12).links[0][1].token == "NV12"
+    topology = collect("dgx-h100", faults, nvlink_max_links=36)
+    assert topology.links[0][1].token == "NV18"
+    assert topology.gpus[0].nvlink == NvlinkHealth(18)
 
 
 def test_a_gpu_whose_links_are_all_down_shows_its_pcie_paths_only() -> None:
-    topology = collect("dgx-h100", Faults(links_down=frozenset({5})))
+    topology = collect("dgx-h100", Faults(links_down={5: 18}))
     assert topology.pcie is not None
     assert [c.token for c in topology.links[5]] == [c.token for c in topology.pcie[5]]
     assert topology.links[0][1].token == "NV18"

@@ -4,7 +4,10 @@ one against NFD's own CRD schema), `doctor --all`, and what kubectl shows afterw
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +15,7 @@ from kubernetes import client as k8s
 
 from reporter.publish import nodefeature as nf
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
+from tests.hostile_text import ESCAPES, agents_event, controls, foreign_event, hostile_message
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
 
@@ -194,3 +198,39 @@ def test_doctor_reads_the_real_nodes_pods_and_selectors(
     assert healthy.returncode == 0, healthy.stderr
     assert "no findings" in healthy.stdout, healthy.stdout
     assert doctor(real_apiserver, "--all").stdout.startswith("1 nodes, 1 without findings")
+
+
+def test_events_others_write_about_a_node_neither_speak_for_the_agent_nor_drive_the_terminal(
+    real_apiserver: RealApiServer, real_namespace: str, real_node_factory: NodeFactory
+) -> None:
+    """The real kube-apiserver takes an Event about a Node in any namespace the involvedObject
+    repeats: one there, claiming to be the agent's, changes nothing; the agent's own Events in
+    `default` are read, and what they carry reaches the terminal without control sequences."""
+    node = real_node_factory(ready=True, allocatable={"nvidia.com/gpu": "8"})
+    assert run_agent(real_apiserver, node).returncode == 0
+    core = real_apiserver.core()
+    attack = "".join(ESCAPES.values())
+    core.create_namespaced_event(real_namespace, foreign_event(real_namespace, node, attack))
+    plugin_env = env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+
+    def shown() -> list[subprocess.CompletedProcess[str]]:
+        return [
+            doctor(real_apiserver, "--node", node),
+            doctor(real_apiserver, "--all"),
+            subprocess.run(
+                [kubectl(), "gpu-topology", node, "--kubeconfig", str(real_apiserver.kubeconfig)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=plugin_env,
+                check=False,
+            ),
+        ]
+
+    for result in shown():
+        assert controls(result.stdout) == [], result.args
+        assert "agent-degraded" not in result.stdout, result.stdout
+    core.create_namespaced_event("default", agents_event(node, hostile_message(attack)))
+    for result in shown():
+        assert controls(result.stdout) == [], result.args
+        assert "agent-degraded" in result.stdout, result.stdout

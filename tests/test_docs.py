@@ -50,7 +50,8 @@ NOT_RUN_TOOLS = {
     "helm": "installs into a real cluster; tests/test_chart_*.py render and validate the chart",
     "docker": "builds an image; tests/test_chart_image.py checks the Dockerfile",
     "kind": "needs a kind cluster",
-    "apt-get": "installs system packages",
+    "sh tests/prereqs.sh": "installs system packages; tests/test_readme_command.py runs it with "
+    "doubles of apt-get and sudo",
     "pip": "installs packages; the suite runs from the installed package",
     "python3 -m venv": "makes a virtual environment; the suite runs in one",
     ". .venv/bin/activate": "enters the virtual environment the suite already runs in",
@@ -230,11 +231,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         )
         dgx = machines()["profile dgx-h100"]
         policies = KubeletPolicies("best-effort", "container", "static")
-        wire_agent(agent, FakeScanner([ok(dgx)]), kubelet=lambda: policies).agent.step()
+        wire_agent(
+            agent,
+            FakeScanner([ok(dgx)]),
+            kubelet=lambda: policies,
+        ).agent.step()
         # The other nodes carry what the same agent would publish on them.
-        want = SchemaProjection(PREFIX).desired(dgx, policies)
         for node in NODES:
             if node != NODE:
+                want = SchemaProjection(PREFIX, node).desired(dgx, policies)
                 metadata = {"labels": dict(want.labels), "annotations": dict(want.annotations)}
                 double.edit_node(node, {"metadata": metadata})
             double.add_pod("gpu-system", f"topo-reporter-{node}", node=node, labels=AGENT)

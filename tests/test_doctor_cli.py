@@ -14,6 +14,8 @@ from reporter.cli import main
 from reporter.schema.codec import encode
 from reporter.schema.labels import labels
 from reporter.schema.model import Gpu, NumaNode, Source, Topology
+from tests.agent_support import FakeScanner, nvml_failed, wire_agent
+from tests.hostile_text import ESCAPES, agents_event, controls, foreign_event, hostile_message
 from tests.kube_double import ApiServerDouble
 
 NV18, NV12 = Link(LinkKind.NV, 18), Link(LinkKind.NV, 12)
@@ -161,24 +163,71 @@ def test_one_node_per_finding(
     assert finding["fix"]
 
 
-def test_the_agent_degraded_event_is_found(
+def test_an_invalid_annotation_is_only_unreadable_not_missing(
     apiserver: ApiServerDouble, admin_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    publish(apiserver, "edited", dgx())
+    apiserver.edit_node("edited", {"metadata": {"annotations": {f"{PREFIX}/topology": '{"v":1}'}}})
+    status, out, _ = doctor(admin_kubeconfig, capsys, "--node", "edited", "--format", "json")
+    assert status == 1
+    (node,) = json.loads(out)["nodes"]
+    assert [f["code"] for f in node["findings"]] == ["topology-unreadable"]
+    _, text, _ = doctor(admin_kubeconfig, capsys, "--node", "edited")
+    assert "no topology annotation" not in text
+    assert "no-topology-data" not in text
+
+
+def test_the_agents_degraded_event_is_found(
+    apiserver: ApiServerDouble,
+    admin_kubeconfig: Path,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     publish(apiserver, "degraded", dgx())
-    apiserver.create_event(
-        "default",
-        {
-            "metadata": {"name": "degraded.1", "namespace": "default"},
-            "involvedObject": {"kind": "Node", "name": "degraded", "apiVersion": "v1"},
-            "reason": "GPUTopologyDegraded",
-            "message": "nvml: NVML did not load (Driver Not Loaded); keeping the last topology",
-            "type": "Warning",
-        },
-    )
+    # The agent itself posts it: NVML fails after the node carries a topology.
+    agent = wire_agent(kubeconfig, FakeScanner([nvml_failed(None)]), node="degraded")
+    assert not agent.agent.step()
     status, out, _ = doctor(admin_kubeconfig, capsys, "--node", "degraded")
     assert status == 1
     assert "ERROR agent-degraded" in out
-    assert "evidence: nvml: NVML did not load (Driver Not Loaded)" in out
+    assert "evidence: nvml: NVML did not load: driver gone" in out
+
+
+@pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
+@pytest.mark.parametrize("which", [["--node", "victim"], ["--all"]], ids=["--node", "--all"])
+def test_an_event_written_in_another_namespace_neither_speaks_for_the_agent_nor_drives_the_terminal(
+    escape: str,
+    which: list[str],
+    apiserver: ApiServerDouble,
+    admin_kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish(apiserver, "victim", dgx())
+    apiserver.edit_node("gpu-node-1", {"status": {"capacity": None, "allocatable": None}})
+    apiserver.create_event("team-a", foreign_event("team-a", "victim", hostile_message(escape)))
+    status, out, _ = doctor(admin_kubeconfig, capsys, *which)
+    assert (status, controls(out)) == (0, [])
+    assert "agent-degraded" not in out
+    assert apiserver.reads("/api/v1/namespaces/default/events")
+    assert not apiserver.reads("/api/v1/events")
+
+
+@pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
+def test_the_agents_own_event_is_shown_without_control_sequences(
+    escape: str,
+    apiserver: ApiServerDouble,
+    admin_kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish(apiserver, "victim", dgx())
+    apiserver.edit_node("gpu-node-1", {"status": {"capacity": None, "allocatable": None}})
+    apiserver.create_event("default", agents_event("victim", hostile_message(escape)))
+    for which in (["--node", "victim"], ["--all"], ["--node", "victim", "--format", "json"]):
+        status, out, _ = doctor(admin_kubeconfig, capsys, *which)
+        assert (status, controls(out)) == (1, []), which
+        assert "agent-degraded" in out
+    _, text, _ = doctor(admin_kubeconfig, capsys, "--node", "victim")
+    assert "evidence: nvml: NVML did not load (Driver Not Loaded); keeping the last" in text
 
 
 def test_all_summarizes_gpu_nodes_worst_first(

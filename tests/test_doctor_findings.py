@@ -24,6 +24,7 @@ from reporter.doctor import (
 )
 from reporter.schema.codec import encode
 from reporter.schema.model import Gpu, NumaNode, Source, Topology
+from tests.hostile_text import agents_event, foreign_event
 
 NV18, NV12, SYS = Link(LinkKind.NV, 18), Link(LinkKind.NV, 12), Link(LinkKind.SYS)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -56,6 +57,8 @@ def node(gpus: int | None = 8, labels: dict[str, str] | None = None) -> dict[str
 
 
 HEALTHY = AgentObservation(pod_found=True, pod_ready=True)
+AGENTS_NAMESPACE = {"name": "dgx-07.1", "namespace": "default"}
+TEAM_NAMESPACE = {"name": "dgx-07.2", "namespace": "team-a"}
 
 
 def codes(findings: list[Any]) -> list[str]:
@@ -256,18 +259,32 @@ def test_examine_decodes_the_annotation_and_observes_the_agent() -> None:
         [seven],
         pods={"dgx-07": [READY_POD]},
         events={
-            "dgx-07": [{"reason": "GPUTopologyDegraded", "message": "NVML: Driver Not Loaded"}]
+            "dgx-07": [
+                agents_event("dgx-07", "NVML: Driver Not Loaded") | {"metadata": AGENTS_NAMESPACE},
+                # Anyone may write an Event about the Node in their own namespace: not the agent's.
+                foreign_event("team-a", "dgx-07", "NVML: spoofed") | {"metadata": TEAM_NAMESPACE},
+            ]
         },
     )
     findings = examine(reader, reader.list_nodes()[0], "gpu.topology.io")
     assert codes(findings) == ["gpus-unallocatable", "agent-degraded", "gpu-lost"]
+    assert findings[1].evidence == ("NVML: Driver Not Loaded",)
 
 
 def test_an_edited_annotation_is_a_finding_not_a_crash() -> None:
     bad = _annotated(dgx())
     bad["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":1}'
     findings = examine(FakeReader([bad]), bad, "gpu.topology.io")
-    assert codes(findings) == ["topology-unreadable", "no-topology-data"]
+    # The annotation exists: "no topology annotation" would be false evidence.
+    assert codes(findings) == ["topology-unreadable"]
+
+
+def test_an_unreadable_annotation_still_says_when_no_agent_can_republish_it() -> None:
+    bad = _annotated(dgx())
+    bad["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":1}'
+    findings = examine(FakeReader([bad], pods={}), bad, "gpu.topology.io")
+    assert codes(findings) == ["topology-unreadable", "agent-not-ready"]
+    assert not any("no topology annotation" in e for f in findings for e in f.evidence)
 
 
 def test_observation_without_permission_to_read_pods_or_events_is_unknown() -> None:

@@ -20,6 +20,7 @@ from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
+from tests.hostile_text import ESCAPES, agents_event, controls, foreign_event, hostile_message
 from tests.kube_double import ApiServerDouble, write_kubeconfig
 from tests.kube_double.tls import Certificate
 from tests.kubectl_support import kubectl
@@ -237,3 +238,39 @@ def test_a_picture_needs_a_node_and_a_node_without_topology_exits_one(
         plugin("gpu-node-2", "--format", "dot", "--kubeconfig", str(admin_kubeconfig))
     )
     assert "has no readable gpu.topology.io/topology annotation to draw" in drawing
+
+
+@pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
+def test_an_event_written_in_another_namespace_neither_speaks_for_the_agent_nor_drives_the_terminal(
+    escape: str, published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    published.create_event("team-a", foreign_event("team-a", NODE, hostile_message(escape)))
+    result = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert (result.returncode, controls(result.stdout)) == (0, []), result.stderr
+    assert result.stdout.endswith(f"\nnode {NODE}: no findings\n")
+
+
+@pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
+def test_the_agents_own_event_is_shown_without_control_sequences(
+    escape: str, published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    published.create_event("default", agents_event(NODE, hostile_message(escape)))
+    result = plugin(NODE, "-n", "gpu-system", "--kubeconfig", str(admin_kubeconfig))
+    assert (result.returncode, controls(result.stdout)) == (0, []), result.stderr
+    assert (
+        "    evidence: nvml: NVML did not load (Driver Not Loaded); keeping the last topology\n"
+    ) in result.stdout
+
+
+@pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
+def test_the_node_list_shows_no_control_sequences(
+    escape: str, published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    # The double keeps any capacity text (a real API server checks quantities): whatever a field
+    # holds, the output path strips it.
+    published.add_node("gpu-node-2")
+    published.edit_node("gpu-node-2", {"status": {"capacity": {"nvidia.com/gpu": f"8{escape}"}}})
+    result = plugin("--kubeconfig", str(admin_kubeconfig))
+    assert (result.returncode, controls(result.stdout)) == (0, []), result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["gpu-node-2", "8", "<none>", "<none>", "<unknown>"] in rows

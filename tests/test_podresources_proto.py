@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from google.protobuf import descriptor_pb2
+
+from tests.controlplane_fixtures import go_binary
 
 KUBELET_MODULE = "k8s.io/kubelet@v0.34.4"
 UPSTREAM = "pkg/apis/podresources/v1/api.proto"
@@ -39,11 +40,8 @@ def protoc(*args: str, cwd: Path) -> None:
 
 def upstream_proto() -> Path:
     """The kubelet's api.proto from the Go module cache; fails in one line without Go."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail(f"go is not installed: it fetches {KUBELET_MODULE} to compare api.proto with")
     result = subprocess.run(
-        [go, "mod", "download", "-json", KUBELET_MODULE],
+        [go_binary(), "mod", "download", "-json", KUBELET_MODULE],
         capture_output=True,
         text=True,
         check=False,

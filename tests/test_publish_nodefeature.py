@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
+from reporter.assembly import build_agent
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
@@ -32,8 +32,9 @@ from reporter.schema import keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
-from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
+from reporter.settings import Settings
 from tests.agent_support import (
     API_CLIENTS,
     FAST,
@@ -246,34 +247,18 @@ def wire_nf_agent(
     stall_after_s: float = 180,
 ) -> NfWired:
     clock = clock or FakeClock()
-    stop = stop if stop is not None else threading.Event()
-    state = AgentState(stall_after_s=stall_after_s, stale_after_s=900, clock=clock)
-    log = structlog.get_logger("topo_reporter").bind(node=NODE)
-    metrics = Metrics()
-    sink = nf.NodeFeatureSink(
-        client(kubeconfig, (2.0, 2.0)),
-        node=NODE,
-        prefix=PREFIX,
-        namespace=NAMESPACE,
-        stop=stop,
-        backoff=backoff,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
-        on_wait=state.waiting,
-    )
-    agent = Agent(
+    parts = build_agent(
+        Settings(node=NODE, prefix=PREFIX, sink="nodefeature", namespace=NAMESPACE),
+        api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
-        sink=sink,
-        projection=SchemaProjection(PREFIX),
-        state=state,
-        metrics=metrics,
-        log=log,
+        kubelet=lambda: None,
         stop=stop,
-        interval_s=60,
-        resync_s=300,
         clock=clock,
+        backoff=backoff,
+        stall_after_s=stall_after_s,
     )
-    return NfWired(agent, scanner, sink, state, clock, metrics)
+    assert isinstance(parts.sink, nf.NodeFeatureSink)
+    return NfWired(parts.agent, scanner, parts.sink, parts.state, clock, parts.metrics)
 
 
 WireNf = Callable[..., NfWired]

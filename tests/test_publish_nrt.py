@@ -13,7 +13,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
-from reporter.cli import nrt_output
+from reporter.assembly import nrt_output
 from reporter.collect.podresources import AllocationView, allocation_view
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.publish.nrt import RBAC_VERBS, ForeignProducerError, NrtOutput, NrtSink

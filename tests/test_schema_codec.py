@@ -1,4 +1,4 @@
-"""Schema v1: the annotation round trip, determinism, and what the decoder refuses."""
+"""Schema v2 (v1 still read): the annotation round trip, determinism, what the decoder refuses."""
 
 from __future__ import annotations
 
@@ -14,7 +14,19 @@ from hypothesis import given, settings
 from parsers.links import SELF, Link, LinkKind
 from reporter.errors import SchemaError
 from reporter.schema.codec import decode, encode, json_schema, to_document
-from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
+from reporter.schema.fabric import CONDITIONS
+from reporter.schema.model import (
+    FabricHealth,
+    FabricState,
+    Gpu,
+    GpuFabric,
+    Nic,
+    NumaNode,
+    NvlinkHealth,
+    RackPosition,
+    Source,
+    Topology,
+)
 from tests.strategies import topologies
 
 NV18 = Link(LinkKind.NV, 18)
@@ -88,7 +100,7 @@ def test_encoding_is_compact_ordered_and_stable() -> None:
     # The hash is part of the contract: it must not change across runs, machines or versions.
     doc = json.loads(text)
     body = json.dumps({k: v for k, v in doc.items() if k != "hash"}, separators=(",", ":"))
-    assert doc["hash"] == hashlib.sha256(body.encode()).hexdigest()[:16] == "4cb02906e764952d"
+    assert doc["hash"] == hashlib.sha256(body.encode()).hexdigest()[:16] == "a506e988c623ba61"
     assert encode(EXAMPLE) == text
 
 
@@ -117,7 +129,8 @@ def _doc(**changes: Any) -> str:
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        (_doc(v=2), "v"),
+        (_doc(v=3), "v"),
+        (_doc(v="2"), "v"),
         (_doc(source="guess"), "source"),
         (_doc(gpus__0__pci="18:00.0"), "gpus[0].pci"),
         (_doc(gpus__1__uuid=KeyError), "gpus[1].uuid"),
@@ -141,6 +154,7 @@ def _doc(**changes: Any) -> str:
     ],
     ids=[
         "a future schema version",
+        "a version that is a string",
         "an unknown source",
         "a PCI address without domain",
         "a missing uuid",
@@ -194,6 +208,138 @@ def test_every_schema_pattern_ends_where_the_string_ends_in_any_regex_dialect() 
     patterns = _patterns(json_schema())
     assert patterns
     assert all(p.startswith("^") and p.endswith("$(?!\\n)") for p in patterns), patterns
+
+
+SCHEMA_FIXTURES = Path(__file__).parent / "fixtures" / "schema"
+CLUSTER = "6b3f1c2e-9a4d-4e8b-b1c7-2f5e8d9a0c31"
+
+
+@pytest.mark.parametrize("profile", ["gb200-nvl", "dgx-h100"])
+def test_a_v1_document_written_by_a_v1_agent_still_decodes(profile: str) -> None:
+    # Written by `topo-reporter collect --simulate <profile>` at commit d028fc7, the last v1 agent.
+    text = (SCHEMA_FIXTURES / f"v1-{profile}.json").read_text(encoding="utf-8").strip()
+    topology = decode(text)
+    assert len(topology.gpus) == {"gb200-nvl": 4, "dgx-h100": 8}[profile]
+    assert to_document(topology, version=1)["hash"] == json.loads(text)["hash"]
+    assert all(g.minor is None and g.nvlink is None for g in topology.gpus)
+    if profile == "gb200-nvl":
+        # v1's `clique` is the fabric of an attached GPU: the same partition, nothing more known.
+        fabric = topology.gpus[0].fabric
+        assert fabric == GpuFabric(FabricState.COMPLETED, CLUSTER, 32766)
+        assert topology.gpus[0].clique == f"{CLUSTER}.32766"
+    # Read back, it is written as v2 and reads again.
+    assert json.loads(encode(topology))["v"] == 2
+    assert decode(encode(topology)) == topology
+
+
+def test_a_v1_document_with_a_clique_that_names_no_cluster_is_refused() -> None:
+    doc = json.loads((SCHEMA_FIXTURES / "v1-gb200-nvl.json").read_text(encoding="utf-8"))
+    doc["gpus"][0]["clique"] = "not-a-uuid.3"
+    with pytest.raises(SchemaError) as info:
+        decode(json.dumps(doc))
+    assert info.value.field == "gpus[0].clique"
+
+
+RACK_GPU = Gpu(
+    0,
+    "GPU-0a",
+    "0008:01:00.0",
+    "NVIDIA GB200",
+    frozenset({0}),
+    frozenset(range(72)),
+    189471,
+    False,
+    minor=0,
+    fabric=GpuFabric(
+        FabricState.COMPLETED,
+        CLUSTER,
+        32766,
+        health=FabricHealth.LIMITED_CAPACITY,
+        conditions=("degraded-bandwidth",),
+        position=RackPosition("1821622000007", 3, 2, 0),
+    ),
+    nvlink=NvlinkHealth(18, (16, 17)),
+)
+RACK = Topology(Source.NVML, (RACK_GPU,), ((SELF,),))
+
+
+def test_a_v2_gpu_carries_its_minor_fabric_and_nvlink_health() -> None:
+    gpu = to_document(RACK)["gpus"][0]
+    assert gpu["minor"] == 0
+    assert gpu["clique"] == f"{CLUSTER}.32766"
+    assert gpu["fabric"] == {
+        "state": "completed",
+        "cluster_uuid": CLUSTER,
+        "clique": 32766,
+        "health": "limited-capacity",
+        "conditions": ["degraded-bandwidth"],
+        "position": {"chassis_serial": "1821622000007", "slot": 3, "tray": 2, "host_id": 0},
+    }
+    assert gpu["nvlink"] == {"links": 18, "down": [16, 17]}
+    assert decode(encode(RACK)) == RACK
+
+
+def _rack_doc(path: str, value: Any) -> str:
+    doc = to_document(RACK)
+    target = doc["gpus"][0]
+    *parents, last = path.split(".")
+    for part in parents:
+        target = target[part]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    _rehash(doc)
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("clique", f"{CLUSTER}.7", "gpus[0].clique"),
+        ("fabric", KeyError, "gpus[0].clique"),
+        ("fabric.clique", 2**32 - 1, "gpus[0].fabric.clique"),
+        ("fabric.cluster_uuid", CLUSTER.upper(), "gpus[0].fabric.cluster_uuid"),
+        ("fabric.state", "done", "gpus[0].fabric.state"),
+        ("fabric.conditions", ["on-fire"], "gpus[0].fabric.conditions[0]"),
+        ("fabric.position.chassis_serial", "SN\a", "gpus[0].fabric.position.chassis_serial"),
+        ("fabric.problems", ["bell \a"], "gpus[0].fabric.problems[0]"),
+        ("nvlink.down", [17, 16], "gpus[0].nvlink.down"),
+        ("nvlink.down", [18], "gpus[0].nvlink.down"),
+        ("nvlink.lost", [[0, 1]], "gpus[0].nvlink.lost"),
+        ("nvlink.links", 0, "gpus[0].nvlink.links"),
+        ("minor", -1, "gpus[0].minor"),
+    ],
+    ids=[
+        "a clique that is not the fabric's",
+        "a clique without the fabric it comes from",
+        "the clique 2^32-1, which is no partition",
+        "a cluster UUID not in canonical lower case",
+        "an unknown fabric state",
+        "an unknown fabric condition",
+        "a rack serial with a control character",
+        "a problem line with a control character",
+        "down links out of order",
+        "a down link the GPU does not have",
+        "a bond lost to the GPU itself",
+        "a GPU with zero NVLinks (absent instead)",
+        "a negative minor number",
+    ],
+)
+def test_the_v2_decoder_refuses_what_cannot_be_true(path: str, value: Any, field: str) -> None:
+    with pytest.raises(SchemaError) as info:
+        decode(_rack_doc(path, value))
+    assert info.value.field == field
+
+
+def test_the_schema_names_every_fabric_condition_the_code_knows() -> None:
+    fabric = json_schema()["$defs"]["fabric"]["properties"]
+    assert fabric["conditions"]["items"]["enum"] == list(CONDITIONS)
+
+
+def test_the_v1_schema_still_ships_and_is_what_v1_documents_validate_against() -> None:
+    assert json_schema(1)["properties"]["v"] == {"const": 1}
+    assert json_schema()["properties"]["v"] == {"const": 2}
 
 
 GOLDEN_A100 = (

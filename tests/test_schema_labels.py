@@ -1,4 +1,4 @@
-"""Labels and the matrix text are projections of the model: DESIGN.md's label table, exactly."""
+"""Labels and the matrix text are projections of the model: docs/schema.md's label table."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_labels_follow_the_design_table(topology: Topology, want: dict[str, str]
     assert got == {
         **{f"example.com/{k}": v for k, v in want.items()},
         "example.com/rdma-nics": "0",
-        "example.com/schema": "v1",
+        "example.com/schema": "v2",
     }
 
 

@@ -33,12 +33,26 @@ class SourceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkErrors:
+    """What one NVLink error counter of one GPU added since the previous scan."""
+
+    gpu: int
+    counter: str
+    """`replay`, `recovery`, `crc_flit`, `crc_data` (totals over the GPU's links) or
+    `recovery_failed` (link recoveries that failed and left the link down)."""
+    delta: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScanResult:
     """The merged topology of one scan and how each source fared."""
 
     topology: Topology | None
     """None when no source observed anything usable."""
     sources: tuple[SourceStatus, ...]
+    link_errors: tuple[LinkErrors, ...] = ()
+    """NVLink error counters that moved since the previous scan: for metrics and logs, never
+    for the annotation, which would be rewritten at every scan while a link keeps erring."""
 
     @property
     def failed(self) -> tuple[SourceStatus, ...]:
@@ -63,6 +77,7 @@ from reporter.collect.simulate.machine import ProfileInfo, list_profiles  # noqa
 __all__ = [
     "BACKENDS",
     "CollectorScanner",
+    "LinkErrors",
     "ProfileInfo",
     "ScanResult",
     "Scanner",

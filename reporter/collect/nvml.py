@@ -12,20 +12,37 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
 
 from parsers.cpulist import cpus_from_mask_words, parse_cpulist
-from parsers.errors import ParseError
+from parsers.errors import ParseError, excerpt
 from parsers.links import SELF, Link, LinkKind, link_from_nvml_level
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_hex, parse_numa_node
+from reporter.collect import LinkErrors
+from reporter.collect.fabricinfo import (
+    FABRIC_V2_SIZE,
+    FABRIC_V3_SIZE,
+    PLATFORM_V2_SIZE,
+    decode_fabric,
+    decode_platform,
+    unreadable_fabric,
+)
 from reporter.errors import CollectError, NvmlUnavailable
 from reporter.hostfs import HostFS
-from reporter.schema.model import Gpu, Source, Topology
+from reporter.schema.model import (
+    FabricState,
+    Gpu,
+    GpuFabric,
+    NvlinkHealth,
+    RackPosition,
+    Source,
+    Topology,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +58,22 @@ _FALLBACK_WORDS = 64
 _WORD_BITS = 64
 # NVML has no more than seven MIG devices per GPU today; the bound keeps a bad answer finite.
 _MAX_MIG_SLOTS = 64
+# Linux minor numbers are 20 bits; the NVIDIA driver hands GPUs 0..254 (255 is nvidiactl).
+_MAX_MINOR = (1 << 20) - 1
+# Field IDs of nvml.h (stable: NVML only adds fields), by the name the binding gives them.
+_FI_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+# A link count beyond this is garbage: the schema holds link indexes up to 254, and NVML's own
+# NVML_NVLINK_MAX_LINKS is 36 today.
+_MAX_LINKS = 255
+_ERROR_FIELDS = (
+    ("replay", 52),  # NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+    ("recovery", 59),  # NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+    ("crc_flit", 38),  # NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+    ("crc_data", 45),  # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
+)
+_FI_RECOVERY_FAILED = 214  # NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS, per link
+# nvmlValueType_t: how to read the value union of a field.
+_VALUE_MEMBERS = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 _INIT_HINT = (
     "check that the NVIDIA driver is loaded on the node (nvidia-smi works there), that the pod "
@@ -67,12 +100,46 @@ class _GpuLostError(Exception):
     """Internal: a call said the GPU fell off the bus."""
 
 
+class LinkCounters:
+    """NVLink error counters as the last scan read them, to report what each scan added.
+
+    Owned by the scanner, which lives as long as the agent: the collector itself is made anew for
+    every scan. A counter lower than last time was reset (the driver reloaded, the GPU was
+    reset): what it reads now is what happened since.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], int] = {}
+
+    def deltas(self, gpu: int, key: str, values: dict[str, int]) -> list[LinkErrors]:
+        """What each counter of `values` added since the last reading of the GPU `key`."""
+        found = []
+        for counter, value in values.items():
+            before = self._last.get((key, counter))
+            self._last[(key, counter)] = value
+            if before is None:
+                continue  # the first reading is the baseline: nothing to compare it with
+            if value < before:
+                log.info("nvlink_counter_reset", gpu=gpu, counter=counter, was=before, now=value)
+                delta = value
+            else:
+                delta = value - before
+            if delta:
+                found.append(LinkErrors(gpu, counter, delta))
+        return found
+
+
 class NvmlCollector:
     """Reads the topology from an NVML module object; sysfs fills locality NVML leaves out."""
 
-    def __init__(self, nvml: NvmlModule, hostfs: HostFS) -> None:
+    def __init__(
+        self, nvml: NvmlModule, hostfs: HostFS, counters: LinkCounters | None = None
+    ) -> None:
         self._nvml = nvml
         self._fs = hostfs
+        self._counters = counters
+        self.link_errors: list[LinkErrors] = []
+        """What the NVLink error counters added since the previous scan, after `collect()`."""
 
     # --- error handling ----------------------------------------------------------------------
 
@@ -183,6 +250,10 @@ class NvmlCollector:
         numa = self._numa(index, handle, pci)
         cpus = self._cpus(index, handle, pci)
         gpu_numa = self._call(index, "nvmlDeviceGetNumaNodeId", handle)
+        minor = self._call(index, "nvmlDeviceGetMinorNumber", handle)
+        if minor is not None and not (isinstance(minor, int) and 0 <= minor <= _MAX_MINOR):
+            log.warning("nvml_minor_invalid", gpu=index, minor=excerpt(minor))
+            minor = None
         return Gpu(
             index=index,
             uuid=str(uuid_) if uuid_ is not None else None,
@@ -193,8 +264,9 @@ class NvmlCollector:
             mem_mib=int(memory.total) // (1024 * 1024) if memory is not None else None,
             mig=mig,
             gpu_numa=gpu_numa if isinstance(gpu_numa, int) and gpu_numa >= 0 else None,
-            clique=self._clique(index, handle),
             mig_devices=self._mig_devices(index, handle) if mig else (),
+            minor=minor,
+            fabric=self._fabric(index, handle),
         )
 
     def _mig_devices(self, index: int, handle: Any) -> tuple[str, ...]:
@@ -282,21 +354,74 @@ class NvmlCollector:
             log.warning("nvml_sysfs_disagree", gpu=index, field="cpus", pci=pci)
         return cpus or local or None
 
-    def _clique(self, index: int, handle: Any) -> str | None:
-        """`<clusterUuid>.<cliqueId>` as GPU Feature Discovery writes nvidia.com/gpu.clique."""
+    def _struct_call(self, index: int, function: str, handle: Any, info: Any) -> bool | None:
+        """Call a function that fills `info`: True when filled, None when the GPU or driver has
+        none (NotSupported, FunctionNotFound), False when the driver wants another struct
+        version. Raises _GpuLostError, CollectError for any other error."""
         n = self._nvml
-        info = n.c_nvmlGpuFabricInfoV_t()
-        if self._call(index, "nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info)) is None:
+        try:
+            getattr(n, function)(handle, ctypes.byref(info))
+        except n.NVMLError_ArgumentVersionMismatch:
+            return False
+        except n.NVMLError_GpuIsLost as e:
+            raise _GpuLostError(function) from e
+        except self._degradable():
+            log.debug("nvml_field_unavailable", function=function, gpu=index)
             return None
-        cluster = bytes(info.clusterUuid)
-        attached = (
-            info.state == n.NVML_GPU_FABRIC_STATE_COMPLETED
-            and info.status == n.NVML_SUCCESS
-            and any(cluster)
-        )
-        if not attached:
-            return None
-        return f"{uuid.UUID(bytes=cluster)}.{int(info.cliqueId)}"
+        except n.NVMLError as e:
+            raise CollectError(
+                f"NVML {function} on GPU {index} failed: {e} (error {e.value})"
+            ) from e
+        return True
+
+    def _fabric(self, index: int, handle: Any) -> GpuFabric | None:
+        """The GPU's multi-node fabric: the v3 struct (health summary), v2 where the driver
+        answers a version mismatch; None where the GPU or driver has no fabric."""
+        n = self._nvml
+        for name, size, summary in (
+            ("c_nvmlGpuFabricInfo_v3_t", FABRIC_V3_SIZE, True),
+            ("c_nvmlGpuFabricInfo_v2_t", FABRIC_V2_SIZE, False),
+        ):
+            layout = getattr(n, name, None)
+            if layout is None or ctypes.sizeof(layout) < size:
+                return unreadable_fabric(
+                    f"the binding's {name} is not NVML's: upgrade nvidia-ml-py"
+                )
+            info = layout()
+            filled = self._struct_call(index, "nvmlDeviceGetGpuFabricInfoV", handle, info)
+            if filled is None:
+                return None
+            if filled:
+                fabric = decode_fabric(
+                    ctypes.string_at(ctypes.addressof(info), size), summary=summary
+                )
+                if fabric.problems:
+                    log.warning("nvml_fabric_garbage", gpu=index, problems=list(fabric.problems))
+                if fabric.state is FabricState.NOT_SUPPORTED:
+                    return fabric
+                position, problems = self._position(index, handle)
+                return dataclasses.replace(
+                    fabric, position=position, problems=(*fabric.problems, *problems)
+                )
+            log.debug("nvml_fabric_struct_older", gpu=index, tried=name)
+        return unreadable_fabric("the driver takes neither the v3 nor the v2 fabric struct")
+
+    def _position(self, index: int, handle: Any) -> tuple[RackPosition | None, tuple[str, ...]]:
+        """The GPU's place in its rack (Blackwell and newer), and what in it was garbage.
+
+        Only the v2 struct is read: v1 names a rack GUID, not the chassis serial.
+        """
+        layout = getattr(self._nvml, "c_nvmlPlatformInfo_v2_t", None)
+        if layout is None or ctypes.sizeof(layout) < PLATFORM_V2_SIZE:
+            return None, ()
+        info = layout()
+        if not self._struct_call(index, "nvmlDeviceGetPlatformInfo", handle, info):
+            return None, ()
+        raw = ctypes.string_at(ctypes.addressof(info), PLATFORM_V2_SIZE)
+        position, problems = decode_platform(raw)
+        if problems:
+            log.warning("nvml_platform_garbage", gpu=index, problems=list(problems))
+        return position, problems
 
     def _pcie(self, handles: list[Any], gpus: list[Gpu]) -> tuple[tuple[Link, ...], ...]:
         count = len(handles)
@@ -324,7 +449,8 @@ class NvmlCollector:
             raise CollectError(f"NVML common ancestor of GPU {i} and GPU {j}: {e}") from e
 
     def _nvlinks(self, handles: list[Any], gpus: list[Gpu]) -> tuple[list[list[int]], bool]:
-        """Bonded NVLinks per GPU pair, counting switch-attached GPUs as nvidia-smi does."""
+        """Bonded NVLinks per GPU pair, counting switch-attached GPUs as nvidia-smi does; each
+        GPU's link health is set on `gpus` on the way."""
         count = len(handles)
         by_pci = {g.pci: g.index for g in gpus if g.pci is not None}
         direct = [[0] * count for _ in range(count)]
@@ -333,14 +459,18 @@ class NvmlCollector:
             if gpus[i].lost:
                 continue
             try:
-                for remote, is_switch in self._active_links(i, handle):
+                walk = self._walk_links(i, handle, by_pci)
+                for remote, is_switch in walk.active:
                     if is_switch:
                         switch_links[i] += 1
                     elif remote in by_pci and by_pci[remote] != i:
                         direct[i][by_pci[remote]] += 1
+                gpus[i] = dataclasses.replace(gpus[i], nvlink=walk.health)
+                if walk.health is not None:
+                    self._read_counters(i, handle, gpus[i], walk.health.count)
             except _GpuLostError:
                 log.warning("nvml_gpu_lost", gpu=i, function="nvlink")
-                gpus[i] = dataclasses.replace(gpus[i], lost=True)
+                gpus[i] = dataclasses.replace(gpus[i], lost=True, nvlink=None)
                 direct[i] = [0] * count
                 switch_links[i] = 0
         for i in range(count):
@@ -350,34 +480,118 @@ class NvmlCollector:
                     direct[i][j] += min(switch_links[i], switch_links[j])
         return direct, any(switch_links)
 
-    def _active_links(self, index: int, handle: Any) -> list[tuple[str | None, bool]]:
-        """(remote PCI address, remote is an NVSwitch) for every active link of one GPU."""
+    def _fields(self, index: int, handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
+        """Field values by (field ID, scope ID), None for each the driver does not give; all None
+        where the driver has no field API. Raises _GpuLostError, CollectError."""
         n = self._nvml
-        found: list[tuple[str | None, bool]] = []
-        for link in range(int(n.NVML_NVLINK_MAX_LINKS)):
+        values = self._call(index, "nvmlDeviceGetFieldValues", handle, ids)
+        if values is None:
+            return [None] * len(ids)
+        out: list[int | None] = []
+        for value in list(values)[: len(ids)]:
+            member = _VALUE_MEMBERS.get(int(value.valueType))
+            if value.nvmlReturn != n.NVML_SUCCESS or member is None:
+                out.append(None)
+            else:
+                out.append(int(getattr(value.value, member)))
+        return out + [None] * (len(ids) - len(out))
+
+    def _link_count(self, index: int, handle: Any) -> int | None:
+        """The GPU's own NVLink count; None when the driver does not say, or says more than any
+        link index the schema can hold (garbage): then the binding's NVML_NVLINK_MAX_LINKS is
+        walked, as before the field was read."""
+        (count,) = self._fields(index, handle, [(_FI_LINK_COUNT, 0)])
+        if count is None:
+            return None
+        if not 0 <= count <= _MAX_LINKS:
+            log.warning("nvml_link_count_invalid", gpu=index, links=count, most=_MAX_LINKS)
+            return None
+        bound = int(self._nvml.NVML_NVLINK_MAX_LINKS)
+        if count > bound:
+            # Newer hardware than the binding knows, or garbage: walked, but counted by the
+            # links that answer (see _walk_links).
+            log.warning("nvml_link_count_above_binding", gpu=index, links=count, binding=bound)
+        return count
+
+    def _walk_links(self, index: int, handle: Any, by_pci: dict[str, int]) -> _LinkWalk:
+        """Every link of one GPU: the active ones' far ends, and its health against its own
+        link count. A link of that count that says "no such link" is counted down. A count
+        above the binding's maximum is in doubt (newer hardware, or garbage): its links are
+        walked, and the GPU has the links that answer, as without a count."""
+        n = self._nvml
+        count = self._link_count(index, handle)
+        trusted = count is not None and count <= int(n.NVML_NVLINK_MAX_LINKS)
+        walked = count if count is not None else int(n.NVML_NVLINK_MAX_LINKS)
+        active: list[tuple[str | None, bool]] = []
+        down: list[int] = []
+        lost: Counter[int] = Counter()
+        answered = 0
+        for link in range(walked):
             try:
                 state = n.nvmlDeviceGetNvLinkState(handle, link)
             except (n.NVMLError_InvalidArgument, n.NVMLError_NotSupported):
-                continue  # the binding's maximum is not the hardware's: no such link
+                # The binding's maximum is not the hardware's: no such link.
+                if trusted:
+                    down.append(link)
+                continue
             except n.NVMLError_GpuIsLost as e:
                 raise _GpuLostError("nvmlDeviceGetNvLinkState") from e
             except n.NVMLError as e:
                 raise CollectError(
                     f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"
                 ) from e
-            if state != n.NVML_FEATURE_ENABLED:
+            answered += 1
+            remote, is_switch = self._far_end(index, handle, link)
+            if state == n.NVML_FEATURE_ENABLED:
+                active.append((remote, is_switch))
                 continue
-            info = self._call(index, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
-            remote = _bus_id(info.busId, index) if info is not None else None
-            kind = self._call(index, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-            if kind is None:
-                # Drivers before the remote type existed: an NVSwitch shows its PCI class.
-                pci_class = self._sysfs(remote, "class", lambda t: parse_hex(t, field="class"))
-                is_switch = pci_class is not None and pci_class >> 8 == _NVSWITCH_CLASS
-            else:
-                is_switch = kind == n.NVML_NVLINK_DEVICE_TYPE_SWITCH
-            found.append((remote, is_switch))
-        return found
+            down.append(link)
+            if not is_switch and remote in by_pci and by_pci[remote] != index:
+                lost[by_pci[remote]] += 1
+        links = count if trusted and count is not None else answered
+        health = (
+            NvlinkHealth(links, tuple(down), tuple(sorted(lost.items()))) if links > 0 else None
+        )
+        return _LinkWalk(active, health)
+
+    def _far_end(self, index: int, handle: Any, link: int) -> tuple[str | None, bool]:
+        """(remote PCI address, remote is an NVSwitch) of one link; (None, False) where the
+        driver does not say (an inactive link may not)."""
+        n = self._nvml
+        info = self._call(index, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        remote = _bus_id(info.busId, index) if info is not None else None
+        kind = self._call(index, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if kind is None:
+            # Drivers before the remote type existed: an NVSwitch shows its PCI class.
+            pci_class = self._sysfs(remote, "class", lambda t: parse_hex(t, field="class"))
+            return remote, pci_class is not None and pci_class >> 8 == _NVSWITCH_CLASS
+        return remote, kind == n.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def _read_counters(self, index: int, handle: Any, gpu: Gpu, links: int) -> None:
+        """NVLink error counters, as deltas since the last scan, where a memory is kept."""
+        if self._counters is None:
+            return
+        ids = [(field, 0) for _, field in _ERROR_FIELDS]
+        ids += [(_FI_RECOVERY_FAILED, link) for link in range(links)]
+        values = self._fields(index, handle, ids)
+        read = {
+            name: v for (name, _), v in zip(_ERROR_FIELDS, values, strict=False) if v is not None
+        }
+        failed = [v for v in values[len(_ERROR_FIELDS) :] if v is not None]
+        if failed:
+            read["recovery_failed"] = sum(failed)
+        key = gpu.uuid or gpu.pci or str(index)
+        found = self._counters.deltas(index, key, read)
+        for errors in found:
+            log.warning("nvlink_errors", gpu=index, counter=errors.counter, added=errors.delta)
+        self.link_errors.extend(found)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LinkWalk:
+    active: list[tuple[str | None, bool]]
+    """(remote PCI address, remote is an NVSwitch) of every active link."""
+    health: NvlinkHealth | None
 
 
 def _bus_id(raw: bytes | str, index: int) -> str:

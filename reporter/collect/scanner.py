@@ -16,19 +16,22 @@ from pathlib import Path
 import structlog
 
 from parsers.errors import excerpt
-from reporter.collect import ScanResult, SourceState, SourceStatus
-from reporter.collect.nvml import NvmlCollector, NvmlModule, load_pynvml
+from reporter.collect import LinkErrors, ScanResult, SourceState, SourceStatus
+from reporter.collect.nvml import LinkCounters, NvmlCollector, NvmlModule, load_pynvml
 from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
 from reporter.collect.simulate.machine import load_machine
-from reporter.collect.simulate.sysfs_tree import memory_hostfs
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.collect.sysfs import SysfsCollector, SysfsView
 from reporter.errors import CollectError, ConfigError, NvmlUnavailable
 from reporter.hostfs import DirHostFS, HostFS
-from reporter.schema.model import Topology
+from reporter.schema.model import Gpu, Topology
 
 log = structlog.get_logger(__name__)
 
 BACKENDS = ("auto", "nvml", "sysfs")
+PROC_ROOT = Path("/proc")
+"""Where the NVIDIA driver's procfs files are (`driver/nvidia/gpus`): the container's own /proc
+shows them, the driver being the host kernel's."""
 
 
 class CollectorScanner:
@@ -40,6 +43,7 @@ class CollectorScanner:
         hostfs: HostFS,
         nvml_loader: Callable[[], NvmlModule],
         clock: Callable[[], float] = time.monotonic,
+        procfs: HostFS | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(
@@ -49,12 +53,14 @@ class CollectorScanner:
         self._fs = hostfs
         self._load_nvml = nvml_loader
         self._clock = clock
+        self._proc = procfs
+        self._counters = LinkCounters()
 
     def scan(self) -> ScanResult:
         start = self._clock()
         view: SysfsView | None = None
         try:
-            view = SysfsCollector(self._fs).collect()
+            view = SysfsCollector(self._fs, self._proc).collect()
             sysfs = SourceStatus(
                 "sysfs",
                 SourceState.OK if view.gpus or view.nics else SourceState.NO_DATA,
@@ -65,13 +71,18 @@ class CollectorScanner:
         if self.backend == "sysfs":
             topology = view.topology() if view is not None else None
             return ScanResult(topology, (sysfs,))
-        nvml_topology, nvml = _short_of_sysfs(*self._nvml(view), view)
-        return ScanResult(self._merge(nvml_topology, view), (nvml, sysfs))
+        link_errors: list[LinkErrors] = []
+        nvml_topology, nvml = _short_of_sysfs(*self._nvml(view, link_errors), view)
+        return ScanResult(self._merge(nvml_topology, view), (nvml, sysfs), tuple(link_errors))
 
-    def _nvml(self, view: SysfsView | None) -> tuple[Topology | None, SourceStatus]:
+    def _nvml(
+        self, view: SysfsView | None, link_errors: list[LinkErrors]
+    ) -> tuple[Topology | None, SourceStatus]:
         start = self._clock()
         try:
-            topology = NvmlCollector(self._load_nvml(), self._fs).collect()
+            collector = NvmlCollector(self._load_nvml(), self._fs, self._counters)
+            topology = collector.collect()
+            link_errors += collector.link_errors
         except NvmlUnavailable as e:
             # No driver on a node without NVIDIA GPUs is nothing to observe, not a failure.
             nothing_there = self.backend == "auto" and view is not None and not view.gpus
@@ -95,8 +106,28 @@ class CollectorScanner:
         gpu_places = [places.get(g.pci) if g.pci is not None else None for g in nvml.gpus]
         _log_disagreements(nvml, view)
         return dataclasses.replace(
-            nvml, nics=view.nic_entries(gpu_places), numa_nodes=view.numa_nodes
+            nvml,
+            gpus=_with_minors(nvml, view),
+            nics=view.nic_entries(gpu_places),
+            numa_nodes=view.numa_nodes,
         )
+
+
+def _with_minors(nvml: Topology, view: SysfsView) -> tuple[Gpu, ...]:
+    """NVML's GPUs, each with the driver's procfs minor number where NVML did not give one."""
+    minors = {g.place.address: g.minor for g in view.gpus if g.minor is not None}
+    gpus = []
+    for seen in nvml.gpus:
+        known = minors.get(seen.pci) if seen.pci is not None else None
+        gpu = seen
+        if seen.minor is None and known is not None:
+            gpu = dataclasses.replace(seen, minor=known)
+        elif known is not None and seen.minor != known:
+            log.warning(
+                "nvml_sysfs_disagree", field="minor", gpu=gpu.index, nvml=gpu.minor, procfs=known
+            )
+        gpus.append(gpu)
+    return tuple(gpus)
 
 
 _UNSEEN_SHOWN = 4
@@ -165,10 +196,17 @@ def build_scanner(
     """
     if simulate is not None:
         machine = load_machine(simulate)
-        return CollectorScanner(backend, memory_hostfs(machine), lambda: FakeNvml(machine, faults))
+        return CollectorScanner(
+            backend,
+            memory_hostfs(machine),
+            lambda: FakeNvml(machine, faults),
+            procfs=memory_procfs(machine),
+        )
     if not sysfs_root.is_dir():
         raise ConfigError(
             f"sysfs root {sysfs_root} is not a readable directory: pass --sysfs-root (or "
             "TOPO_REPORTER_SYSFS_ROOT) pointing at the host's /sys"
         )
-    return CollectorScanner(backend, DirHostFS(sysfs_root), load_pynvml)
+    return CollectorScanner(
+        backend, DirHostFS(sysfs_root), load_pynvml, procfs=DirHostFS(PROC_ROOT)
+    )

@@ -3,6 +3,8 @@
 It works without NVML (no driver in the pod, NVML failing) and fills what NVML never says: the
 NICs with their path to every GPU, and the NUMA nodes with their distances. sysfs cannot see
 NVLink, so a topology from sysfs alone says so (`nvlink_observed=False`) instead of claiming PCIe.
+A GPU's minor number is not in sysfs: the NVIDIA driver writes it in procfs
+(`driver/nvidia/gpus/<bdf>/information`), read through a second root when one is given.
 
 Path classes follow nvidia-smi, which counts PCIe switches rather than bridge functions: a root
 port, or a switch (its upstream port with its downstream ports), is one hop. PIX: one hop joins
@@ -24,6 +26,7 @@ import structlog
 from parsers.cpulist import parse_cpulist
 from parsers.errors import ParseError
 from parsers.links import SELF, Link, LinkKind
+from parsers.nvidia_proc import parse_device_minor
 from parsers.pci import is_pci_address, normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_node_memtotal, parse_numa_node
 from reporter.errors import CollectError
@@ -82,6 +85,8 @@ def path_class(a: PciPlacement, b: PciPlacement) -> Link:
 class SysfsGpu:
     place: PciPlacement
     cpus: frozenset[int] | None
+    minor: int | None = None
+    """From the driver's procfs file; None without the driver or a procfs root."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,7 @@ class SysfsView:
                 pci=g.place.address,
                 numa=None if g.place.numa is None else frozenset({g.place.numa}),
                 cpus=g.cpus,
+                minor=g.minor,
             )
             for i, g in enumerate(self.gpus)
         )
@@ -152,10 +158,11 @@ def _address_key(address: str) -> tuple[int, ...]:
 
 
 class SysfsCollector:
-    """Reads GPUs, RDMA NICs and NUMA nodes through a HostFS."""
+    """Reads GPUs, RDMA NICs and NUMA nodes through a HostFS (and minors through a procfs one)."""
 
-    def __init__(self, hostfs: HostFS) -> None:
+    def __init__(self, hostfs: HostFS, procfs: HostFS | None = None) -> None:
         self._fs = hostfs
+        self._proc = procfs
 
     def _read(self, path: str, parse: Callable[[str], T]) -> T | None:
         try:
@@ -214,8 +221,19 @@ class SysfsCollector:
             if place is None:
                 continue
             cpus = self._read(f"{base}/local_cpulist", parse_cpulist)
-            gpus.append(SysfsGpu(place, cpus or None))
+            gpus.append(SysfsGpu(place, cpus or None, self._minor(address)))
         return tuple(sorted(gpus, key=lambda g: _address_key(g.place.address)))
+
+    def _minor(self, address: str) -> int | None:
+        """The driver's minor number of the GPU at `address`; None where procfs does not say."""
+        if self._proc is None:
+            return None
+        path = f"driver/nvidia/gpus/{address}/information"
+        try:
+            return parse_device_minor(self._proc.read_text(path), field=path)
+        except (OSError, ParseError) as e:
+            log.debug("procfs_attribute_unreadable", path=path, error=str(e))
+            return None
 
     def _nics(self) -> tuple[SysfsNic, ...]:
         try:

@@ -1,10 +1,12 @@
-"""Schema v1: the `topology` annotation, encoded and decoded.
+"""Schema v2 (and v1, read): the `topology` annotation, encoded and decoded.
 
 Encoding is byte-for-byte deterministic (fixed key order, no spaces, ASCII), so equal topologies
-give equal annotations and equal hashes on every machine. Decoding treats its input as untrusted:
-bounded in size, validated against the shipped JSON Schema, then checked for what a schema cannot
-say (square matrices with X on the diagonal, islands, hash); every rejection is a `SchemaError`
-naming the field. It never returns a partly decoded topology.
+give equal annotations and equal hashes on every machine; it writes v2. Decoding treats its input
+as untrusted: bounded in size, validated against the shipped JSON Schema of its version (v1
+documents, written by earlier agents, still read), then checked for what a schema cannot say
+(square matrices with X on the diagonal, islands, a clique that matches its fabric, link indexes,
+hash); every rejection is a `SchemaError` naming the field. It never returns a partly decoded
+topology.
 """
 
 from __future__ import annotations
@@ -24,28 +26,46 @@ from parsers.errors import ParseError, excerpt
 from parsers.links import Link, parse_link
 from reporter.errors import SchemaError
 from reporter.schema.keys import SCHEMA_VERSION
-from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
+from reporter.schema.model import (
+    FabricHealth,
+    FabricState,
+    Gpu,
+    GpuFabric,
+    Nic,
+    NumaNode,
+    NvlinkHealth,
+    RackPosition,
+    Source,
+    Topology,
+)
 
 # The apiserver refuses more than 256 KiB of annotations per object; nothing larger is ours.
 MAX_DOCUMENT_BYTES = 256 * 1024
-# A v1 document nests 3 levels (numa_nodes[k].distances); deeper is not v1, and refusing it
+# A v2 document nests 5 levels (gpus[i].nvlink.lost[k][0]); deeper is not ours, and refusing it
 # before validation keeps jsonschema (which recurses, and repr()s the instance) far from the
 # recursion limit.
 MAX_DOCUMENT_DEPTH = 8
-SCHEMA_FILE = "topology-v1.schema.json"
+READ_VERSIONS = (1, SCHEMA_VERSION)
+"""The schema versions `decode` reads; it writes only SCHEMA_VERSION."""
+
+
+def schema_file(version: int = SCHEMA_VERSION) -> str:
+    """The name of the JSON Schema file of `version` shipped in the package."""
+    return f"topology-v{version}.schema.json"
 
 
 @cache
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of v1, as shipped in the package."""
-    text = resources.files("reporter.schema").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The JSON Schema of `version` (default: the one written), as shipped in the package."""
+    name = schema_file(version)
+    text = resources.files("reporter.schema").joinpath(name).read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 
 
 @cache
-def _validator() -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json_schema())
+def _validator(version: int) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json_schema(version))
 
 
 def _cpulist(cpus: frozenset[int] | None) -> str | None:
@@ -56,10 +76,14 @@ def _row(cells: tuple[Link, ...]) -> str:
     return " ".join(c.token for c in cells)
 
 
-def to_document(topology: Topology) -> dict[str, Any]:
-    """The v1 document as a dict in canonical key order, including its hash."""
+def to_document(topology: Topology, version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The document as a dict in canonical key order, including its hash.
+
+    `version` 1 is what an agent before v2 wrote for the same topology, without what v1 cannot
+    carry (minor numbers, NVLink health, fabric details): the decoder checks v1 hashes with it.
+    """
     doc: dict[str, Any] = {
-        "v": SCHEMA_VERSION,
+        "v": version,
         "source": topology.source.value,
         "driver": topology.driver,
     }
@@ -67,7 +91,7 @@ def to_document(topology: Topology) -> dict[str, Any]:
         doc["nvswitch"] = True
     if not topology.nvlink_observed:
         doc["nvlink_observed"] = False
-    doc["gpus"] = [_gpu_document(g) for g in topology.gpus]
+    doc["gpus"] = [_gpu_document(g, version) for g in topology.gpus]
     doc["links"] = [_row(r) for r in topology.links]
     if topology.pcie is not None:
         doc["pcie"] = [_row(r) for r in topology.pcie]
@@ -81,7 +105,7 @@ def to_document(topology: Topology) -> dict[str, Any]:
     return doc
 
 
-def _gpu_document(gpu: Gpu) -> dict[str, Any]:
+def _gpu_document(gpu: Gpu, version: int) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -92,14 +116,55 @@ def _gpu_document(gpu: Gpu) -> dict[str, Any]:
         "mem_mib": gpu.mem_mib,
         "mig": gpu.mig,
     }
+    if gpu.minor is not None and version >= 2:
+        doc["minor"] = gpu.minor
     if gpu.gpu_numa is not None:
         doc["gpu_numa"] = gpu.gpu_numa
     if gpu.clique is not None:
         doc["clique"] = gpu.clique
+    if version >= 2:
+        if gpu.fabric is not None:
+            doc["fabric"] = _fabric_document(gpu.fabric)
+        if gpu.nvlink is not None:
+            doc["nvlink"] = _nvlink_document(gpu.nvlink)
     if gpu.mig_devices:
         doc["mig_devices"] = list(gpu.mig_devices)
     if gpu.lost:
         doc["lost"] = True
+    return doc
+
+
+def _fabric_document(fabric: GpuFabric) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "state": fabric.state.value,
+        "cluster_uuid": fabric.cluster_uuid,
+        "clique": fabric.clique,
+    }
+    if fabric.error is not None:
+        doc["error"] = fabric.error
+    if fabric.health is not None:
+        doc["health"] = fabric.health.value
+    if fabric.conditions:
+        doc["conditions"] = list(fabric.conditions)
+    if fabric.position is not None:
+        p = fabric.position
+        doc["position"] = {
+            "chassis_serial": p.chassis_serial,
+            "slot": p.slot,
+            "tray": p.tray,
+            "host_id": p.host_id,
+        }
+    if fabric.problems:
+        doc["problems"] = list(fabric.problems)
+    return doc
+
+
+def _nvlink_document(nvlink: NvlinkHealth) -> dict[str, Any]:
+    doc: dict[str, Any] = {"links": nvlink.count}
+    if nvlink.down:
+        doc["down"] = list(nvlink.down)
+    if nvlink.lost:
+        doc["lost"] = [list(pair) for pair in nvlink.lost]
     return doc
 
 
@@ -132,11 +197,11 @@ def encode(topology: Topology) -> str:
 def decode(text: str | bytes) -> Topology:
     """Parse and validate an annotation value back into the model.
 
-    Raises SchemaError naming the offending field for anything that is not valid v1.
+    Raises SchemaError naming the offending field for anything that is not valid v1 or v2.
     """
     size = len(text.encode("utf-8") if isinstance(text, str) else text)
     if size > MAX_DOCUMENT_BYTES:
-        raise SchemaError("", f"document is {size} bytes; a v1 topology is at most 256 KiB")
+        raise SchemaError("", f"document is {size} bytes; a topology is at most 256 KiB")
     try:
         doc = load_json(text, max_depth=MAX_DOCUMENT_DEPTH)
     except ParseError as e:
@@ -145,7 +210,7 @@ def decode(text: str | bytes) -> Topology:
 
 
 def from_document(doc: Any) -> Topology:
-    """Validate an already-parsed v1 document and build the model. Raises SchemaError."""
+    """Validate an already-parsed v1 or v2 document and build the model. Raises SchemaError."""
     if not isinstance(doc, dict):
         raise SchemaError("", f"expected a JSON object, got {type(doc).__name__}")
     try:
@@ -153,11 +218,12 @@ def from_document(doc: Any) -> Topology:
         check_document(doc, max_depth=MAX_DOCUMENT_DEPTH)
     except ParseError as e:
         raise SchemaError("", str(e)) from None
-    if "v" in doc and doc["v"] != SCHEMA_VERSION:
+    version = doc.get("v", SCHEMA_VERSION)
+    if type(version) is not int or version not in READ_VERSIONS:
         raise SchemaError(
-            "v", f"schema version {excerpt(doc['v'])} is not supported (this reads v1)"
+            "v", f"schema version {excerpt(doc['v'])} is not supported (this reads v1 and v2)"
         )
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    error = jsonschema.exceptions.best_match(_validator(version).iter_errors(doc))
     if error is not None:
         path = _path(error.absolute_path)
         if error.validator == "required":
@@ -168,7 +234,7 @@ def from_document(doc: Any) -> Topology:
         topology = Topology(
             source=Source(doc["source"]),
             driver=doc["driver"],
-            gpus=tuple(_gpu(g, i) for i, g in enumerate(doc["gpus"])),
+            gpus=tuple(_gpu(g, i, len(doc["gpus"]), version) for i, g in enumerate(doc["gpus"])),
             links=_matrix(doc["links"], "links"),
             pcie=_matrix(doc["pcie"], "pcie") if "pcie" in doc else None,
             nics=tuple(_nic(n, k) for k, n in enumerate(doc["nics"])),
@@ -188,7 +254,7 @@ def from_document(doc: Any) -> Topology:
             f"{doc['islands']} does not match the NVLink islands of `links` "
             f"({[list(i) for i in topology.islands]})",
         )
-    expected = _hash(to_document(topology))
+    expected = _hash(to_document(topology, version))
     if doc["hash"] != expected:
         raise SchemaError(
             "hash",
@@ -234,9 +300,75 @@ def _set(value: str | None, field: str) -> frozenset[int] | None:
         raise SchemaError(field, e.reason) from None
 
 
-def _gpu(doc: dict[str, Any], i: int) -> Gpu:
+_CLIQUE = re.compile(
+    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.(0|[1-9][0-9]{0,9})"
+)
+
+
+def _v1_fabric(clique: str | None, field: str) -> GpuFabric | None:
+    """A v1 `clique` (`<clusterUuid>.<cliqueId>`, written only for attached GPUs) as a fabric."""
+    if clique is None:
+        return None
+    match = _CLIQUE.fullmatch(clique)
+    if match is None or int(match.group(2)) >= 2**32 - 1:
+        raise SchemaError(field, f"{excerpt(clique)} is not <cluster UUID>.<clique ID>")
+    return GpuFabric(
+        state=FabricState.COMPLETED, cluster_uuid=match.group(1), clique=int(match.group(2))
+    )
+
+
+def _fabric(doc: dict[str, Any]) -> GpuFabric:
+    position = doc.get("position")
+    return GpuFabric(
+        state=FabricState(doc["state"]),
+        cluster_uuid=doc["cluster_uuid"],
+        clique=doc["clique"],
+        error=doc.get("error"),
+        health=FabricHealth(doc["health"]) if "health" in doc else None,
+        conditions=tuple(doc.get("conditions", ())),
+        position=None
+        if position is None
+        else RackPosition(
+            chassis_serial=position["chassis_serial"],
+            slot=position["slot"],
+            tray=position["tray"],
+            host_id=position["host_id"],
+        ),
+        problems=tuple(doc.get("problems", ())),
+    )
+
+
+def _nvlink(doc: dict[str, Any] | None, field: str, index: int, n_gpus: int) -> NvlinkHealth | None:
+    if doc is None:
+        return None
+    count, down = doc["links"], doc.get("down", [])
+    if down != sorted(down) or any(link >= count for link in down):
+        raise SchemaError(f"{field}.down", f"{excerpt(down)}: ascending link indexes below {count}")
+    lost = tuple((peer, links) for peer, links in doc.get("lost", ()))
+    for peer, _ in lost:
+        if peer >= n_gpus or peer == index:
+            raise SchemaError(f"{field}.lost", f"GPU{peer} is not another GPU of this node")
+    return NvlinkHealth(count=count, down=tuple(down), lost=lost)
+
+
+def _gpu(doc: dict[str, Any], i: int, n_gpus: int, version: int) -> Gpu:
     if doc["index"] != i:
         raise SchemaError(f"gpus[{i}].index", f"{doc['index']} out of order: expected {i}")
+    clique = doc.get("clique")
+    fabric: GpuFabric | None
+    if "fabric" in doc:
+        fabric = _fabric(doc["fabric"])
+        if clique != fabric.clique_id:
+            raise SchemaError(
+                f"gpus[{i}].clique",
+                f"{excerpt(clique)} does not match the GPU's fabric ({excerpt(fabric.clique_id)})",
+            )
+    elif version == 1:
+        fabric = _v1_fabric(clique, f"gpus[{i}].clique")
+    elif clique is not None:
+        raise SchemaError(f"gpus[{i}].clique", "present without the GPU's fabric")
+    else:
+        fabric = None
     return Gpu(
         index=doc["index"],
         uuid=doc["uuid"],
@@ -247,9 +379,11 @@ def _gpu(doc: dict[str, Any], i: int) -> Gpu:
         mem_mib=doc["mem_mib"],
         mig=doc["mig"],
         gpu_numa=doc.get("gpu_numa"),
-        clique=doc.get("clique"),
         mig_devices=tuple(doc.get("mig_devices", ())),
         lost=doc.get("lost", False),
+        minor=doc.get("minor"),
+        fabric=fabric,
+        nvlink=_nvlink(doc.get("nvlink"), f"gpus[{i}].nvlink", i, n_gpus),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from parsers.cpulist import format_cpulist
+from reporter.schema.fabric import gpu_health
 from reporter.schema.model import Gpu, Topology
 
 EVENT_MESSAGE_MAX_BYTES = 1024
@@ -88,11 +89,37 @@ def changes(old: Topology, new: Topology) -> tuple[str, ...]:
             )
         if before.model != gpu.model:
             lines.append(f"GPU{gpu.index} model {before.model} → {gpu.model}")
+        lines.extend(_fabric_changes(before, gpu))
     lines.extend(f"GPU{gpu.index} added" for gpu in sorted(added, key=lambda g: g.index))
     known = [(a, b) for a, b in matched if not a.lost and not b.lost]
     lines.extend(_link_changes(old, new, known))
     lines.extend(_nic_changes(old, new, known))
     return tuple(lines)
+
+
+def _active(gpu: Gpu) -> str:
+    return "?" if gpu.nvlink is None else f"{gpu.nvlink.active}/{gpu.nvlink.count}"
+
+
+def _fabric_word(gpu: Gpu) -> str:
+    return "none" if gpu.fabric is None else gpu_health(gpu.fabric)
+
+
+def _fabric_changes(before: Gpu, gpu: Gpu) -> list[str]:
+    """A GPU's clique, fabric health, active NVLinks or minor number, where they changed and
+    both sides know them (a v1 document knows none of the last three)."""
+    lines = []
+    if before.clique != gpu.clique:
+        lines.append(f"GPU{gpu.index} clique {before.clique or 'none'} → {gpu.clique or 'none'}")
+    if before.fabric is not None and gpu.fabric is not None:
+        was, now = _fabric_word(before), _fabric_word(gpu)
+        if was != now:
+            lines.append(f"GPU{gpu.index} fabric {was} → {now}")
+    if before.nvlink is not None and gpu.nvlink is not None and before.nvlink != gpu.nvlink:
+        lines.append(f"GPU{gpu.index} NVLinks active {_active(before)} → {_active(gpu)}")
+    if None not in (before.minor, gpu.minor) and before.minor != gpu.minor:
+        lines.append(f"GPU{gpu.index} minor {before.minor} → {gpu.minor}")
+    return lines
 
 
 def _link_changes(old: Topology, new: Topology, matched: Sequence[tuple[Gpu, Gpu]]) -> list[str]:

@@ -16,8 +16,9 @@ from reporter.schema.pictures import to_dot, to_mermaid
 FORMATS = ("json", "yaml", "matrix", "labels", "dot", "mermaid")
 
 
-def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
-    """The text of `topology` in `fmt` (one of FORMATS), ending in a newline."""
+def format_topology(topology: Topology, fmt: str, prefix: str, node: str | None = None) -> str:
+    """The text of `topology` in `fmt` (one of FORMATS), ending in a newline; `node` names the
+    Node for the labels (a node without a multi-node fabric is its own NVLink domain)."""
     if fmt == "json":
         return encode(topology) + "\n"
     if fmt == "yaml":
@@ -25,7 +26,7 @@ def format_topology(topology: Topology, fmt: str, prefix: str) -> str:
     if fmt == "matrix":
         return render_matrix(topology)
     if fmt == "labels":
-        pairs = {**labels(topology, prefix), **annotation_values(topology, prefix)}
+        pairs = {**labels(topology, prefix, node), **annotation_values(topology, prefix)}
         # One key=value per line: a multi-line value (the matrix) is printed JSON-quoted.
         return "".join(f"{k}={json.dumps(v) if chr(10) in v else v}\n" for k, v in pairs.items())
     if fmt == "dot":

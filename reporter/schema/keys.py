@@ -7,7 +7,9 @@ stable derivations of the topology (counts and classes), never timestamps.
 from __future__ import annotations
 
 DEFAULT_PREFIX = "gpu.topology.io"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The version the agent writes (`"v":2` in `topology`, label `schema=v2`); the decoder also reads
+v1 (docs/schema.md says what changed)."""
 
 # Labels
 COUNT = "count"
@@ -22,6 +24,17 @@ SCHEMA = "schema"
 TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
 TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
 CPU_MANAGER_POLICY = "cpu-manager-policy"
+# Labels of the multi-node NVLink fabric (GB200/GB300 NVL72): every GPU node carries both domain
+# labels, a node without a fabric being its own domain (reporter.schema.fabric.own_domain).
+NVLINK_DOMAIN = "nvlink-domain"
+NVLINK_PARTITION = "nvlink-partition"
+FABRIC_HEALTH = "fabric-health"
+RACK_SERIAL = "rack-serial"
+RACK_SLOT = "rack-slot"
+RACK_TRAY = "rack-tray"
+RACK_HOST = "rack-host"
+# The GPUs' NVLinks against their own link counts: ok, degraded, down.
+NVLINK_HEALTH = "nvlink-health"
 
 # Annotations
 TOPOLOGY = "topology"

@@ -1,7 +1,8 @@
 """Labels, annotations and the human matrix: pure projections of one `Topology`.
 
 Label values obey Kubernetes' rules (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both
-ends) by construction: they are small integers and fixed words. Nothing here reads the clock.
+ends) by construction: they are small integers, fixed words, cluster UUIDs and values checked by
+`reporter.schema.fabric`. Nothing here reads the clock.
 """
 
 import re
@@ -12,6 +13,7 @@ from parsers.cpulist import format_cpulist
 from parsers.kubelet import KubeletPolicies
 from reporter.schema import keys
 from reporter.schema.codec import encode
+from reporter.schema.fabric import domain_labels, node_fabric
 from reporter.schema.model import SELF, Link, Topology
 
 
@@ -36,8 +38,56 @@ def gpus_per_numa(topology: Topology) -> Counter[int]:
     return Counter(h for h in homes if h is not None)
 
 
-def labels(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, str]:
-    """The node labels of DESIGN.md's table, keyed by full label key."""
+def nvlink_health(topology: Topology) -> str | None:
+    """`ok`, `degraded` (a GPU lost some of its NVLinks) or `down` (a GPU has none active left);
+    None where no GPU's links are known. Lost GPUs are the `gpu-lost` finding's, and GPUs in MIG
+    mode are left out: NVML reports their NVLinks down (DCGM notes it), and MIG uses none."""
+    if not topology.nvlink_observed:
+        return None
+    states = {
+        g.nvlink.state
+        for g in topology.gpus
+        if g.nvlink is not None and g.nvlink.count > 0 and not g.lost and not g.mig
+    }
+    for word in ("down", "degraded", "ok"):
+        if word in states:
+            return word
+    return None
+
+
+def fabric_labels(topology: Topology, node: str | None) -> dict[str, str]:
+    """The multi-node fabric's labels by name: both domain labels (a node without a fabric is its
+    own domain when `node` is known), `fabric-health` where a GPU has a fabric, and the rack
+    position the GPUs agree on."""
+    fabric = node_fabric(topology)
+    found = domain_labels(fabric, node)
+    out = {
+        name: found[part]
+        for name, part in ((keys.NVLINK_DOMAIN, "domain"), (keys.NVLINK_PARTITION, "partition"))
+        if part in found
+    }
+    if fabric.health is not None:
+        out[keys.FABRIC_HEALTH] = fabric.health
+    position = fabric.position
+    if position is not None:
+        values = (
+            (keys.RACK_SERIAL, position.chassis_serial),
+            (keys.RACK_SLOT, position.slot),
+            (keys.RACK_TRAY, position.tray),
+            (keys.RACK_HOST, position.host_id),
+        )
+        out |= {name: str(value) for name, value in values if value is not None}
+    return out
+
+
+def labels(
+    topology: Topology, prefix: str = keys.DEFAULT_PREFIX, node: str | None = None
+) -> dict[str, str]:
+    """The node labels of docs/schema.md's table, keyed by full label key.
+
+    `node` is the Node's name: a node without a multi-node fabric is its own NVLink domain, named
+    after it; without a name (a pasted matrix) those two labels are left out.
+    """
     n = len(topology.gpus)
     out = {
         keys.COUNT: str(n),
@@ -52,6 +102,10 @@ def labels(topology: Topology, prefix: str = keys.DEFAULT_PREFIX) -> dict[str, s
         out[keys.NUMA_NODES] = str(len(per_numa))
         out[keys.MAX_GPUS_PER_NUMA] = str(max(per_numa.values()))
     out[keys.RDMA_NICS] = str(len(topology.nics))
+    link_health = nvlink_health(topology)
+    if link_health is not None:
+        out[keys.NVLINK_HEALTH] = link_health
+    out |= fabric_labels(topology, node)
     out[keys.SCHEMA] = f"v{keys.SCHEMA_VERSION}"
     return {keys.key(prefix, name): value for name, value in out.items()}
 
@@ -99,6 +153,13 @@ def summary(topology: Topology) -> str:
     lost = [f"GPU{g.index}" for g in topology.gpus if g.lost]
     if lost:
         parts.append(f"LOST: {' '.join(lost)}")
+    down = [
+        f"GPU{g.index} {len(g.nvlink.down)}/{g.nvlink.count}"
+        for g in topology.gpus
+        if g.nvlink is not None and g.nvlink.down and not g.lost
+    ]
+    if down:
+        parts.append(f"NVLINKS DOWN: {' '.join(down)}")
     return ", ".join(parts)
 
 

@@ -13,7 +13,21 @@ from dataclasses import dataclass, field
 
 from parsers.links import SELF, Link, LinkKind
 
-__all__ = ["SELF", "Gpu", "Link", "LinkKind", "Nic", "NumaNode", "Source", "Topology"]
+__all__ = [
+    "SELF",
+    "FabricHealth",
+    "FabricState",
+    "Gpu",
+    "GpuFabric",
+    "Link",
+    "LinkKind",
+    "Nic",
+    "NumaNode",
+    "NvlinkHealth",
+    "RackPosition",
+    "Source",
+    "Topology",
+]
 
 
 class Source(enum.Enum):
@@ -22,6 +36,116 @@ class Source(enum.Enum):
     NVML = "nvml"
     SYSFS = "sysfs"
     NVIDIA_SMI = "nvidia-smi"
+
+
+class FabricState(enum.Enum):
+    """Where a GPU is in joining its NVLink fabric (NVML's `NVML_GPU_FABRIC_STATE_*`)."""
+
+    NOT_SUPPORTED = "not-supported"
+    NOT_STARTED = "not-started"
+    IN_PROGRESS = "in-progress"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+    """A value NVML does not define: the driver or the binding answered garbage."""
+
+
+class FabricHealth(enum.Enum):
+    """NVML's own summary of a GPU's fabric health (`NVML_GPU_FABRIC_HEALTH_SUMMARY_*`)."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    LIMITED_CAPACITY = "limited-capacity"
+
+
+@dataclass(frozen=True, slots=True)
+class RackPosition:
+    """Where a GPU sits in its rack, as `nvmlDeviceGetPlatformInfo` says (Blackwell and newer).
+
+    `None` is a value the platform did not give, or gave as garbage (then named in the GPU's
+    fabric `problems`).
+    """
+
+    chassis_serial: str | None = None
+    """Serial number of the chassis (the rack): a label value, `[A-Za-z0-9._-]`."""
+    slot: int | None = None
+    """Physical slot in the chassis, switch trays counted."""
+    tray: int | None = None
+    """Index among the compute trays of the chassis."""
+    host_id: int | None = None
+    """Index of the host (node) within its slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFabric:
+    """One GPU's multi-node NVLink fabric, decoded from `nvmlDeviceGetGpuFabricInfoV`.
+
+    Only what the driver said, checked: a value that cannot be right (an undefined state, a
+    cluster UUID of the wrong size, the clique 2^32-1, health-mask bits NVML does not define, a
+    rack serial with control characters) is dropped or marked `unknown`, and `problems` says
+    what it was. Nothing here is derived from other GPUs: `reporter.schema.fabric` judges the node.
+    """
+
+    state: FabricState
+    cluster_uuid: str | None = None
+    """The fabric's cluster UUID, lower-case and dashed; None when all zero (NVLink without a
+    multi-node fabric, as NVIDIA's own tools read it) or unreadable."""
+    clique: int | None = None
+    """The clique (partition) ID within the cluster; None when unreadable (the cluster UUID is
+    then None too: a GPU with an all-zero cluster UUID keeps its clique)."""
+    error: int | None = None
+    """NVML's status of the fabric probe when it is not NVML_SUCCESS (only meaningful when the
+    state is completed)."""
+    health: FabricHealth | None = None
+    """NVML's health summary; None where the driver does not give one (the v2 struct)."""
+    conditions: tuple[str, ...] = ()
+    """The health mask's fields that say something is wrong, by name (`degraded-bandwidth`,
+    `route-unhealthy`, ...), in `reporter.schema.fabric.CONDITIONS` order."""
+    position: RackPosition | None = None
+    problems: tuple[str, ...] = ()
+    """What the driver answered that could not be taken as it was, one short line each."""
+
+    @property
+    def attached(self) -> bool:
+        """Member of a multi-node fabric, by the rule GPU Feature Discovery applies before it
+        writes `nvidia.com/gpu.clique`: completed, no error, a non-zero cluster UUID."""
+        return (
+            self.state is FabricState.COMPLETED
+            and self.error is None
+            and self.cluster_uuid is not None
+            and self.clique is not None
+        )
+
+    @property
+    def clique_id(self) -> str | None:
+        """`<clusterUuid>.<cliqueId>`, byte for byte GFD's `nvidia.com/gpu.clique`, if attached."""
+        if not self.attached:
+            return None
+        return f"{self.cluster_uuid}.{self.clique}"
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkHealth:
+    """One GPU's NVLinks against its own link count (`NVML_FI_DEV_NVLINK_LINK_COUNT`)."""
+
+    count: int
+    """The NVLinks the GPU has."""
+    down: tuple[int, ...] = ()
+    """Indexes of the links that are not active, ascending."""
+    lost: tuple[tuple[int, int], ...] = ()
+    """(peer GPU index, links) of the direct bonds the down links belonged to, where the driver
+    still names the far end; links to NVSwitches lower every pair's bond instead, which `links`
+    shows."""
+
+    @property
+    def active(self) -> int:
+        return self.count - len(self.down)
+
+    @property
+    def state(self) -> str:
+        """`ok` (every link active), `degraded` (some down) or `down` (none active)."""
+        if not self.down:
+            return "ok"
+        return "down" if self.active <= 0 else "degraded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +163,23 @@ class Gpu:
     mig: bool | None = None
     gpu_numa: int | None = None
     """The NUMA node that is the GPU's own memory (coherent Grace systems)."""
-    clique: str | None = None
-    """Multi-node NVLink fabric membership, `<clusterUuid>.<cliqueId>`."""
     mig_devices: tuple[str, ...] = ()
     """UUIDs (`MIG-…`) of the MIG devices carved from this GPU: the IDs a device plugin hands out
     under MIG, which say nothing of their parent themselves."""
     lost: bool = False
     """NVML reported the GPU lost (fallen off the bus): published deliberately."""
+    minor: int | None = None
+    """The driver's minor number: the GPU's device file is `/dev/nvidia<minor>`, and NVIDIA's DRA
+    driver names it `gpu-<minor>`."""
+    fabric: GpuFabric | None = None
+    """The multi-node NVLink fabric as this GPU reports it; None: the GPU has none."""
+    nvlink: NvlinkHealth | None = None
+    """Its NVLinks' health; None where the GPU has no NVLink or the source cannot see them."""
+
+    @property
+    def clique(self) -> str | None:
+        """Multi-node NVLink fabric membership, `<clusterUuid>.<cliqueId>`, when attached."""
+        return None if self.fabric is None else self.fabric.clique_id
 
 
 @dataclass(frozen=True, slots=True)

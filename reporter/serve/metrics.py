@@ -80,6 +80,19 @@ class Metrics:
             "1 while a source fails and the last good topology is kept.",
             registry=r,
         )
+        self.nvlink_errors = Counter(
+            "topo_reporter_nvlink_errors",
+            "NVLink errors the GPUs' counters added between scans, by counter: replay, recovery, "
+            "crc_flit, crc_data, recovery_failed (a counter that went back, a driver reload, "
+            "counts from zero). Which GPU: the nvlink_errors log line.",
+            ["counter"],
+            registry=r,
+        )
+        self.nvlinks_down = Gauge(
+            "topo_reporter_nvlinks_down",
+            "NVLinks not active, over the GPUs of the published topology.",
+            registry=r,
+        )
         self.source_success = Gauge(
             "topo_reporter_source_success",
             "1 when the source answered in the last scan (ok or no data), 0 when it failed.",
@@ -144,6 +157,8 @@ class Metrics:
             self.source_success.labels(source=source.name).set(
                 0 if source.state is SourceState.FAILED else 1
             )
+        for errors in result.link_errors:
+            self.nvlink_errors.labels(counter=errors.counter).inc(errors.delta)
 
     def topology(self, t: Topology) -> None:
         self.gpus.set(len(t.gpus))
@@ -155,6 +170,7 @@ class Metrics:
         for kind, count in counts.items():
             self.links.labels(type=kind.value).set(count)
         self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
+        self.nvlinks_down.set(sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

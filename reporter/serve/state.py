@@ -2,7 +2,8 @@
 
 Live: the loop made progress recently, or is in a wait it announced (the interval, a retry's
 backoff, a server's Retry-After): a wait asked for is not a stall. Ready: the last publish
-succeeded, no source is failing, and the data is fresh. It only records; it never decides what
+succeeded, no source is failing, the data is fresh, and the node's NVLink partition is not
+withheld (a fabric not completed, GPUs that disagree on it). It only records; it never decides what
 to publish.
 """
 
@@ -38,6 +39,7 @@ class AgentState:
         self._published_at: float | None = None
         self._publish_error: str | None = "no publish yet"
         self._degraded: str | None = None
+        self._fabric: str | None = None
         self._stopped = False
 
     def beat(self) -> None:
@@ -65,6 +67,11 @@ class AgentState:
         with self._lock:
             self._degraded = reason
 
+    def set_fabric_problem(self, reason: str | None) -> None:
+        """Why the node's `nvlink-partition` label is withheld; None when it is not."""
+        with self._lock:
+            self._fabric = reason
+
     def stopped(self) -> None:
         with self._lock:
             self._stopped = True
@@ -90,6 +97,8 @@ class AgentState:
                 return Verdict(False, self._publish_error)
             if self._degraded is not None:
                 return Verdict(False, f"degraded: {self._degraded}")
+            if self._fabric is not None:
+                return Verdict(False, f"no nvlink-partition label: {self._fabric}")
             assert self._published_at is not None  # set together with clearing the error
             age = self._clock() - self._published_at
             if age > self._stale_after_s:

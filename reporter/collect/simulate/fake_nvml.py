@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from reporter.collect.simulate.machine import MAX_MIG_DEVICES, Machine, PciFunction
+from reporter.collect.fabricinfo import PLATFORM_V2_LAYOUT
+from reporter.collect.simulate.machine import MAX_MIG_DEVICES, FabricSpec, Machine, PciFunction
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -40,6 +41,14 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_IN_USE = 19
 NVML_ERROR_MEMORY = 20
 NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
 NVML_ERROR_UNKNOWN = 999
 
 NVML_TOPOLOGY_INTERNAL = 0
@@ -67,6 +76,25 @@ NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
 NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
 NVML_GPU_FABRIC_STATE_COMPLETED = 3
 nvmlGpuFabricInfo_v2 = 0x02000024  # noqa: N816 (the binding's name)
+nvmlGpuFabricInfo_v3 = 0x03000028  # noqa: N816
+nvmlPlatformInfo_v2 = 0x0200002C  # noqa: N816
+
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
+NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS = 214
+COUNTER_FIELDS = {
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crc_flit",
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "crc_data",
+}
+"""The NVLink error counters `Faults.counters` sets, by field ID; recovery failures (per link,
+field 214) are served on link 0."""
 
 # The binding that ships with nvidia-ml-py 13 walks 36 links; 12.x bindings say 18, old ones 12.
 DEFAULT_NVLINK_MAX_LINKS = 36
@@ -155,7 +183,65 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):  # noqa: N801 (the binding's n
         super().__init__(version=nvmlGpuFabricInfo_v2)
 
 
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):  # noqa: N801 (the binding's name)
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint32),
+        ("healthSummary", ctypes.c_uint8),
+    )
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v3)
+
+
+# nvidia-ml-py 13 keeps the unversioned name on the v2 struct, as here.
 c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t  # noqa: N816 (the binding's name)
+
+
+class c_nvmlPlatformInfo_v2_t(ctypes.Structure):  # noqa: N801 (the binding's name)
+    """As the binding declares it: `c_char` fields, which read back cut at a zero byte."""
+
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("ibGuid", ctypes.c_char * 16),
+        ("chassisSerialNumber", ctypes.c_char * 16),
+        ("slotNumber", ctypes.c_char),
+        ("trayIndex", ctypes.c_char),
+        ("hostId", ctypes.c_char),
+        ("peerType", ctypes.c_char),
+        ("moduleId", ctypes.c_char),
+    )
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlPlatformInfo_v2)
+
+
+class c_nvmlValue_t(ctypes.Union):  # noqa: N801 (the binding's name)
+    _fields_ = (
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    )
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):  # noqa: N801 (the binding's name)
+    _fields_ = (
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", c_nvmlValue_t),
+    )
 
 
 @dataclass(frozen=True)
@@ -164,18 +250,27 @@ class Faults:
 
     `init` is an NVML_ERROR_* code raised by nvmlInit; `lost` GPUs raise GpuIsLost from every call
     (their handles included); `calls` maps (function name, GPU index or None for every GPU) to the
-    code that call raises; `links_down` GPUs report every NVLink inactive; `old_driver` drops the
-    functions an old driver lacks (FunctionNotFound), as r470 lacks the remote device type.
-    `visible` is the GPUs the container runtime hands the pod (`NVIDIA_VISIBLE_DEVICES`), by
-    machine index; NVML numbers them 0..k-1 and does not know the others; None means all.
+    code that call raises; `links_down` maps a GPU to how many of its NVLinks are inactive (its
+    last ones; as many as it has or more: all), on top of what the profile's `links_down` says;
+    `old_driver` drops the functions an old driver lacks (FunctionNotFound), as r470 lacks the
+    remote device type. `visible` is the GPUs the container runtime hands the pod
+    (`NVIDIA_VISIBLE_DEVICES`), by machine index; NVML numbers them 0..k-1 and does not know the
+    others; None means all. `counters` sets a GPU's NVLink error counters (`replay`, `recovery`,
+    `crc_flit`, `crc_data`, `recovery_failed`; 0 when not set). `fabric_v2_only` is a driver
+    (R550 to R565) that knows the v2 fabric struct only: the v3 one is a version mismatch.
+    `link_count` makes a GPU's NVML_FI_DEV_NVLINK_LINK_COUNT answer a number of its own (garbage,
+    or more links than its profile wires), whatever links the GPU really has.
     """
 
     init: int | None = None
     lost: frozenset[int] = frozenset()
     calls: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
-    links_down: frozenset[int] = frozenset()
+    links_down: Mapping[int, int] = field(default_factory=dict)
     old_driver: bool = False
     visible: frozenset[int] | None = None
+    counters: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    fabric_v2_only: bool = False
+    link_count: Mapping[int, int] = field(default_factory=dict)
 
 
 _OLD_DRIVER_MISSING = frozenset(
@@ -184,6 +279,7 @@ _OLD_DRIVER_MISSING = frozenset(
         "nvmlDeviceGetCpuAffinityWithinScope",
         "nvmlDeviceGetGpuFabricInfoV",
         "nvmlDeviceGetNumaNodeId",
+        "nvmlDeviceGetPlatformInfo",
     }
 )
 
@@ -273,6 +369,13 @@ class FakeNvml:
             "nvmlPciInfo_t": nvmlPciInfo_t,
             "c_nvmlMemory_t": c_nvmlMemory_t,
             "c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfoV_t,
+            "c_nvmlGpuFabricInfo_v2_t": c_nvmlGpuFabricInfo_v2_t,
+            "c_nvmlGpuFabricInfo_v3_t": c_nvmlGpuFabricInfo_v3_t,
+            "c_nvmlPlatformInfo_v2_t": c_nvmlPlatformInfo_v2_t,
+            "c_nvmlFieldValue_t": c_nvmlFieldValue_t,
+            "nvmlGpuFabricInfo_v2": nvmlGpuFabricInfo_v2,
+            "nvmlGpuFabricInfo_v3": nvmlGpuFabricInfo_v3,
+            "nvmlPlatformInfo_v2": nvmlPlatformInfo_v2,
         }
         for name, value in exported.items():
             setattr(self, name, value)
@@ -387,11 +490,49 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return ends[link]
 
+    def _links_down(self, index: int) -> int:
+        gpu = self.machine.gpus[index]
+        return max(gpu.links_down, self.faults.links_down.get(index, 0))
+
     def nvmlDeviceGetNvLinkState(self, device: FakeHandle, link: int) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetNvLinkState", device)
+        ends = self._gpu(device)[0].nvlinks
         self._link(device, link)
-        down = device.index in self.faults.links_down
+        down = link >= len(ends) - self._links_down(device.index)
         return NVML_FEATURE_DISABLED if down else NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetFieldValues(  # noqa: N802
+        self,
+        handle: FakeHandle,
+        fieldIds: list[int | tuple[int, int]],  # noqa: N803
+    ) -> ctypes.Array[c_nvmlFieldValue_t]:
+        self._enter("nvmlDeviceGetFieldValues", handle)
+        gpu = self._gpu(handle)[0]
+        counters = self.faults.counters.get(handle.index, {})
+        values = (c_nvmlFieldValue_t * len(fieldIds))()
+        for slot, requested in enumerate(fieldIds):
+            field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            value = values[slot]
+            value.fieldId, value.scopeId = field_id, scope
+            if not gpu.nvlinks:
+                value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            elif field_id == NVML_FI_DEV_NVLINK_LINK_COUNT:
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = self.faults.link_count.get(handle.index, len(gpu.nvlinks))
+            elif field_id in COUNTER_FIELDS or field_id == (
+                NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS
+            ):
+                name = COUNTER_FIELDS.get(field_id, "recovery_failed")
+                count = counters.get(name, 0) if name != "recovery_failed" or scope == 0 else 0
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = count
+            else:
+                value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlDeviceGetMinorNumber(self, handle: FakeHandle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetMinorNumber", handle)
+        return int(self._gpu(handle)[0].minor)
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeHandle, link: int) -> nvmlPciInfo_t:  # noqa: N802
         self._enter("nvmlDeviceGetNvLinkRemotePciInfo", device)
@@ -444,16 +585,48 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return int(node)
 
-    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, fabric_info: Any) -> int:  # noqa: N802
-        self._enter("nvmlDeviceGetGpuFabricInfoV", device)
-        clique = self._gpu(device)[0].clique
-        if clique is None:
+    def _fabric(self, device: FakeHandle) -> FabricSpec:
+        spec: FabricSpec | None = self._gpu(device)[0].fabric
+        if spec is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return spec
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, gpuFabricInfo: Any) -> int:  # noqa: N802, N803
+        self._enter("nvmlDeviceGetGpuFabricInfoV", device)
+        spec = self._fabric(device)
         # The binding hands the argument straight to C, so callers pass ctypes.byref(info).
-        info = fabric_info._obj
-        cluster, clique_id = clique
-        info.clusterUuid[:] = list(bytes.fromhex(cluster.replace("-", "")))
-        info.status = NVML_SUCCESS
-        info.cliqueId = clique_id
-        info.state = NVML_GPU_FABRIC_STATE_COMPLETED
+        info = gpuFabricInfo._obj
+        known = {nvmlGpuFabricInfo_v2} | (
+            set() if self.faults.fabric_v2_only else {nvmlGpuFabricInfo_v3}
+        )
+        if info.version not in known:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.clusterUuid[:] = list(spec.cluster_uuid)
+        info.status = spec.status
+        info.cliqueId = spec.clique
+        info.state = spec.state
+        info.healthMask = spec.health_mask
+        if info.version == nvmlGpuFabricInfo_v3:
+            info.healthSummary = spec.health_summary
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetPlatformInfo(self, device: FakeHandle, platformInfo: Any) -> int:  # noqa: N802, N803
+        self._enter("nvmlDeviceGetPlatformInfo", device)
+        spec = self._fabric(device)
+        if not spec.has_position:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        info = platformInfo._obj
+        if info.version != nvmlPlatformInfo_v2:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        # Written as the driver writes the C struct: bytes at their offsets, the serial NUL-padded
+        # and cut to its 16 bytes.
+        serial = (spec.chassis_serial or b"")[:16].ljust(16, b"\x00")
+        base = ctypes.addressof(info)
+        ctypes.memmove(base + PLATFORM_V2_LAYOUT["chassisSerialNumber"][0], serial, 16)
+        for name, value in (
+            ("slotNumber", spec.slot),
+            ("trayIndex", spec.tray),
+            ("hostId", spec.host_id),
+        ):
+            ctypes.memmove(base + PLATFORM_V2_LAYOUT[name][0], bytes([value or 0]), 1)
         return NVML_SUCCESS

@@ -21,6 +21,7 @@ from typing import Any
 from parsers.cpulist import parse_cpulist
 from parsers.documents import load_yaml
 from parsers.errors import ParseError, excerpt
+from reporter.collect.fabricinfo import health_mask
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
 
@@ -94,6 +95,56 @@ class NvlinkEnd:
     switch: str | None = None
 
 
+FABRIC_STATES = {"not-supported": 0, "not-started": 1, "in-progress": 2, "completed": 3}
+"""A profile's `fabric.state` words as NVML's NVML_GPU_FABRIC_STATE_* codes (or an int, raw)."""
+FABRIC_HEALTH = {"healthy": 1, "unhealthy": 2, "limited-capacity": 3, "degraded": 3}
+"""A profile's `fabric.health` as NVML's health summary; `degraded` is limited capacity with the
+`degraded-bandwidth` condition (unless `conditions` names others)."""
+_FABRIC_KEYS = frozenset(
+    {
+        "cluster_uuid",
+        "clique",
+        "state",
+        "health",
+        "conditions",
+        "chassis_serial",
+        "slot",
+        "tray",
+        "host_id",
+        "health_mask",
+        "status",
+    }
+)
+MAX_MINOR = (1 << 20) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSpec:
+    """What a simulated GPU's driver answers for its fabric and platform, raw as NVML gives it.
+
+    Values are kept as the profile gives them within what NVML's C structs can carry (a byte
+    for the state, 32 bits for the clique and the mask), so a profile can serve garbage as a
+    broken driver or binding would, and the collector's checks meet it.
+    """
+
+    cluster_uuid: bytes
+    clique: int
+    state: int
+    status: int = 0
+    health_summary: int = 1
+    health_mask: int = 0
+    chassis_serial: bytes | None = None
+    """Served through the 16-byte C field: longer is cut there, as a driver's would be."""
+    slot: int | None = None
+    tray: int | None = None
+    host_id: int | None = None
+
+    @property
+    def has_position(self) -> bool:
+        """The platform reports a rack position (`nvmlDeviceGetPlatformInfo` answers)."""
+        return any(v is not None for v in (self.chassis_serial, self.slot, self.tray, self.host_id))
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     index: int
@@ -106,10 +157,14 @@ class GpuSpec:
     """NUMA nodes NVML reports as the GPU's memory affinity; None: NVML reports none (VMs)."""
     gpu_numa: int | None
     nvlinks: tuple[NvlinkEnd, ...]
-    clique: tuple[str, int] | None
-    """Fabric (cluster UUID, clique id) for multi-node NVLink systems."""
+    fabric: FabricSpec | None
+    """The multi-node NVLink fabric (profile `fabric`, `gpus[].fabric`); None: the GPU has none."""
     mig_devices: tuple[str, ...] = ()
     """UUIDs of the MIG devices created on the GPU (profile `mig_devices: N`, with `mig: true`)."""
+    minor: int = 0
+    """The driver's minor number (`/dev/nvidia<minor>`): profile `minor`, by default the index."""
+    links_down: int = 0
+    """How many of its NVLinks are inactive (profile `links_down`): the last ones it has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,11 +234,29 @@ def load_machine(profile: str) -> Machine:
             )
         name, text = profile, entry.read_text(encoding="utf-8")
     try:
-        return _build(name, load_yaml(text, max_chars=MAX_PROFILE_BYTES))
+        data = load_yaml(text, max_chars=MAX_PROFILE_BYTES)
+    except ParseError as e:
+        raise ConfigError(f"machine profile {profile}: {e}") from None
+    return machine_from_profile(name, data, source=profile)
+
+
+def shipped_profile(name: str) -> Any:
+    """The document of a shipped profile, to build others from. Raises ConfigError if unknown."""
+    entry = _profiles_dir().joinpath(name + PROFILE_SUFFIX)
+    if not entry.is_file():
+        raise ConfigError(f"unknown simulated machine {excerpt(name)}")
+    return load_yaml(entry.read_text(encoding="utf-8"))
+
+
+def machine_from_profile(name: str, data: Any, *, source: str | None = None) -> Machine:
+    """The machine a profile document (what a profile file holds, parsed) describes; `name`
+    seeds its GPU UUIDs. Raises ConfigError naming the profile (`source`, else `name`)."""
+    try:
+        return _build(name, data)
     except (ParseError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         # Whatever the profile's shape, one line: a wrong type deep in it is a KeyError or an
         # AttributeError here, not a bug.
-        raise ConfigError(f"machine profile {profile}: {e}") from None
+        raise ConfigError(f"machine profile {source or name}: {e}") from None
 
 
 def _build(name: str, data: Any) -> Machine:
@@ -220,6 +293,8 @@ def _build(name: str, data: Any) -> Machine:
     links = _nvlinks(data.get("nvlink", []), len(gpu_functions), nvswitches)
     overrides = {int(g["index"]): g for g in data.get("gpus", [])}
     fabric = data.get("fabric")
+    if fabric is not None and not isinstance(fabric, dict):
+        raise ValueError("fabric: a mapping of cluster_uuid, clique, state, health, ...")
     gpus = []
     for f in gpu_functions:
         assert f.gpu is not None  # filtered above; narrows the type
@@ -242,10 +317,10 @@ def _build(name: str, data: Any) -> Machine:
                 memory_affinity=affinity,
                 gpu_numa=None if spec.get("gpu_numa") is None else int(spec["gpu_numa"]),
                 nvlinks=links[f.gpu],
-                clique=None
-                if fabric is None
-                else (str(fabric["cluster_uuid"]), int(fabric["clique"])),
+                fabric=_fabric(f.gpu, fabric, overrides.get(f.gpu, {})),
                 mig_devices=_mig_devices(name, f.gpu, spec),
+                minor=_bounded(spec.get("minor", f.gpu), 0, MAX_MINOR, f"gpus[{f.gpu}].minor"),
+                links_down=_bounded(spec.get("links_down", 0), 0, 255, f"gpus[{f.gpu}].links_down"),
             )
         )
     return Machine(
@@ -258,6 +333,71 @@ def _build(name: str, data: Any) -> Machine:
         gpus=tuple(gpus),
         nvswitches=nvswitches,
     )
+
+
+def _bounded(value: Any, low: int, high: int, field: str) -> int:
+    """An integer of a profile within [low, high]. Raises ValueError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{field}: {excerpt(value)} is not an integer in {low}..{high}")
+    return value
+
+
+def _fabric(gpu: int, node: dict[str, Any] | None, override: dict[str, Any]) -> FabricSpec | None:
+    """The fabric of one GPU: the profile's `fabric`, with the GPU's own `fabric` keys over it
+    (`fabric: null` on a GPU takes it away). Raises ValueError naming the field."""
+    if "fabric" in override:
+        mine = override["fabric"]
+        if mine is None:
+            return None
+        if not isinstance(mine, dict):
+            raise ValueError(f"gpus[{gpu}].fabric: a mapping, or null for no fabric")
+        spec = {**(node or {}), **mine}
+    elif node is None:
+        return None
+    else:
+        spec = node
+    where = f"fabric (GPU {gpu})"
+    unknown = sorted(set(spec) - _FABRIC_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {excerpt(unknown[0])}")
+    try:
+        cluster = uuid.UUID(str(spec["cluster_uuid"])).bytes
+    except ValueError:
+        raise ValueError(
+            f"{where}.cluster_uuid: {excerpt(spec['cluster_uuid'])} is not a UUID (16 bytes, as "
+            "NVML's clusterUuid holds)"
+        ) from None
+    state = spec.get("state", "completed")
+    if isinstance(state, str):
+        if state not in FABRIC_STATES:
+            raise ValueError(f"{where}.state: one of {', '.join(FABRIC_STATES)}, or a number")
+        state = FABRIC_STATES[state]
+    health = str(spec.get("health", "healthy"))
+    if health not in FABRIC_HEALTH:
+        raise ValueError(f"{where}.health: one of {', '.join(FABRIC_HEALTH)}")
+    conditions = spec.get("conditions")
+    if conditions is None:
+        conditions = ["degraded-bandwidth"] if health == "degraded" else []
+    if not isinstance(conditions, list):
+        raise ValueError(f"{where}.conditions: a list of condition names")
+    mask = health_mask([str(c) for c in conditions])
+    serial = spec.get("chassis_serial")
+    return FabricSpec(
+        cluster_uuid=cluster,
+        clique=_bounded(spec["clique"], 0, 2**32 - 1, f"{where}.clique"),
+        state=_bounded(state, 0, 255, f"{where}.state"),
+        status=_bounded(spec.get("status", 0), 0, 2**32 - 1, f"{where}.status"),
+        health_summary=FABRIC_HEALTH[health],
+        health_mask=_bounded(spec.get("health_mask", mask), 0, 2**32 - 1, f"{where}.health_mask"),
+        chassis_serial=None if serial is None else str(serial).encode("utf-8"),
+        slot=_optional_byte(spec.get("slot"), f"{where}.slot"),
+        tray=_optional_byte(spec.get("tray"), f"{where}.tray"),
+        host_id=_optional_byte(spec.get("host_id"), f"{where}.host_id"),
+    )
+
+
+def _optional_byte(value: Any, field: str) -> int | None:
+    return None if value is None else _bounded(value, 0, 255, field)
 
 
 def _mig_devices(name: str, gpu: int, spec: dict[str, Any]) -> tuple[str, ...]:

@@ -59,6 +59,27 @@ def memory_hostfs(machine: Machine) -> MemoryHostFS:
     return MemoryHostFS(files, links)
 
 
+def procfs_entries(machine: Machine) -> dict[str, str]:
+    """The NVIDIA driver's procfs files of the machine (`driver/nvidia/gpus/<bdf>/information`),
+    as nv-procfs.c writes them, with each GPU's minor number."""
+    files = {}
+    for gpu, function in zip(machine.gpus, machine.gpu_functions, strict=True):
+        files[f"driver/nvidia/gpus/{function.address}/information"] = (
+            f"Model: \t\t {gpu.model}\n"
+            f"GPU UUID: \t {gpu.uuid}\n"
+            "Bus Type: \t PCIe\n"
+            f"Bus Location: \t {function.address}\n"
+            f"Device Minor: \t {gpu.minor}\n"
+            "GPU Excluded:\t No\n"
+        )
+    return files
+
+
+def memory_procfs(machine: Machine) -> MemoryHostFS:
+    """The machine's `/proc` as far as the NVIDIA driver writes it, in memory."""
+    return MemoryHostFS(procfs_entries(machine), {})
+
+
 def write_tree(machine: Machine, root: Path) -> None:
     """Write the machine's sysfs under `root` with real symlinks (test fixtures only)."""
     files, links = sysfs_entries(machine)

@@ -1,0 +1,278 @@
+"""The agent's parts, built from Settings in one place.
+
+`topo-reporter run`, the agent tests and the benchmarks all build the agent here, so that what
+they exercise is what ships: the API client, the Node or NodeFeature sink, the scanner, the live
+availability loop with its outputs (NodeResourceTopology, Koordinator's device file), the state,
+the metrics and the health server. A test or a benchmark hands in its doubles (a scanner, an API
+client, a free source, a clock, a stop signal) through the parameters; everything else comes from
+the Settings exactly as `run` resolves them.
+
+What it must never do: talk to the cluster. Building reads no object; the agent's first step does.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from parsers.kubelet import KubeletPolicies
+from reporter import settings
+from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
+from reporter.collect import Scanner, build_scanner
+from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.sysfs_tree import memory_hostfs
+from reporter.collect.sysfs import numa_memory
+from reporter.errors import ConfigError, PublishError
+from reporter.hostfs import DirHostFS, HostFS
+from reporter.live import (
+    AvailabilityLoop,
+    FreeSource,
+    LiveOutput,
+    SimulatedFreeSource,
+    check_simulated_used,
+)
+from reporter.publish.api import NODES, ApiClient
+from reporter.publish.availability import AvailabilitySink
+from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
+from reporter.publish.nodefeature import NodeFeatureSink, object_name
+from reporter.publish.nrt import NrtOutput, NrtSink
+from reporter.publish.printing import PrintingClient
+from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
+from reporter.publish.retry import Backoff
+from reporter.publish.sink import NodePatchSink
+from reporter.serve.http import HealthServer
+from reporter.serve.metrics import Metrics, api_error_kind
+from reporter.serve.state import AgentState
+
+Log = structlog.typing.FilteringBoundLogger
+
+
+def agent_node(config: settings.Settings) -> str:
+    """The Node the agent publishes on. validate() lets only a dry run go without a node name; it
+    prints the patch for this host's Node, named as the kubelet names it by default."""
+    return config.node or socket.gethostname().lower()
+
+
+# The official `kubernetes` client costs the agent ~33 MiB and 0.18 s to import: it is imported
+# only where the lean client cannot serve (exec/auth-provider kubeconfigs, proxies) and by doctor.
+
+
+def api_client(config: settings.Settings, log: Log) -> ApiClient:
+    """The dry run's printing client; else the lean client, or the official one where only it can
+    use these credentials. Raises ConfigError for a kubeconfig neither can read."""
+    if config.dry_run:
+        # A dry run publishes to an empty Node, printing what it would send.
+        node = agent_node(config)
+        return PrintingClient(
+            sys.stdout, log, objects={(NODES, node): {"metadata": {"name": node}}}
+        )
+    try:
+        rest = load_rest_config(config.kubeconfig)
+    except LeanClientUnsupportedError as e:
+        log.info("api_client", api_client="official", reason=str(e))
+        from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
+
+        return kube.KubeApiClient(kube.load_configuration(config.kubeconfig))
+    log.info("api_client", api_client="lean", server=rest.server)
+    return RestApiClient(rest)
+
+
+def nrt_output(
+    config: settings.Settings,
+    client: ApiClient,
+    log: Log,
+    *,
+    stop: threading.Event,
+    metrics: Metrics,
+) -> NrtOutput:
+    """The live output of `run --nrt`: the node's NodeResourceTopology, from each allocation
+    view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
+    Manager policies from its config file. API errors and results go to `metrics`."""
+    hostfs: HostFS = (
+        DirHostFS(Path(config.sysfs_root))
+        if config.simulate is None
+        else memory_hostfs(load_machine(config.simulate))
+    )
+    sink = NrtSink(
+        client,
+        stop=stop,
+        backoff=Backoff(),
+        log=log,
+        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    )
+    return NrtOutput(
+        sink,
+        node=agent_node(config),
+        memory=lambda: numa_memory(hostfs),
+        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        log=log,
+        resync_s=config.resync_s,
+        on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
+    )
+
+
+def free_source(config: settings.Settings) -> FreeSource:
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+    if config.simulate_used is not None:
+        assert config.simulate is not None  # validate() requires it
+        machine = load_machine(config.simulate)
+        check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
+        return SimulatedFreeSource(config.simulate_used)
+    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+
+    if config.gpu_resources is None:
+        return PodResourcesReader(Path(config.pod_resources_socket))
+    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentParts:
+    """The agent and the objects around it, as `build_agent` joined them."""
+
+    agent: Agent
+    api: ApiClient
+    sink: NodePatchSink | NodeFeatureSink
+    live: AvailabilityLoop | None
+    """The availability loop; None with the NodeFeature sink, and in a dry run without
+    availability (no Node to keep our keys off)."""
+    state: AgentState
+    metrics: Metrics
+    stop: threading.Event
+    log: Log
+
+    def serve(self, listen: str) -> HealthServer | None:
+        """Start /healthz, /readyz and /metrics on `listen` (host:port; empty: no server).
+
+        Raises ConfigError when the address is not host:port or cannot be listened on.
+        """
+        address = settings.listen_address(listen)
+        if address is None:
+            return None
+        try:
+            server = HealthServer(address, self.state, self.metrics).start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {listen}: {e.strerror}") from e
+        self.log.info("serving", address=f"{server.address[0]}:{server.address[1]}")
+        return server
+
+
+def build_agent(
+    config: settings.Settings,
+    *,
+    api: ApiClient | None = None,
+    scanner: Scanner | None = None,
+    source: FreeSource | None = None,
+    live_outputs: Sequence[LiveOutput] | None = None,
+    kubelet: Callable[[], KubeletPolicies | None] | None = None,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    backoff: Backoff | None = None,
+    stall_after_s: float = STALL_AFTER_S,
+    log: Log | None = None,
+) -> AgentParts:
+    """The agent `run` runs for `config`. Each parameter left None is built from `config`:
+    `api` (api_client), `scanner` (its backend, sysfs root or simulated profile), `source` (with
+    availability on: free_source), `live_outputs` (`--nrt`), `kubelet` (the kubelet's config
+    file), `stop`, `backoff`, `log` (bound to the node).
+
+    Raises ConfigError (a profile, a NodeFeature name, a kubeconfig that cannot be used).
+    """
+    node = agent_node(config)
+    log = log if log is not None else structlog.get_logger("topo_reporter").bind(node=node)
+    scanner = (
+        scanner
+        if scanner is not None
+        else build_scanner(config.backend, Path(config.sysfs_root), config.simulate)
+    )
+    stop = stop if stop is not None else threading.Event()
+    backoff = backoff if backoff is not None else Backoff()
+    metrics = Metrics()
+    state = AgentState(
+        stall_after_s=stall_after_s,
+        stale_after_s=max(3 * config.interval_s, config.resync_s + config.interval_s),
+        clock=clock,
+    )
+
+    def on_error(e: PublishError) -> None:
+        metrics.api_errors.labels(kind=api_error_kind(e)).inc()
+
+    if config.sink == "nodefeature":
+        object_name(node)  # a name NFD cannot take is the one line said, before anything
+    api = api if api is not None else api_client(config, log)
+    sink: NodePatchSink | NodeFeatureSink
+    if config.sink == "node":
+        sink = NodePatchSink(
+            api,
+            node=node,
+            prefix=config.prefix,
+            stop=stop,
+            backoff=backoff,
+            log=log,
+            on_error=on_error,
+            on_wait=state.waiting,
+        )
+    else:
+        sink = NodeFeatureSink(
+            api,
+            node=node,
+            prefix=config.prefix,
+            namespace=config.namespace,
+            stop=stop,
+            backoff=backoff,
+            log=log,
+            on_error=on_error,
+            on_wait=state.waiting,
+        )
+    live = None
+    # The availability keys go on the Node (validate() allows availability with the node sink
+    # only); a dry run without availability has no Node to keep them off.
+    if isinstance(sink, NodePatchSink) and (config.availability or not config.dry_run):
+        if config.availability and source is None:
+            source = free_source(config)
+        if live_outputs is None:
+            live_outputs = (
+                (nrt_output(config, api, log, stop=stop, metrics=metrics),) if config.nrt else ()
+            )
+        live = AvailabilityLoop(
+            # Off: the loop only takes our keys off the Node, where an earlier run left them.
+            source=source if config.availability else None,
+            sink=AvailabilitySink(
+                api, node=node, prefix=config.prefix, log=log, on_written=sink.observe
+            ),
+            state=state,
+            metrics=metrics,
+            log=log,
+            interval_s=config.availability_interval_s if config.availability else config.interval_s,
+            resync_s=config.resync_s,
+            clock=clock,
+            outputs=live_outputs,
+        )
+    agent = Agent(
+        scanner=scanner,
+        sink=sink,
+        projection=SchemaProjection(config.prefix, node),
+        state=state,
+        metrics=metrics,
+        log=log,
+        stop=stop,
+        interval_s=config.interval_s,
+        resync_s=config.resync_s,
+        clock=clock,
+        kubelet=kubelet
+        if kubelet is not None
+        else functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        outputs=()
+        if config.koordinator_dir is None
+        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        live=live,
+    )
+    return AgentParts(agent, api, sink, live, state, metrics, stop, log)
