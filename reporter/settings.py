@@ -94,6 +94,10 @@ class Settings:
     nrt: bool = False
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
+    taint_unhealthy_fabric: bool = False
+    """Put the NoSchedule taint `<prefix>/fabric-health=<degraded|unhealthy>` on the Node while
+    its multi-node NVLink fabric is degraded or unhealthy, and take it off when healthy again;
+    needs the node sink (the chart's admission policy must allow it: fabric.taintUnhealthy)."""
     once: bool = False
     """Scan and publish once, then exit (non-zero on failure)."""
     dry_run: bool = False
@@ -141,6 +145,11 @@ class Settings:
                 "availability.enabled)"
             )
         self._validate_availability()
+        if self.taint_unhealthy_fabric and self.sink != "node":
+            raise ConfigError(
+                f"--taint-unhealthy-fabric taints the Node itself: it needs --sink node, not "
+                f"{excerpt(self.sink)}"
+            )
         return self
 
     def _validate_availability(self) -> None:
@@ -219,6 +228,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
+    "taint_unhealthy_fabric": (("TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",), "bool"),
 }
 _FLAG_NAMES = {
     "interval_s": "interval",
@@ -421,6 +431,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
         "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
+    )
+    add(
+        "--taint-unhealthy-fabric",
+        dest="taint_unhealthy_fabric",
+        action="store_true",
+        default=None,
+        help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
+        "fabric is degraded or unhealthy, untaint it when healthy (default: off)",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

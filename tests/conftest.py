@@ -8,14 +8,23 @@ import pytest
 import structlog
 
 from tests.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
+from tests.consumer_fixtures import (
+    rack_cluster,
+    rack_scheduler,
+    real_controller_manager,
+    real_kueue,
+)
 from tests.controlplane_fixtures import (
     build_before_tests,
+    consumers_bin,
     controlplane_bin,
+    kueue_bin,
     real_apiserver,
     real_namespace,
     real_nfd_crds,
     real_node_factory,
     real_nrt_crd,
+    yunikorn_bin,
 )
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
@@ -29,16 +38,23 @@ __all__ = [
     "admin_kubeconfig",
     "apiserver",
     "apiserver_certificate",
+    "consumers_bin",
     "controlplane_bin",
     "kubeconfig",
     "kubeconfig_with_token",
+    "kueue_bin",
     "node_client",
+    "rack_cluster",
+    "rack_scheduler",
     "real_apiserver",
+    "real_controller_manager",
+    "real_kueue",
     "real_namespace",
     "real_nfd_crds",
     "real_node_factory",
     "real_nrt_crd",
     "wire",
+    "yunikorn_bin",
 ]
 
 

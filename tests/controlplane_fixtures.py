@@ -79,74 +79,117 @@ def go_binary() -> str:
     pytest.fail(GO_MISSING, pytrace=False)
 
 
-def _cache_path() -> Path:
-    # One binary per checkout: two worktrees building at once must not overwrite each other.
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    checkout = hashlib.sha256(str(HARNESS).encode()).hexdigest()[:12]
-    return base / "topo-reporter" / f"controlplane-{checkout}" / "controlplane"
+CONSUMERS = HARNESS / "consumers"
+"""The second Go module: other projects' own code (Kueue, Volcano, ...) on a newer Kubernetes."""
 
 
 def _tail(text: str) -> str:
     return text[-MAX_LOG_TAIL:]
 
 
-_built: Path | str | None = None
-"""The binary, or why it could not be built: one attempt per pytest process."""
+@dataclass
+class GoProgram:
+    """A Go program of the tests, `go build -o CACHE PACKAGE` in its module, once per pytest
+    process: Go's build cache makes an unchanged build take seconds, and an up-to-date binary is
+    not even relinked. `package` is `.` (the module's own main) or another project's main
+    package that the module's go.mod lists as a `tool` (Kueue's controller manager, YuniKorn's
+    scheduler), built as that project builds it."""
+
+    name: str
+    module: Path
+    package: str = "."
+    selected_by: str = ""
+    """The fixture whose use makes `build_before_tests` build it ("" for every control-plane
+    test)."""
+    _built: Path | str | None = field(default=None, repr=False)
+    """The binary, or why it could not be built: one attempt per pytest process."""
+
+    def cache_path(self) -> Path:
+        # One binary per checkout: two worktrees building at once must not overwrite each other.
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        checkout = hashlib.sha256(str(self.module).encode()).hexdigest()[:12]
+        folder = self.module.name if self.module != HARNESS else "controlplane"
+        return base / "topo-reporter" / f"{folder}-{checkout}" / self.name
+
+    def build(self) -> Path:
+        """The binary, built or found up to date; a test failure in one line when it cannot be."""
+        if isinstance(self._built, str):
+            pytest.fail(self._built, pytrace=False)
+        if self._built is not None:
+            return self._built
+        try:
+            self._built = self._build()
+        except pytest.fail.Exception as failure:
+            self._built = str(failure)
+            raise
+        return self._built
+
+    def _build(self) -> Path:
+        go = go_binary()
+        out = self.cache_path()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
+        env = {**os.environ, "GOTOOLCHAIN": "local"}
+        what = f"`go build {self.package}` in {self.module}"
+        try:
+            result = subprocess.run(
+                [go, "build", "-o", str(out), self.package],
+                cwd=self.module,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{what} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False)
+        if result.returncode != 0:
+            pytest.fail(
+                f"{what} failed (Go 1.26 and the Go module proxy are needed):\n"
+                + _tail(result.stdout + result.stderr),
+                pytrace=False,
+            )
+        return out
+
+
+HARNESS_PROGRAM = GoProgram("controlplane", HARNESS)
+CONSUMERS_PROGRAM = GoProgram("consumers", CONSUMERS, selected_by="consumers_bin")
+KUEUE_PROGRAM = GoProgram(
+    "kueue", CONSUMERS, package="sigs.k8s.io/kueue/cmd/kueue", selected_by="kueue_bin"
+)
+YUNIKORN_PROGRAM = GoProgram(
+    "yunikorn",
+    HARNESS,
+    package="github.com/apache/yunikorn-k8shim/pkg/cmd/shim",
+    selected_by="yunikorn_bin",
+)
+PROGRAMS = (HARNESS_PROGRAM, CONSUMERS_PROGRAM, KUEUE_PROGRAM, YUNIKORN_PROGRAM)
 
 
 def build_harness() -> Path:
-    """`go build -o CACHE .` in the harness: Go's build cache makes an unchanged build take seconds,
-    and an up-to-date binary is not even relinked."""
-    global _built  # noqa: PLW0603 - one build per pytest process, however many fixtures ask
-    if isinstance(_built, str):
-        pytest.fail(_built, pytrace=False)
-    if _built is not None:
-        return _built
-    try:
-        _built = _build()
-    except pytest.fail.Exception as failure:
-        _built = str(failure)
-        raise
-    return _built
-
-
-def _build() -> Path:
-    go = go_binary()
-    out = _cache_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
-    env = {**os.environ, "GOTOOLCHAIN": "local"}
-    try:
-        result = subprocess.run(
-            [go, "build", "-o", str(out), "."],
-            cwd=HARNESS,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`go build` in {HARNESS} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False)
-    if result.returncode != 0:
-        pytest.fail(
-            f"`go build` in {HARNESS} failed (Go 1.26 and the Go module proxy are needed):\n"
-            + _tail(result.stdout + result.stderr),
-            pytrace=False,
-        )
-    return out
+    """The harness binary (tests/controlplane/), built or found up to date."""
+    return HARNESS_PROGRAM.build()
 
 
 def build_before_tests(session: pytest.Session) -> None:
-    """Build the harness after collection when a selected test needs it, so that a cold build
+    """Build the Go programs the selected tests need after collection, so that a cold build
     (minutes) is not charged to the first test's timeout. A failure is reported by the fixture."""
-    if not any(item.get_closest_marker("controlplane") for item in session.items):
-        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"building the control-plane harness in {HARNESS} (cached by Go)")
-    with contextlib.suppress(pytest.fail.Exception):
-        build_harness()
+    for program in PROGRAMS:
+        if program.selected_by:
+            needed = any(
+                program.selected_by in getattr(item, "fixturenames", ()) for item in session.items
+            )
+        else:
+            needed = any(item.get_closest_marker("controlplane") for item in session.items)
+        if not needed:
+            continue
+        if reporter is not None:
+            reporter.write_line(
+                f"building {program.name} ({program.package}) in {program.module} (cached by Go)"
+            )
+        with contextlib.suppress(pytest.fail.Exception):
+            program.build()
 
 
 def _die_with_parent() -> None:
@@ -167,15 +210,21 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_
 
 
 def start_harness(
-    binary: Path, args: list[str], log: Path, stdout: int | None = None
+    binary: Path,
+    args: list[str],
+    log: Path,
+    stdout: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a harness subcommand in its own process group, stderr (and stdout) into `log`."""
+    """Start a harness subcommand (or another Go program of the tests) in its own process group,
+    stderr (and stdout) into `log`; `env` adds to the environment."""
     with log.open("ab") as sink:
         return subprocess.Popen(
             [str(binary), *args],
             stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else sink,
             stderr=sink,
+            env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no Python state touched
         )
@@ -228,6 +277,25 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, l
 def controlplane_bin() -> Path:
     """The harness binary, built (or found up to date) with `go build`."""
     return build_harness()
+
+
+@pytest.fixture(scope="session")
+def consumers_bin() -> Path:
+    """The consumers binary (tests/controlplane/consumers/: Volcano, ...), built or up to date."""
+    return CONSUMERS_PROGRAM.build()
+
+
+@pytest.fixture(scope="session")
+def kueue_bin() -> Path:
+    """Kueue's controller manager, its own main package, built in the consumers module."""
+    return KUEUE_PROGRAM.build()
+
+
+@pytest.fixture(scope="session")
+def yunikorn_bin() -> Path:
+    """YuniKorn's scheduler (the k8shim with the core inside), its own main, built in the harness
+    module."""
+    return YUNIKORN_PROGRAM.build()
 
 
 @pytest.fixture(scope="session")

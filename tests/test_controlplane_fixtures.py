@@ -14,7 +14,7 @@ def test_without_go_the_tests_fail_with_one_line_saying_what_to_install(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(controlplane_fixtures, "GO_FALLBACK", tmp_path / "go")
-    monkeypatch.setattr(controlplane_fixtures, "_built", None)
+    monkeypatch.setattr(controlplane_fixtures.HARNESS_PROGRAM, "_built", None)
     with pytest.raises(pytest.fail.Exception) as failed:
         controlplane_fixtures.build_harness()
     assert str(failed.value) == controlplane_fixtures.GO_MISSING
@@ -25,7 +25,7 @@ def test_without_go_the_tests_fail_with_one_line_saying_what_to_install(
     # And it stays one failure per run, not one `go` lookup per test.
     with pytest.raises(pytest.fail.Exception):
         controlplane_fixtures.build_harness()
-    assert controlplane_fixtures._built == controlplane_fixtures.GO_MISSING
+    assert controlplane_fixtures.HARNESS_PROGRAM._built == controlplane_fixtures.GO_MISSING
 
 
 def fake_go(directory: Path, version: str) -> Path:
