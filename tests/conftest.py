@@ -13,6 +13,7 @@ from tests.consumer_fixtures import (
     rack_scheduler,
     real_controller_manager,
     real_kueue,
+    real_yunikorn,
 )
 from tests.controlplane_fixtures import (
     build_before_tests,
@@ -53,6 +54,7 @@ __all__ = [
     "real_nfd_crds",
     "real_node_factory",
     "real_nrt_crd",
+    "real_yunikorn",
     "wire",
     "yunikorn_bin",
 ]

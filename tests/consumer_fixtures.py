@@ -181,7 +181,11 @@ class RackCluster:
     """Node name to its labels after the agent's last publish."""
 
     def node(self, rack: int, tray: int) -> str:
-        return self.names[f"nvl72-r{rack:02d}-n{tray:02d}"]
+        return self.names[self.rack_node(rack, tray).name]
+
+    def rack_node(self, rack: int, tray: int) -> RackNode:
+        (found,) = [n for n in self.nodes if n.rack == rack and n.tray == tray]
+        return found
 
     def partition_of(self, node: str) -> str:
         return self.labels[node][PARTITION]
@@ -192,9 +196,16 @@ class RackCluster:
     def members(self, key: str, value: str) -> set[str]:
         return {n for n, labels in self.labels.items() if labels.get(key) == value}
 
-    def publish(self, rack_node: RackNode, profile: Path | None = None) -> dict[str, str]:
+    def publish(
+        self,
+        rack_node: RackNode,
+        profile: Path | None = None,
+        *,
+        used: tuple[int, ...] | None = None,
+    ) -> dict[str, str]:
         """One `run --once` of the agent on this node (optionally from another profile, a fabric
-        turned unhealthy): the agent as `run` builds it, through its lean client."""
+        turned unhealthy; with `used`, `--availability --simulate-used` those GPUs): the agent as
+        `run` builds it, through its lean client."""
         name = self.names[rack_node.name]
         parts = build_agent(
             Settings(
@@ -205,6 +216,8 @@ class RackCluster:
                 listen="",
                 once=True,
                 taint_unhealthy_fabric=self.taint_fabric,
+                availability=used is not None,
+                simulate_used=used,
             )
         )
         assert parts.agent.step(), f"the agent did not publish on {name}"
@@ -282,6 +295,37 @@ def profile_with(rack_node: RackNode, directory: Path, **fabric: Any) -> Path:
     path = directory / f"{rack_node.name}.yaml"
     path.write_text(yaml.safe_dump(profile, sort_keys=False), encoding="utf-8")
     return path
+
+
+# --- YuniKorn -------------------------------------------------------------------------------------
+
+YUNIKORN = "yunikorn"
+"""YuniKorn's scheduler name (its pods' `schedulerName`)."""
+
+
+@pytest.fixture(scope="session")
+def real_yunikorn(
+    yunikorn_bin: Path, real_apiserver: RealApiServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """YuniKorn v1.8.0's scheduler (its k8shim's own main, the core inside) for the whole run,
+    in a namespace of its own (where it would read its ConfigMaps: none, so its default queue
+    configuration); its log. No admission controller: the tests' pods name YuniKorn and their
+    application themselves."""
+    log = tmp_path_factory.mktemp("yunikorn") / "yunikorn.log"
+    namespace = unique("yunikorn")
+    real_apiserver.core().create_namespace(
+        k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace))
+    )
+    proc = start_harness(
+        yunikorn_bin,
+        [],
+        log,
+        env={"KUBECONFIG": str(real_apiserver.kubeconfig), "NAMESPACE": namespace},
+    )
+    try:
+        yield log
+    finally:
+        stop_process(proc)
 
 
 # --- Kueue ----------------------------------------------------------------------------------------
