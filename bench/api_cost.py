@@ -28,11 +28,28 @@ are free), a stop ends a random running pod. Requests are counted by the double;
 the ticks whose free set differs from the tick before (what an ideal writer must write).
 
     python bench/api_cost.py --availability [--hours 24] [--client lean|official]
+
+Heartbeat (`--availability --heartbeat`): the same agent renewing its heartbeat Lease
+(`run --heartbeat`, reporter.publish.lease) at the default duration of 40 s and at 120 s, idle and
+at 600 pod events an hour: Lease writes and reads per node-hour, the bytes of one renewal (request
+body and answer body, as the double serves them), and the Node writes beside it. Then the same
+renewal on the real kube-apiserver (tests/controlplane's harness, built by Go as the tests build
+it): the body sent, and the Lease as the server answers it (its managedFields included).
+
+Racks (`--racks N`): N simulated GB200 NVL72 racks of 18 nodes (reporter.collect.simulate.racks,
+every rack on the same clique ID, as real racks are), one agent per node as `run` builds it for
+that node's name, each scanning its own simulated tray for real (the fake pynvml, the fabric and
+platform reads, the link walk) every compressed minute, with its NVLink error counters moving at
+every scan: what a steady rack costs the API server, errors counted in metrics and never written.
+
+    python bench/api_cost.py --racks 2 [--client lean|official]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import logging
 import random
 import sys
@@ -40,19 +57,27 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
+
+import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RandomFaultDouble, quiet_logs, table
 from reporter.agent import Agent
 from reporter.assembly import build_agent
-from reporter.collect import ScanResult, build_scanner
+from reporter.collect import CollectorScanner, Scanner, ScanResult, build_scanner
 from reporter.collect.podresources import AllocationView
-from reporter.publish.api import ApiClient
+from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
+from reporter.collect.simulate.machine import Machine
+from reporter.collect.simulate.racks import rack_nodes
+from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
+from reporter.publish.api import NODES, ApiClient, Resource
 from reporter.publish.kube import KubeApiClient, load_configuration
+from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema import keys
 from reporter.schema.codec import encode
@@ -60,6 +85,7 @@ from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
 from tests.agent_support import ClockedStop, FakeClock
+from tests.controlplane_fixtures import build_harness, start_harness, stop_process, wait_for_file
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
 PREFIX = keys.DEFAULT_PREFIX
@@ -94,12 +120,14 @@ CLIENTS: dict[str, Callable[[Path], ApiClient]] = {
 
 
 def start_agent(
-    node: str, kubeconfig: Path, scan: ScanResult, client: Callable[[Path], ApiClient]
+    node: str, kubeconfig: Path, scan: ScanResult | Scanner, client: Callable[[Path], ApiClient]
 ) -> Running:
+    """An agent on `node`, as `run` builds it, scanning `scan`: one result every time, or a
+    scanner."""
     parts = build_agent(
         Settings(node=node, prefix=PREFIX, interval_s=INTERVAL_S, resync_s=RESYNC_S),
         api=client(kubeconfig),
-        scanner=FixedScanner(scan),
+        scanner=FixedScanner(scan) if isinstance(scan, ScanResult) else scan,
         stall_after_s=300,
     )
     agent, stop, metrics = parts.agent, parts.stop, parts.metrics
@@ -202,9 +230,11 @@ def availability_cost(
     client: Callable[[Path], ApiClient],
     per_hour: float,
     hours: float,
+    heartbeat_s: float | None = None,
 ) -> list[object]:
-    """One agent with availability on, `hours` simulated: its requests per node-hour."""
-    node = f"gpu-live-{int(per_hour)}"
+    """One agent with availability on, `hours` simulated: its requests per node-hour; with
+    `heartbeat_s`, the heartbeat Lease's instead."""
+    node = f"gpu-live-{int(per_hour)}" + ("" if heartbeat_s is None else f"-hb{heartbeat_s:g}")
     double.add_node(node)
     clock = FakeClock()
     ticks = int(hours * 3600 / TICK_S)
@@ -218,6 +248,9 @@ def availability_cost(
             resync_s=LIVE_RESYNC_S,
             availability=True,
             availability_interval_s=TICK_S,
+            namespace=LEASE_NAMESPACE,
+            heartbeat=heartbeat_s is not None,
+            heartbeat_duration_s=heartbeat_s or HEARTBEAT_DURATIONS[0],
         ),
         api=client(kubeconfig),
         scanner=FixedScanner(scan),
@@ -248,6 +281,18 @@ def availability_cost(
     ours = [r for r in double.requests[mark:] if r.path == path]
     writes = sum(r.method == "PATCH" for r in ours)
     reads = sum(r.method == "GET" for r in ours)
+    if heartbeat_s is not None:
+        leases = [r for r in double.requests[mark:] if "/leases" in r.path]
+        renewals = [r for r in leases if r.method == "PUT"]
+        return [
+            f"{heartbeat_s:g} s",
+            f"{per_hour:g}",
+            f"{len(renewals) / hours:.1f}",
+            f"{sum(r.method != 'PUT' for r in leases) / hours:.2f}",
+            f"{max(r.request_bytes for r in renewals)} / {max(r.answer_bytes for r in renewals)}",
+            f"{sum(r.request_bytes + r.answer_bytes for r in leases) / hours / 1024:.0f} KiB",
+            f"{writes / hours:.2f}",
+        ]
     return [
         f"{per_hour:g}",
         f"{kubelet.events / hours:.1f}",
@@ -259,7 +304,9 @@ def availability_cost(
     ]
 
 
-def main_availability(client: Callable[[Path], ApiClient], name: str, hours: float) -> None:
+def main_availability(
+    client: Callable[[Path], ApiClient], name: str, hours: float, heartbeat: bool
+) -> None:
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -268,6 +315,21 @@ def main_availability(client: Callable[[Path], ApiClient], name: str, hours: flo
             kubeconfig = write_kubeconfig(
                 Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
             )
+            if heartbeat:
+                for duration in HEARTBEAT_DURATIONS:
+                    for per_hour in (0, 600):
+                        rows.append(
+                            availability_cost(
+                                double, kubeconfig, scan, client, per_hour, hours, duration
+                            )
+                        )
+                print_heartbeat(rows, name, hours)
+                sent, answered = real_renewal_bytes(HEARTBEAT_DURATIONS[0])
+                print(
+                    f"\none renewal on the real kube-apiserver (tests/controlplane): request "
+                    f"{sent} bytes, answer {answered} bytes (the Lease with its managedFields)"
+                )
+                return
             for per_hour in CHURNS:
                 rows.append(availability_cost(double, kubeconfig, scan, client, per_hour, hours))
     print(
@@ -290,17 +352,188 @@ def main_availability(client: Callable[[Path], ApiClient], name: str, hours: flo
     )
 
 
+HEARTBEAT_DURATIONS = (40.0, 120.0)
+"""The default `--heartbeat-duration` (the kubelet's node Lease), and a cheaper one."""
+LEASE_NAMESPACE = "gpu-system"
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+
+
+class Measured:
+    """An ApiClient that notes the JSON bytes of each replace: the body sent, the answer."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+        self.replaced: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._api, name)
+
+    def replace(
+        self, resource: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        answer = self._api.replace(resource, name, body, namespace)
+        self.replaced.append((len(json.dumps(body)), len(json.dumps(answer))))
+        return answer
+
+
+def real_renewal_bytes(duration_s: float) -> tuple[int, int]:
+    """(request, answer) bytes of one Lease renewal on the real kube-apiserver."""
+    binary = build_harness()
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = Path(tmp) / "admin.kubeconfig"
+        log = Path(tmp) / "apiserver.log"
+        proc = start_harness(binary, ["apiserver", "--kubeconfig", str(kubeconfig)], log)
+        try:
+            wait_for_file(kubeconfig, proc, 240, log)
+            api = RestApiClient(load_rest_config(str(kubeconfig)))
+            node = "gpu-heartbeat-0"
+            api.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+            namespace = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": LEASE_NAMESPACE},
+            }
+            api.create(NAMESPACES, namespace)
+            measured = Measured(api)
+            heartbeat = LeaseHeartbeat(
+                cast(ApiClient, measured),
+                node=node,
+                namespace=LEASE_NAMESPACE,
+                prefix=PREFIX,
+                duration_s=duration_s,
+                log=structlog.get_logger("topo_reporter"),
+            )
+            for _ in range(3):  # create, then two renewals
+                heartbeat.renew()
+            return measured.replaced[-1]
+        finally:
+            stop_process(proc)
+
+
+def print_heartbeat(rows: list[list[object]], name: str, hours: float) -> None:
+    print(
+        f"one agent with its heartbeat Lease, simulated DGX H100, {name} client, {hours:g} "
+        f"simulated hours per row; availability interval {TICK_S:.0f} s\n"
+    )
+    print(
+        table(
+            [
+                "Lease duration",
+                "churn (pod events / h)",
+                "Lease writes / node-hour",
+                "Lease reads / node-hour",
+                "bytes of one renewal (request / answer)",
+                "Lease bytes / node-hour",
+                "node writes / node-hour",
+            ],
+            rows,
+        )
+    )
+
+
+def erring_scanner(machine: Machine) -> CollectorScanner:
+    """The node's real scanner, its NVLink error counters 7 higher at every scan."""
+    scans = itertools.count()
+
+    def load() -> FakeNvml:
+        counters = {g.index: {"replay": 7 * next(scans)} for g in machine.gpus}
+        return FakeNvml(machine, Faults(counters=counters))
+
+    return CollectorScanner("auto", memory_hostfs(machine), load, procfs=memory_procfs(machine))
+
+
+def main_racks(client: Callable[[Path], ApiClient], name: str, racks: int) -> None:
+    nodes = rack_nodes(racks, cliques=[17044] * racks)
+    machines = {n.name: n.machine() for n in nodes}
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        double = RandomFaultDouble(certificate=certificate)
+        for node in nodes:
+            double.add_node(node.name)
+        with double:
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "agent-token", ca_cert=certificate.cert
+            )
+            mark = len(double.requests)
+            agents = [
+                start_agent(n.name, kubeconfig, erring_scanner(machines[n.name]), client)
+                for n in nodes
+            ]
+            partition = keys.key(PREFIX, keys.NVLINK_PARTITION)
+            start = time.monotonic()
+            while any(double.labels(n.name).get(partition) != n.partition for n in nodes):
+                if time.monotonic() - start > 120:
+                    raise SystemExit("the racks did not converge in 120 s")
+                time.sleep(0.1)
+            took = time.monotonic() - start
+            time.sleep(INTERVAL_S)
+            c = count(double, mark)
+            rows.append(
+                ["install (all start on empty Nodes)", f"{took:.1f} s", *per_node(c, len(nodes))]
+            )
+            mark = len(double.requests)
+            time.sleep(HOUR_S)
+            c = count(double, mark)
+            errors = sum(
+                a.metrics.registry.get_sample_value(
+                    "topo_reporter_nvlink_errors_total", {"counter": "replay"}
+                )
+                or 0.0
+                for a in agents
+            )
+            scans = sum(
+                a.metrics.registry.get_sample_value("topo_reporter_scans_total", {"result": "ok"})
+                or 0.0
+                for a in agents
+            )
+            rows.append(
+                [
+                    f"steady state, per node-hour ({scans:.0f} scans, {errors:.0f} NVLink replay "
+                    "errors counted)",
+                    f"{HOUR_S:.0f} s",
+                    *per_node(c, len(nodes)),
+                ]
+            )
+            stop_all(agents)
+    print(
+        f"{len(nodes)} agents on {racks} simulated NVL72 racks ({name} client), interval "
+        f"{INTERVAL_S:.0f} s, resync {RESYNC_S:.0f} s (60x compressed)\n"
+    )
+    print(
+        table(
+            [
+                "phase",
+                "wall time",
+                "node reads/node",
+                "node writes/node",
+                "events/node",
+                "429s/node",
+                "requests",
+            ],
+            rows,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean")
     parser.add_argument("--availability", action="store_true", help="the live loop's cost instead")
     parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (availability)")
+    parser.add_argument(
+        "--heartbeat", action="store_true", help="with --availability: the heartbeat Lease's cost"
+    )
+    parser.add_argument("--racks", type=int, help="agents on N simulated NVL72 racks instead")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
+    if args.racks:
+        main_racks(client, args.client, args.racks)
+        return
     if args.availability:
-        main_availability(client, args.client, args.hours)
+        main_availability(client, args.client, args.hours, args.heartbeat)
         return
     n = args.agents
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()

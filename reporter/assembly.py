@@ -43,6 +43,7 @@ from reporter.live import (
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
+from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
 from reporter.publish.nrt import NrtOutput, NrtSink
 from reporter.publish.printing import PrintingClient
@@ -255,6 +256,17 @@ def build_agent(
             resync_s=config.resync_s,
             clock=clock,
             outputs=live_outputs,
+            withdraw_after=config.availability_withdraw_after,
+            heartbeat=LeaseHeartbeat(
+                api,
+                node=node,
+                namespace=config.namespace,
+                prefix=config.prefix,
+                duration_s=config.heartbeat_duration_s,
+                log=log,
+            )
+            if config.heartbeat and config.availability
+            else None,
         )
     agent = Agent(
         scanner=scanner,

@@ -32,6 +32,7 @@ from reporter.errors import (
     CollectError,
     ConfigError,
     InputError,
+    PublishError,
     SchemaError,
     TopoReporterError,
 )
@@ -457,7 +458,8 @@ def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBound
 
 
 def _cmd_extender(args: argparse.Namespace) -> int:
-    from reporter.extender import cache, protocol, server  # noqa: PLC0415  # extender-only imports
+    from reporter.extender import cache, heartbeat, protocol, server  # noqa: PLC0415  # extender-only
+    from reporter.publish.lease import LeaseWatch  # noqa: PLC0415
     from reporter.publish.watch import NodeWatch  # noqa: PLC0415
 
     logs.configure(log_format=args.log_format, level=args.log_level, node=None)
@@ -468,6 +470,11 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     if args.max_request_bytes < 1:
         raise ConfigError("--max-request-bytes must be at least 1")
     protocol.check_resource_name(args.resource)
+    if args.heartbeat_namespace and not settings.is_namespace(args.heartbeat_namespace):
+        raise ConfigError(
+            f"--heartbeat-namespace {excerpt(args.heartbeat_namespace)} is not a namespace name "
+            "(lower-case letters, digits and '-', at most 63 characters)"
+        )
     try:
         config = load_rest_config(args.kubeconfig)
     except LeanClientUnsupportedError as e:
@@ -477,15 +484,29 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             "certificate"
         ) from None
     stop = threading.Event()
-    nodes = cache.NodeCache(args.prefix, args.resource)
-    metrics = server.ExtenderMetrics(nodes)
-    watcher = cache.NodeWatcher(
-        NodeWatch(RestApiClient(config, request_timeout_s=(5.0, 30.0))),
-        nodes,
-        stop=stop,
-        log=log,
-        on_error=lambda e: metrics.api_errors.labels(kind=api_error_kind(e)).inc(),
+    api = RestApiClient(config, request_timeout_s=(5.0, 30.0))
+    # With heartbeats, a node's availability counts only while its agent's Lease is fresh.
+    beats = heartbeat.Heartbeats() if args.heartbeat_namespace else None
+    nodes = cache.NodeCache(
+        args.prefix, args.resource, vouched=beats.vouched if beats else lambda node: True
     )
+    metrics = server.ExtenderMetrics(nodes)
+
+    def on_error(e: PublishError) -> None:
+        metrics.api_errors.labels(kind=api_error_kind(e)).inc()
+
+    watcher = cache.NodeWatcher(NodeWatch(api), nodes, stop=stop, log=log, on_error=on_error)
+    leases = None
+    if beats is not None:
+        beats.on_change = nodes.revise
+        heartbeat.heartbeat_metrics(metrics.registry, beats)
+        leases = heartbeat.HeartbeatWatcher(
+            LeaseWatch(api, namespace=args.heartbeat_namespace, prefix=args.prefix),
+            beats,
+            stop=stop,
+            log=log,
+            on_error=on_error,
+        )
     try:
         http = server.ExtenderServer(
             address,
@@ -493,11 +514,13 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             metrics=metrics,
             resource=args.resource,
             max_body_bytes=args.max_request_bytes,
-            watching=lambda: watcher.alive,
-            problem=lambda: watcher.problem,
+            watching=lambda: watcher.alive and (leases is None or leases.alive),
+            problem=lambda: watcher.problem or (leases.problem if leases else None),
         )
     except OSError as e:
         raise ConfigError(f"cannot listen on {args.listen}: {e.strerror}") from e
+    if leases is not None:
+        leases.start()
     watcher.start()
     http.start()
     log.info("serving", address=f"{http.address[0]}:{http.address[1]}", resource=args.resource)
@@ -539,6 +562,14 @@ def _extender_command(commands: Commands) -> None:
         default=os.environ.get("TOPO_REPORTER_GPU_RESOURCE", "nvidia.com/gpu"),
         help="the extended resource whose pods it judges (default: nvidia.com/gpu; env "
         "TOPO_REPORTER_GPU_RESOURCE); other pods pass with every node and score 0",
+    )
+    extender.add_argument(
+        "--heartbeat-namespace",
+        default=os.environ.get("TOPO_REPORTER_HEARTBEAT_NAMESPACE", ""),
+        metavar="NAMESPACE",
+        help="trust a node's availability only while its agent's heartbeat Lease in NAMESPACE is "
+        "fresh (the agents' namespace, run with --heartbeat); empty: off (default; env "
+        "TOPO_REPORTER_HEARTBEAT_NAMESPACE)",
     )
     extender.add_argument(
         "--max-request-bytes",

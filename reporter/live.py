@@ -8,9 +8,20 @@ changes, and no read of the Node of its own: the topology loop's read at start a
 tells it what the Node carries, which repairs our keys where someone edited or deleted them.
 
 A failed read never blanks or crashes what is published: the last good availability stays, and
-the failure is counted (the reader logs it, once per reason). A failed write is logged once per
-distinct error, counted, and tried again at the next tick, or after the server's Retry-After, or,
-when the API refused it for good, once the availability changes or at the next resync.
+the failure is counted (the reader logs it, once per reason) and makes the agent not ready. But a
+value nobody can vouch for must not go on excluding the node from schedulers that read it: after
+`withdraw_after` failed reads in a row the loop withdraws the availability keys from the Node
+(the gpu-free labels and the annotation; a reader then knows nothing, which filters nothing), and
+publishes again at the first good read. The topology stays whatever the kubelet says. A failed
+write is logged once per distinct error, counted, and tried again at the next tick, or after the
+server's Retry-After, or, when the API refused it for good, once the availability changes or at
+the next resync.
+
+With a heartbeat (`reporter.publish.lease.LeaseHeartbeat`), each tick that leaves the Node
+carrying what the loop decided (the availability, or nothing once withdrawn) renews the node's
+Lease when a renewal is due: the Lease then says "the agent still vouches for these keys", and
+stops saying so when the agent is gone, stuck or cannot write. A failed renewal is logged once per
+distinct error, counted, makes the agent not ready, and is tried again at the next tick.
 
 With availability off the loop has no source: it makes sure none of our keys stays on the Node
 (a stale `gpu-free` label would mislead schedulers), then has nothing more to do.
@@ -30,6 +41,7 @@ import structlog
 from reporter.availability import Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.publish.availability import AvailabilitySink
+from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.patch import Desired
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
@@ -98,7 +110,11 @@ class AvailabilityLoop:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         outputs: Sequence[LiveOutput] = (),
+        withdraw_after: int,
+        heartbeat: LeaseHeartbeat | None = None,
     ) -> None:
+        """`withdraw_after`: failed reads in a row after which the keys leave the Node.
+        `heartbeat`: the node's Lease to renew while the Node carries what the loop decided."""
         self.interval_s = interval_s
         self._source = source
         self._sink = sink
@@ -122,6 +138,13 @@ class AvailabilityLoop:
         self._refused: tuple[Availability | None, ...] = ()
         """What the API refused for good (one value, or empty): not sent again until resync."""
         self._write_error: str | None = None
+        self._withdraw_after = withdraw_after
+        self._failures = 0
+        """Reads failed in a row since the last good one."""
+        self._withdrawn = False
+        self._heartbeat = heartbeat
+        self._renew_at = -math.inf
+        self._heartbeat_error: str | None = None
 
     def node_read(self, published: Desired) -> None:
         """What the Node carries under the prefix, as the topology loop just read it (at start and
@@ -141,9 +164,19 @@ class AvailabilityLoop:
         if topology is None:
             return True
         fresh = self._read(self._source, topology)
-        if self._computed is None:
+        if self._failures >= self._withdraw_after:
+            # Nobody can vouch for the last value any more (the kubelet's API keeps failing):
+            # say nothing rather than something stale.
+            want: Availability | None = None
+        elif self._computed is None:
             return False
-        return self._publish(self._computed[2]) and fresh
+        else:
+            want = self._computed[2]
+        carried = self._publish(want)
+        if carried:
+            self._withdrawn_now(want is None)
+            self._renew()
+        return carried and fresh
 
     def _read(self, source: FreeSource, topology: Topology) -> bool:
         assert self._read_error is not None  # set with the source
@@ -151,7 +184,18 @@ class AvailabilityLoop:
             view = source.allocated(topology)
         except self._read_error as e:
             self._metrics.podresources_failed(e)
+            self._failures += 1
+            kept = (
+                "availability withdrawn from the Node"
+                if self._failures >= self._withdraw_after
+                else f"availability kept until {self._withdraw_after} in a row"
+            )
+            self._state.set_live_problem(
+                "podresources", f"{e} ({self._failures} failed reads in a row; {kept})"
+            )
             return False
+        self._failures = 0
+        self._state.set_live_problem("podresources", None)
         self._metrics.podresources_read(view)
         for output in self._outputs:
             output(topology, view)
@@ -159,6 +203,41 @@ class AvailabilityLoop:
         if self._computed is None or self._computed[:2] != (topology, free):
             self._computed = (topology, free, compute_availability(topology, free))
         return True
+
+    def _withdrawn_now(self, withdrawn: bool) -> None:
+        """Note (log, metric) a change between published and withdrawn, once the Node says so."""
+        if withdrawn == self._withdrawn:
+            return
+        self._withdrawn = withdrawn
+        self._metrics.availability_withdrawn.set(int(withdrawn))
+        if withdrawn:
+            self._log.warning("availability_withdrawn", failed_reads=self._failures)
+        else:
+            self._log.info("availability_republished")
+
+    def _renew(self) -> None:
+        """Renew the heartbeat Lease if a renewal is due; failures are told, never raised."""
+        heartbeat = self._heartbeat
+        now = self._clock()
+        if heartbeat is None or now < self._renew_at:
+            return
+        try:
+            heartbeat.renew()
+        except PublishError as e:
+            self._metrics.api_errors.labels(kind=api_error_kind(e)).inc()
+            self._metrics.heartbeat_renewals.labels(result="failed").inc()
+            if str(e) != self._heartbeat_error:
+                # Once per distinct error: it is tried again at every tick.
+                self._log.warning("heartbeat_failed", error=str(e))
+            self._heartbeat_error = str(e)
+            self._state.set_live_problem("heartbeat", str(e))
+            return
+        if self._heartbeat_error is not None:
+            self._log.info("heartbeat_recovered")
+        self._heartbeat_error = None
+        self._state.set_live_problem("heartbeat", None)
+        self._metrics.heartbeat_renewals.labels(result="renewed").inc()
+        self._renew_at = now + heartbeat.period_s
 
     def _publish(self, availability: Availability | None) -> bool:
         now = self._clock()

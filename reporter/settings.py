@@ -29,6 +29,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """The kubelet's (reporter.collect.podresources.DEFAULT_SOCKET, which this module cannot import:
 it loads grpc)."""
+WITHDRAW_AFTER = 2
+"""Failed PodResources reads in a row after which the availability keys leave the Node: one
+failure (a kubelet restart, a timeout) is ridden out; at the default 10 s interval the keys go
+10 to 20 s after the last good read."""
+MAX_WITHDRAW_AFTER = 100
+"""More failed reads than this before withdrawing is keeping a stale value for good."""
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off", "")
 
@@ -42,6 +48,7 @@ DURATION_MAX_S = 86400.0
 """Longest --interval or --resync: a day. Beyond it a change or drift goes unseen for longer than
 any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -68,8 +75,9 @@ class Settings:
     sink: str = "node"
     """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
     namespace: str = "default"
-    """Namespace of the NodeFeature object (the nodefeature sink). Events about the Node go to
-    `default` whatever this says: the API server takes them nowhere else."""
+    """The agent's namespace: of the NodeFeature object (the nodefeature sink) and of the
+    heartbeat Lease. Events about the Node go to `default` whatever this says: the API server
+    takes them nowhere else."""
     listen: str = "0.0.0.0:8080"
     """host:port of the health and metrics server; empty disables it."""
     log_format: str = "auto"
@@ -84,6 +92,16 @@ class Settings:
     """Publish which GPUs are free (the availability annotation and two labels) on the Node."""
     availability_interval_s: float = 10.0
     """Seconds between reads of which GPUs are free; at most one Node write per interval."""
+    availability_withdraw_after: int = WITHDRAW_AFTER
+    """Failed PodResources reads in a row after which the availability keys are withdrawn from
+    the Node (published again at the next good read): a value nobody can vouch for must not keep
+    excluding the node from schedulers."""
+    heartbeat: bool = False
+    """Renew a heartbeat Lease (coordination.k8s.io/v1, named after the node, in `namespace`)
+    while the Node carries the availability the agent decided; needs `availability`."""
+    heartbeat_duration_s: float = 40.0
+    """The Lease's leaseDurationSeconds, renewed every quarter of it (at the availability ticks);
+    at least three availability intervals."""
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
     simulate_used: tuple[int, ...] | None = None
@@ -167,6 +185,23 @@ class Settings:
             )
         if self.availability and not self.pod_resources_socket:
             raise ConfigError("pod-resources-socket is empty: give the kubelet's kubelet.sock path")
+        if not 1 <= self.availability_withdraw_after <= MAX_WITHDRAW_AFTER:
+            raise ConfigError(
+                f"availability-withdraw-after must be a number of failed reads from 1 to "
+                f"{MAX_WITHDRAW_AFTER}, not {self.availability_withdraw_after}"
+            )
+        if self.heartbeat and not self.availability:
+            raise ConfigError(
+                "--heartbeat needs --availability: the Lease vouches for the availability keys "
+                "(chart: availability.enabled)"
+            )
+        if self.heartbeat and self.heartbeat_duration_s < 3 * self.availability_interval_s:
+            raise ConfigError(
+                f"heartbeat-duration {self.heartbeat_duration_s:g}s is shorter than three "
+                f"availability intervals ({3 * self.availability_interval_s:g}s): the Lease is "
+                "renewed at the availability ticks, and one late or lost renewal must not "
+                "expire it"
+            )
 
 
 def parse_duration(text: str, *, name: str) -> float:
@@ -190,6 +225,11 @@ def check_duration(seconds: float, *, name: str) -> float:
             f"{name} must be a duration from 1s to 24h (e.g. 60s, 5m), not {seconds:g} seconds"
         )
     return seconds
+
+
+def is_namespace(name: str) -> bool:
+    """Whether `name` can name a namespace (a DNS-1123 label)."""
+    return len(name) <= 63 and _DNS1123_LABEL.fullmatch(name) is not None
 
 
 def listen_address(text: str) -> tuple[str, int] | None:
@@ -224,6 +264,9 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
     "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
     "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
+    "availability_withdraw_after": (("TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER",), "count"),
+    "heartbeat": (("TOPO_REPORTER_HEARTBEAT",), "bool"),
+    "heartbeat_duration_s": (("TOPO_REPORTER_HEARTBEAT_DURATION",), "duration"),
     "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
@@ -234,6 +277,7 @@ _FLAG_NAMES = {
     "interval_s": "interval",
     "resync_s": "resync",
     "availability_interval_s": "availability-interval",
+    "heartbeat_duration_s": "heartbeat-duration",
     "gpu_resources": "gpu-resource",
 }
 _FLAGS_ONLY = ("once", "dry_run")
@@ -291,8 +335,21 @@ def parse_names(raw: object, *, name: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def parse_count(raw: object, *, name: str) -> int:
+    """A whole number (text of ASCII digits, or a YAML integer), bounded to 6 digits; range
+    checks are validate()'s. Raises ConfigError."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**6:
+        return raw
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
+        raise ConfigError(f"{name} {excerpt(raw)} is not a whole number")
+    return int(text)
+
+
 def _convert(name: str, raw: object, origin: str) -> object:
     kind = _SOURCES[name][1]
+    if kind == "count":
+        return parse_count(raw, name=f"{_flag(name)} ({origin})")
     if kind == "names":
         return parse_names(raw, name=f"{_flag(name)} ({origin})")
     if kind == "bool":
@@ -411,6 +468,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="availability_interval_s",
         metavar="DURATION",
         help="between reads of the free GPUs; at most one Node write each (default 10s)",
+    )
+    add(
+        "--availability-withdraw-after",
+        dest="availability_withdraw_after",
+        metavar="N",
+        help=f"withdraw the availability keys after N failed PodResources reads in a row "
+        f"(default {WITHDRAW_AFTER})",
+    )
+    add(
+        "--heartbeat",
+        action="store_true",
+        default=None,
+        help="renew a heartbeat Lease named after the node in --namespace while the availability "
+        "is current, for the extender to judge it by (needs --availability; default: off)",
+    )
+    add(
+        "--heartbeat-duration",
+        dest="heartbeat_duration_s",
+        metavar="DURATION",
+        help="the Lease's duration, renewed every quarter of it (default 40s)",
     )
     add(
         "--pod-resources-socket",

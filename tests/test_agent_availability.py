@@ -22,7 +22,7 @@ from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
-from reporter.settings import Settings
+from reporter.settings import WITHDRAW_AFTER, Settings
 from tests.agent_support import (
     FAST,
     NODE,
@@ -43,6 +43,8 @@ OWNED = f"{PREFIX}/owned"
 INTERVAL_S = 10.0
 SCAN_S = 60.0
 RESYNC_S = 300.0
+LEASE_NAMESPACE = "gpu-topology"
+HEARTBEAT_DEFAULT_S = 40.0
 
 
 @dataclass
@@ -88,20 +90,29 @@ def wire_live(
     scanner: FakeScanner | None = None,
     outputs: tuple[LiveOutput, ...] = (),
     waits: int = 1_000,
+    withdraw_after: int = WITHDRAW_AFTER,
+    heartbeat_s: float | None = None,
+    node: str = NODE,
+    lease_namespace: str = LEASE_NAMESPACE,
 ) -> Live:
     """An agent with its live loop, built as `run --availability` builds it (one client for both
-    sinks); `source=None` is availability off, whose loop only takes our keys off the Node."""
+    sinks); `source=None` is availability off, whose loop only takes our keys off the Node.
+    `heartbeat_s`: `run --heartbeat` with that Lease duration, the Lease in `lease_namespace`."""
     clock = FakeClock()
     stop = ClockedStop(clock, waits=waits)
     scanner = scanner or FakeScanner([ok(topology())])
     parts = build_agent(
         Settings(
-            node=NODE,
+            node=node,
+            namespace=lease_namespace,
             prefix=PREFIX,
             interval_s=SCAN_S,
             resync_s=RESYNC_S,
             availability=source is not None,
             availability_interval_s=INTERVAL_S,
+            availability_withdraw_after=withdraw_after,
+            heartbeat=heartbeat_s is not None,
+            heartbeat_duration_s=HEARTBEAT_DEFAULT_S if heartbeat_s is None else heartbeat_s,
         ),
         api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
@@ -228,14 +239,15 @@ def test_a_failed_read_keeps_the_last_good_availability_and_is_counted(
     before = apiserver.annotations(NODE)[AVAILABILITY]
     apiserver.clear_requests()
     source.error = PodResourcesError("kubelet restarting", reason="unavailable", method="List")
-    for _ in range(3):
+    # Up to the withdrawal (tests/test_availability_freshness.py), the last good value stays.
+    for _ in range(WITHDRAW_AFTER - 1):
         w.clock.advance(INTERVAL_S)
         assert not w.loop.tick(topology())
     assert apiserver.writes() == []
     assert apiserver.annotations(NODE)[AVAILABILITY] == before
     assert apiserver.labels(NODE)[FREE] == "7"
     reads = "topo_reporter_podresources_reads_total"
-    assert sample(w.metrics, reads, {"result": "unavailable"}) == 3
+    assert sample(w.metrics, reads, {"result": "unavailable"}) == WITHDRAW_AFTER - 1
     assert sample(w.metrics, "topo_reporter_podresources_gpus", {"state": "free"}) == 7
     # Back: the next good read that differs is written.
     source.error, source.used = None, {0, 1}

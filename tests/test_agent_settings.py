@@ -144,6 +144,36 @@ BAD = [
         {"TOPO_REPORTER_NRT": "yes please"},
         "nrt (from TOPO_REPORTER_NRT) 'yes please' is not true or false",
     ),
+    (
+        "a heartbeat without availability",
+        ["--node", "n", "--heartbeat"],
+        {},
+        "--heartbeat needs --availability",
+    ),
+    (
+        "a heartbeat shorter than three availability intervals",
+        ["--node", "n", "--availability", "--heartbeat", "--heartbeat-duration", "20s"],
+        {},
+        "heartbeat-duration 20s is shorter than three availability intervals (30s)",
+    ),
+    (
+        "withdrawing after no failed read",
+        ["--node", "n", "--availability-withdraw-after", "0"],
+        {},
+        "availability-withdraw-after must be a number of failed reads from 1 to 100, not 0",
+    ),
+    (
+        "a count in digits that are not ASCII",
+        ["--node", "n"],
+        {"TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER": "\u00b2"},
+        "(from TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER) '\u00b2' is not a whole number",
+    ),
+    (
+        "a count of 5,000 digits",
+        ["--node", "n", "--availability-withdraw-after", "9" * 5000],
+        {},
+        "(--availability-withdraw-after) '99999",
+    ),
 ]
 
 
@@ -173,6 +203,40 @@ def test_nrt_with_availability_from_every_source(
         argv = [*argv, "--config", str(tmp_path / "s.yaml")]
     s = resolve(flags("--node", "n", *argv), env)
     assert (s.availability, s.nrt) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file"),
+    [
+        (
+            ["--availability-withdraw-after", "5", "--heartbeat", "--heartbeat-duration", "2m"],
+            {},
+            "",
+        ),
+        (
+            [],
+            {
+                "TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER": "5",
+                "TOPO_REPORTER_HEARTBEAT": "true",
+                "TOPO_REPORTER_HEARTBEAT_DURATION": "2m",
+            },
+            "",
+        ),
+        ([], {}, "availability-withdraw-after: 5\nheartbeat: true\nheartbeat-duration: 120\n"),
+    ],
+    ids=["flags", "the environment (the chart)", "the settings file"],
+)
+def test_withdrawal_and_heartbeat_from_every_source(
+    tmp_path: Path, argv: list[str], env: dict[str, str], file: str
+) -> None:
+    if file:
+        (tmp_path / "s.yaml").write_text(file)
+        argv = [*argv, "--config", str(tmp_path / "s.yaml")]
+    s = resolve(flags("--node", "n", "--availability", *argv), env)
+    assert (s.availability_withdraw_after, s.heartbeat, s.heartbeat_duration_s) == (5, True, 120.0)
+    default = resolve(flags("--node", "n", "--availability"), {})
+    assert (default.availability_withdraw_after, default.heartbeat) == (2, False)
+    assert default.heartbeat_duration_s == 40.0
 
 
 def test_dry_run_needs_no_node() -> None:

@@ -724,3 +724,109 @@ def test_nrt_policy_expressions_use_only_standard_cel_and_admission_variables(
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
         assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
+# --- The heartbeat Lease policy (availability.heartbeat.enabled) ---------------------------------
+
+HEARTBEAT_VALUES = {"availability": {"enabled": True}}
+"""Availability on; its heartbeat is on by default."""
+
+
+@pytest.fixture(scope="module")
+def lease_policy() -> PolicyEvaluator:
+    rendered = render(HEARTBEAT_VALUES, api_versions=(VAP_API,))
+    (policy,) = [
+        p
+        for p in rendered.of_kind("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == f"{FULLNAME}-own-lease"
+    ]
+    return PolicyEvaluator(policy)
+
+
+def lease_request(
+    operation: str,
+    name: str,
+    *,
+    holder: str | None = "gpu-node-1",
+    username: str = AGENT,
+    claim: list[str] | None = None,
+) -> dict[str, Any]:
+    """A create or update of the Lease `name` held by `holder` (oldObject null on a create)."""
+    spec: dict[str, Any] = {"leaseDurationSeconds": 40, "renewTime": "2026-01-01T00:00:00.000000Z"}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    obj = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    }
+    return {
+        "operation": operation,
+        "name": name,
+        "namespace": NAMESPACE,
+        "resource": {"group": "coordination.k8s.io", "version": "v1", "resource": "leases"},
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"] if claim is None else claim},
+        },
+        "object": obj,
+        "oldObject": copy.deepcopy(obj) if operation == "UPDATE" else None,
+    }
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_the_agent_may_write_the_lease_of_its_own_node_held_by_it(
+    lease_policy: PolicyEvaluator, operation: str
+) -> None:
+    assert lease_policy.admit(lease_request(operation, "gpu-node-1")) == Decision(True, True)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    ("name", "holder", "claim"),
+    [
+        ("gpu-node-2", "gpu-node-2", None),
+        ("gpu-node-1", "gpu-node-2", None),
+        ("gpu-node-1", None, None),
+        ("gpu-node-1", "gpu-node-1", []),
+        ("gpu-node-1", "gpu-node-1", ["gpu-node-1", "gpu-node-2"]),
+    ],
+    ids=[
+        "another node's",
+        "its own, held by another node",
+        "its own, held by nobody",
+        "a token without the node claim",
+        "a token naming two nodes",
+    ],
+)
+def test_the_agent_may_not_write_any_other_lease(
+    lease_policy: PolicyEvaluator,
+    operation: str,
+    name: str,
+    holder: str | None,
+    claim: list[str] | None,
+) -> None:
+    decision = lease_policy.admit(lease_request(operation, name, holder=holder, claim=claim))
+    assert decision.applies
+    assert not decision.allowed
+    assert "only the heartbeat Lease of the Node its pod runs on" in decision.message
+
+
+def test_other_writers_of_leases_are_not_judged_by_the_lease_policy(
+    lease_policy: PolicyEvaluator,
+) -> None:
+    kubelet = "system:node:gpu-node-2"
+    decision = lease_policy.admit(lease_request("UPDATE", "gpu-node-2", username=kubelet))
+    assert decision == Decision(allowed=True, applies=False)
+
+
+def test_lease_policy_expressions_use_only_standard_cel_and_admission_variables(
+    lease_policy: PolicyEvaluator,
+) -> None:
+    env = celpy.Environment()
+    for expression in lease_policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from reporter.publish.client import NODE_EVENT_NAMESPACE
+from reporter.publish.lease import RBAC_VERBS as LEASE_RBAC_VERBS
+from reporter.publish.lease import WATCH_RBAC_VERBS as LEASE_WATCH_RBAC_VERBS
 from reporter.publish.nodefeature import RBAC_VERBS
 from reporter.publish.nrt import RBAC_VERBS as NRT_RBAC_VERBS
 from tests.helm_chart import (
@@ -58,6 +60,11 @@ RENDERS = {
     "every option on, newest": (ALL_ON, (VAP_API,), NEWEST),
     "nodefeature sink, newest": ({"agent": {"sink": "nodefeature"}}, (VAP_API,), NEWEST),
     "availability on, newest": ({"availability": {"enabled": True}}, (VAP_API,), NEWEST),
+    "availability and the extender on, heartbeats judged, oldest supported": (
+        {"availability": {"enabled": True}, "extender": {"enabled": True}},
+        (),
+        chart_min_kube(),
+    ),
     "nrt and koordinator on, newest": (NRT_KOORD, (VAP_API,), NEWEST),
     "nrt and koordinator on, oldest supported": (NRT_KOORD, (), chart_min_kube()),
     "extender alone, oldest supported": ({"extender": {"enabled": True}}, (), chart_min_kube()),
@@ -763,3 +770,128 @@ def test_koordinator_mounts_koordlets_directory_writable_and_points_the_agent_at
     assert sc["readOnlyRootFilesystem"] is True
     # Writing the file takes no API right.
     assert "TOPO_REPORTER_NRT" not in env(rendered)
+
+
+# --- The heartbeat Lease (availability.heartbeat) ------------------------------------------------
+
+HEARTBEAT_ON: dict[str, Any] = {"availability": {"enabled": True}, "extender": {"enabled": True}}
+HEARTBEAT_OFF: dict[str, Any] = {
+    "availability": {"enabled": True, "heartbeat": {"enabled": False}},
+    "extender": {"enabled": True},
+}
+
+
+def test_availability_turns_the_heartbeat_and_the_withdrawal_on_by_default() -> None:
+    rendered = render(HEARTBEAT_ON, api_versions=(VAP_API,))
+    variables = env(rendered)
+    assert variables["TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER"] == "2"
+    assert variables["TOPO_REPORTER_HEARTBEAT"] == "true"
+    assert variables["TOPO_REPORTER_HEARTBEAT_DURATION"] == "40s"
+    # The Lease goes to the agent's own namespace, which POD_NAMESPACE names.
+    assert variables["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    deployment = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    extender_env = {e["name"]: e.get("value") for e in deployment["env"]}
+    assert extender_env["TOPO_REPORTER_HEARTBEAT_NAMESPACE"] == NAMESPACE
+
+
+def test_the_heartbeat_values_reach_the_agent() -> None:
+    values = {
+        "availability": {"enabled": True, "withdrawAfter": 5, "heartbeat": {"duration": "2m"}}
+    }
+    variables = env(render(values))
+    assert variables["TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER"] == "5"
+    assert variables["TOPO_REPORTER_HEARTBEAT_DURATION"] == "2m"
+
+
+def test_the_agent_may_get_create_and_update_leases_in_its_namespace_only() -> None:
+    rendered = render(HEARTBEAT_ON, api_versions=(VAP_API,))
+    role = _named(rendered, "Role", f"{FULLNAME}-heartbeat")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    # Exactly the verbs the heartbeat uses (tests/test_availability_freshness.py sees them used).
+    assert _rules(role) == {("coordination.k8s.io", "leases", v) for v in LEASE_RBAC_VERBS}
+    binding = _named(rendered, "RoleBinding", f"{FULLNAME}-heartbeat")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    ]
+    granting_leases = [
+        (kind, r["metadata"].get("namespace"))
+        for kind in ("ClusterRole", "Role")
+        for r in rendered.of_kind(kind)
+        if any(resource == "leases" for _, resource, _ in _rules(r))
+    ]
+    assert granting_leases == [("Role", NAMESPACE), ("Role", NAMESPACE)]
+
+
+def test_the_extender_may_list_and_watch_leases_in_the_agents_namespace_only() -> None:
+    rendered = render(HEARTBEAT_ON, api_versions=(VAP_API,))
+    name = f"{FULLNAME}-extender"
+    role = _named(rendered, "Role", f"{name}-heartbeats")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _rules(role) == {("coordination.k8s.io", "leases", v) for v in LEASE_WATCH_RBAC_VERBS}
+    binding = _named(rendered, "RoleBinding", f"{name}-heartbeats")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+
+
+def test_the_heartbeat_off_renders_no_lease_right_no_policy_and_no_variable() -> None:
+    rendered = render(HEARTBEAT_OFF, api_versions=(VAP_API,))
+    assert not {"TOPO_REPORTER_HEARTBEAT", "TOPO_REPORTER_HEARTBEAT_DURATION"} & set(env(rendered))
+    assert env(rendered)["TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER"] == "2"
+    for kind in ("ClusterRole", "Role"):
+        for role in rendered.of_kind(kind):
+            assert all(resource != "leases" for _, resource, _ in _rules(role))
+    policies = [p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")]
+    assert f"{FULLNAME}-own-lease" not in policies
+    deployment = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert all(e["name"] != "TOPO_REPORTER_HEARTBEAT_NAMESPACE" for e in deployment["env"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "cluster_serves_policy_api", "installed"),
+    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+    ids=["auto, with the API", "auto, without the API", "forced on", "forced off"],
+)
+def test_the_own_lease_policy_follows_the_admission_policy_switch(
+    mode: object, cluster_serves_policy_api: bool, installed: bool
+) -> None:
+    apis = (VAP_API,) if cluster_serves_policy_api else ()
+    rendered = render({**HEARTBEAT_ON, "admissionPolicy": {"enabled": mode}}, api_versions=apis)
+    policies = [p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")]
+    bindings = [
+        b["spec"]["policyName"] for b in rendered.of_kind("ValidatingAdmissionPolicyBinding")
+    ]
+    assert (f"{FULLNAME}-own-lease" in policies) is installed
+    assert (f"{FULLNAME}-own-lease" in bindings) is installed
+
+
+def test_the_own_lease_policy_covers_create_and_update_of_leases() -> None:
+    rendered = render(HEARTBEAT_ON, api_versions=(VAP_API,))
+    policy = _named(rendered, "ValidatingAdmissionPolicy", "-own-lease")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["leases"],
+        }
+    ]
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
+    binding = _named(rendered, "ValidatingAdmissionPolicyBinding", "-own-lease")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+@pytest.mark.parametrize(
+    ("availability", "where"),
+    [
+        ({"withdrawAfter": 0}, "/availability/withdrawAfter"),
+        ({"heartbeat": {"duration": "1d"}}, "/availability/heartbeat/duration"),
+        ({"heartbeat": {"enable": True}}, "/availability/heartbeat"),
+    ],
+    ids=["withdrawing after no failure", "a duration in days", "a misspelt key"],
+)
+def test_the_schema_checks_the_heartbeat_values(availability: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=f"at '{where}'"):
+        render({"availability": availability})

@@ -449,6 +449,26 @@ def test_a_direct_link_down_names_the_peer_whose_bond_it_lowered(tmp_path: Path)
     assert healthy.links[0][peer].nvlinks - 1 == topology.links[0][peer].nvlinks
 
 
+def test_a_down_link_whose_far_end_the_driver_will_not_name_does_not_fail_the_scan() -> None:
+    # Only GPU 5's links are down, so only down links ask for their far end on it.
+    faults = Faults(
+        links_down={5: 18},
+        calls={("nvmlDeviceGetNvLinkRemotePciInfo", 5): fake.NVML_ERROR_UNKNOWN},
+    )
+    topology = collect(load_machine("dgx-h100"), faults)
+    assert topology.gpus[5].nvlink == NvlinkHealth(18, tuple(range(18)))
+    assert not topology.gpus[5].lost
+
+
+def test_a_failing_field_query_leaves_the_walk_of_old_and_no_counters() -> None:
+    faults = Faults(calls={("nvmlDeviceGetFieldValues", 2): fake.NVML_ERROR_UNKNOWN})
+    with capture_logs() as logs:
+        topology = collect(load_machine("dgx-h100"), faults)
+    assert topology.gpus[2].nvlink == NvlinkHealth(18)
+    assert topology.links[2][3].token == "NV18"
+    assert any(e["event"] == "nvml_field_values_failed" and e["gpu"] == 2 for e in logs)
+
+
 @pytest.mark.parametrize(
     ("count", "event"),
     [(40, "nvml_link_count_above_binding"), (2**32 - 1, "nvml_link_count_invalid")],

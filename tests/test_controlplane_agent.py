@@ -47,8 +47,9 @@ def events(server: RealApiServer, node: str) -> list[tuple[str, str, str]]:
     return [(e.type, e.reason, e.message) for e in ordered]
 
 
-def projection(t: Topology) -> node_patch.Desired:
-    return node_patch.desired(labels(t, PREFIX), annotations(t, PREFIX), PREFIX)
+def projection(t: Topology, node: str) -> node_patch.Desired:
+    """What the agent publishes on `node` (a node without a fabric is its own NVLink domain)."""
+    return node_patch.desired(labels(t, PREFIX, node), annotations(t, PREFIX), PREFIX)
 
 
 def test_first_publish_lands_whole_and_tells_operators_with_an_event(
@@ -58,7 +59,7 @@ def test_first_publish_lands_whole_and_tells_operators_with_an_event(
     w = wire(real_apiserver.kubeconfig, FakeScanner([ok(topology())]), node=node)
     assert w.agent.step()
     published = ours(real_apiserver, node)
-    assert published == projection(topology())
+    assert published == projection(topology(), node)
     assert published.labels[f"{PREFIX}/interconnect"] == "nvswitch"
     assert decode(published.annotations[f"{PREFIX}/topology"]) == topology()
     assert "matrix" in published.annotations[OWNED].split(",")
@@ -120,7 +121,7 @@ def test_foreign_labels_and_annotations_survive_and_a_stale_owned_key_goes(
     assert {k: node_annotations[k] for k in foreign_annotations} == foreign_annotations
     assert policy not in node_labels
     assert node_labels[f"{PREFIX}/count"] == "4"
-    mine, want = ours(real_apiserver, node), projection(topology(4, nics=()))
+    mine, want = ours(real_apiserver, node), projection(topology(4, nics=()), node)
     assert mine.labels == {**want.labels, f"{PREFIX}/added-by-hand": "yes"}
     assert mine.annotations == want.annotations
 
@@ -139,7 +140,7 @@ def test_a_concurrent_writers_409_is_recovered_by_rereading(
     assert w.metrics.api_errors.labels(kind="conflict")._value.get() == 1
     node_labels, _, _ = read(real_apiserver, node)
     assert node_labels["team"] == "ml"
-    assert ours(real_apiserver, node) == projection(topology(lost=[1]))
+    assert ours(real_apiserver, node) == projection(topology(lost=[1]), node)
 
 
 def test_a_change_is_an_event_in_words(
@@ -159,7 +160,8 @@ def test_a_change_is_an_event_in_words(
 def _filler(room: int) -> dict[str, str]:
     """A foreign annotation that leaves exactly `room` bytes of the budget after our publish."""
     key = "other.io/blob"
-    ours_after = node_patch.annotation_bytes(projection(topology()).annotations)
+    # The annotations do not depend on the node's name (`owned` lists the same keys for any).
+    ours_after = node_patch.annotation_bytes(projection(topology(), "any").annotations)
     return {key: "x" * (BUDGET - ours_after - len(key) - room)}
 
 
@@ -168,7 +170,7 @@ def test_the_annotation_budget_is_the_servers_to_the_byte(
 ) -> None:
     exact = real_node_factory(annotations=_filler(0))
     assert wire(real_apiserver.kubeconfig, FakeScanner([ok(topology())]), node=exact).agent.step()
-    assert ours(real_apiserver, exact) == projection(topology())
+    assert ours(real_apiserver, exact) == projection(topology(), exact)
 
 
 def test_an_annotation_overflow_is_refused_with_the_documented_error_as_the_server_would(
@@ -184,7 +186,8 @@ def test_an_annotation_overflow_is_refused_with_the_documented_error_as_the_serv
     assert "remove large foreign annotations" in refusal["error"]
     assert read(real_apiserver, node)[2] == version
     # The patch the agent held back is one the server itself refuses.
-    body: dict[str, Any] = {"metadata": {"annotations": dict(projection(topology()).annotations)}}
+    annotations = dict(projection(topology(), node).annotations)
+    body: dict[str, Any] = {"metadata": {"annotations": annotations}}
     with pytest.raises(k8s.ApiException) as refused:
         real_apiserver.core().patch_node(node, body)
     assert refused.value.status == 422

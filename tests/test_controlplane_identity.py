@@ -29,6 +29,11 @@ pytestmark = pytest.mark.controlplane
 
 PREFIX = "gpu.topology.io"
 POLICY_TIMEOUT_S = 60.0
+CHART_VALUES = {
+    "admissionPolicy": {"enabled": True},
+    "availability": {"enabled": True},
+    "extender": {"enabled": True},
+}
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -46,8 +51,9 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def chart_installed(real_apiserver: RealApiServer) -> Iterator[None]:
-    """The chart's objects for `sink=node`, admission policy on, applied to the real server."""
-    rendered = render({"admissionPolicy": {"enabled": True}}, api_versions=(VAP_API,))
+    """The chart's objects for `sink=node`, admission policy on, availability with its heartbeat
+    and the extender on, applied to the real server."""
+    rendered = render(CHART_VALUES, api_versions=(VAP_API,))
     kinds = {o["kind"] for o in rendered.objects}
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     core = real_apiserver.core()
@@ -153,13 +159,20 @@ def wait_for_policy(api: k8s.ApiClient, node_b: str) -> None:
         time.sleep(0.1)
 
 
-def run_agent(agent: Agent, node: str) -> subprocess.CompletedProcess[str]:
+def run_agent(
+    agent: Agent, node: str, *args: str, **environ: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", ""],
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", "", *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env(KUBECONFIG=str(agent.kubeconfig), NODE_NAME=node, TOPO_REPORTER_LOG_FORMAT="json"),
+        env=env(
+            KUBECONFIG=str(agent.kubeconfig),
+            NODE_NAME=node,
+            TOPO_REPORTER_LOG_FORMAT="json",
+            **environ,
+        ),
         check=False,
     )
 
@@ -266,3 +279,127 @@ def test_the_policy_denies_every_foreign_change_in_every_patch_type_and_rbac_the
         denied += 1
     print(f"identity matrix: allowed as expected {allowed}, denied as expected {denied}")
     assert (allowed, denied) == (3, 18 + 4)
+
+
+# --- The heartbeat Lease: RBAC and the own-lease policy, as the apiserver enforces them ---------
+
+
+def lease(name: str, holder: str) -> k8s.V1Lease:
+    return k8s.V1Lease(
+        metadata=k8s.V1ObjectMeta(name=name, labels={f"{PREFIX}/heartbeat": "availability"}),
+        spec=k8s.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=40),
+    )
+
+
+def wait_for_lease_policy(leases: k8s.CoordinationV1Api, node_b: str) -> None:
+    """As wait_for_policy, for the own-lease policy: a dry-run create of node B's Lease."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        try:
+            leases.create_namespaced_lease(NAMESPACE, lease(node_b, node_b), dry_run="All")
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                return
+            raise
+        assert time.monotonic() < deadline, f"policy not enforced within {POLICY_TIMEOUT_S:.0f} s"
+        time.sleep(0.1)
+
+
+def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    leases = k8s.CoordinationV1Api(agent.api)
+    wait_for_lease_policy(leases, agent.node_b)
+    # The real agent, with the pod's token: its heartbeat lands, owned by its Node.
+    own = run_agent(
+        agent,
+        agent.node_a,
+        "--availability",
+        "--simulate-used",
+        "0,1",
+        "--heartbeat",
+        POD_NAMESPACE=NAMESPACE,
+    )
+    assert own.returncode == 0, own.stderr
+    admin = k8s.CoordinationV1Api(real_apiserver.api())
+    stored = admin.read_namespaced_lease(agent.node_a, NAMESPACE)
+    assert stored.spec.holder_identity == agent.node_a
+    node_uid = real_apiserver.core().read_node(agent.node_a).metadata.uid
+    assert [(o.kind, o.name, o.uid) for o in stored.metadata.owner_references] == [
+        ("Node", agent.node_a, node_uid)
+    ]
+    # A renewal (update) of its own Lease is admitted.
+    stored.spec.lease_duration_seconds = 41
+    leases.replace_namespaced_lease(agent.node_a, NAMESPACE, stored)
+
+    refused: list[str] = []
+    denied = 0
+    for what, call in (
+        ("create another node's Lease", lambda: leases.create_namespaced_lease(
+            NAMESPACE, lease(agent.node_b, agent.node_b))),
+        ("create a Lease held by another node", lambda: leases.create_namespaced_lease(
+            NAMESPACE, lease(f"{agent.node_a}-x", agent.node_b))),
+        ("hand its own Lease to another node", lambda: leases.replace_namespaced_lease(
+            agent.node_a, NAMESPACE, _held_by(leases, agent.node_a, agent.node_b))),
+    ):  # fmt: skip
+        try:
+            call()
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                denied += 1
+                continue
+            refused.append(f"{what}: {e.status} {e.body}")
+            continue
+        refused.append(f"{what}: admitted")
+    assert refused == []
+    # RBAC, not the policy: no list, watch, patch or delete; no Lease outside its namespace.
+    for call in (
+        lambda: leases.list_namespaced_lease(NAMESPACE),
+        lambda: leases.patch_namespaced_lease(agent.node_a, NAMESPACE, {"spec": {}}),
+        lambda: leases.delete_namespaced_lease(agent.node_a, NAMESPACE),
+        lambda: leases.create_namespaced_lease("default", lease(agent.node_a, agent.node_a)),
+        lambda: leases.read_namespaced_lease(agent.node_a, "kube-node-lease"),
+    ):
+        with pytest.raises(k8s.ApiException) as forbidden:
+            call()
+        assert forbidden.value.status == 403
+        assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
+        denied += 1
+    assert denied == 3 + 5
+    assert admin.read_namespaced_lease(agent.node_a, NAMESPACE).spec.holder_identity == agent.node_a
+
+
+def _held_by(leases: k8s.CoordinationV1Api, name: str, holder: str) -> k8s.V1Lease:
+    current = leases.read_namespaced_lease(name, NAMESPACE)
+    current.spec.holder_identity = holder
+    return current
+
+
+def test_the_extenders_token_may_list_and_watch_leases_in_the_release_namespace_only(
+    real_apiserver: RealApiServer, chart_installed: None
+) -> None:
+    extender = f"{FULLNAME}-extender"
+    token = real_apiserver.core().create_namespaced_service_account_token(
+        extender,
+        NAMESPACE,
+        k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[])),
+    )
+    configuration = k8s.Configuration()
+    admin = real_apiserver.api().configuration
+    configuration.host = admin.host
+    configuration.ssl_ca_cert = admin.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token.status.token}"}
+    with k8s.ApiClient(configuration) as api:
+        leases = k8s.CoordinationV1Api(api)
+        leases.list_namespaced_lease(NAMESPACE, label_selector=f"{PREFIX}/heartbeat=availability")
+        leases.list_namespaced_lease(
+            NAMESPACE, watch=True, timeout_seconds=1, _preload_content=False
+        )
+        for call in (
+            lambda: leases.list_namespaced_lease("kube-node-lease"),
+            lambda: leases.read_namespaced_lease("anything", NAMESPACE),
+            lambda: leases.create_namespaced_lease(NAMESPACE, lease("x", "x")),
+        ):
+            with pytest.raises(k8s.ApiException) as forbidden:
+                call()
+            assert forbidden.value.status == 403

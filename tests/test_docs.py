@@ -231,11 +231,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         )
         dgx = machines()["profile dgx-h100"]
         policies = KubeletPolicies("best-effort", "container", "static")
-        wire_agent(
-            agent,
-            FakeScanner([ok(dgx)]),
-            kubelet=lambda: policies,
-        ).agent.step()
+        wire_agent(agent, FakeScanner([ok(dgx)]), kubelet=lambda: policies).agent.step()
         # The other nodes carry what the same agent would publish on them.
         for node in NODES:
             if node != NODE:

@@ -63,8 +63,16 @@ def test_it_serves_the_verbs_until_sigterm_then_exits_zero(
         (["--resource", "Nvidia GPUs"], "is not a resource name"),
         (["--max-request-bytes", "0"], "--max-request-bytes must be at least 1"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes credentials"),
+        (["--heartbeat-namespace", "GPU_System"], "is not a namespace name"),
     ],
-    ids=["an address without a port", "no address", "a bad resource", "no room", "no credentials"],
+    ids=[
+        "an address without a port",
+        "no address",
+        "a bad resource",
+        "no room",
+        "no credentials",
+        "a heartbeat namespace that cannot be one",
+    ],
 )
 def test_a_bad_setting_is_one_line_and_exit_one(flags: list[str], message: str) -> None:
     result = subprocess.run(

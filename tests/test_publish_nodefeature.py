@@ -64,7 +64,7 @@ _HTTP_VERB = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
 
 
 def want_for(t: Any) -> Desired:
-    return SchemaProjection(PREFIX).desired(t)
+    return SchemaProjection(PREFIX, NODE).desired(t)
 
 
 def body_for(t: Any, current: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def test_the_object_is_named_after_the_node_labelled_for_nfd_master_and_carries_
         "nfd.node.kubernetes.io/node-name": NODE,
         "app.kubernetes.io/managed-by": "topo-reporter",
     }
-    assert body["spec"]["labels"] == label_projection(topology(), PREFIX)
+    assert body["spec"]["labels"] == label_projection(topology(), PREFIX, NODE)
     assert schema_problems(body) == []
 
 
@@ -127,7 +127,8 @@ def test_node_attributes_are_the_label_values_plus_source_driver_and_nvswitch() 
     ]
     assert elements == {
         **{
-            k.removeprefix(PREFIX + "/"): v for k, v in label_projection(topology(), PREFIX).items()
+            k.removeprefix(PREFIX + "/"): v
+            for k, v in label_projection(topology(), PREFIX, NODE).items()
         },
         "source": "nvml",
         "driver": "550.54.15",
@@ -322,7 +323,7 @@ def test_a_change_is_one_update_that_drops_stale_labels(
     assert wired.agent.step()
     assert nf_requests(apiserver) == [("PUT", f"{PATH}/{NAME}")]
     labels = ours(apiserver)["spec"]["labels"]
-    assert labels == label_projection(blind, PREFIX)
+    assert labels == label_projection(blind, PREFIX, NODE)
     assert f"{PREFIX}/{keys.NVLINK_ISLAND_SIZE}" not in labels
     assert wired.agent.step()
     assert len(nf_requests(apiserver)) == 1
@@ -344,7 +345,7 @@ def test_drift_is_repaired_at_resync_hand_added_labels_included(
     wired.clock.advance(301)
     assert wired.agent.step()
     assert nf_requests(apiserver) == [("GET", f"{PATH}/{NAME}"), ("PUT", f"{PATH}/{NAME}")]
-    assert ours(apiserver)["spec"]["labels"] == label_projection(topology(), PREFIX)
+    assert ours(apiserver)["spec"]["labels"] == label_projection(topology(), PREFIX, NODE)
 
 
 def test_a_deleted_object_is_created_again_at_resync(

@@ -21,6 +21,7 @@ import structlog
 from parsers.cpulist import cpus_from_mask_words, parse_cpulist
 from parsers.errors import ParseError, excerpt
 from parsers.links import SELF, Link, LinkKind, link_from_nvml_level
+from parsers.nvidia_proc import MAX_MINOR
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_hex, parse_numa_node
 from reporter.collect import LinkErrors
@@ -58,8 +59,6 @@ _FALLBACK_WORDS = 64
 _WORD_BITS = 64
 # NVML has no more than seven MIG devices per GPU today; the bound keeps a bad answer finite.
 _MAX_MIG_SLOTS = 64
-# Linux minor numbers are 20 bits; the NVIDIA driver hands GPUs 0..254 (255 is nvidiactl).
-_MAX_MINOR = (1 << 20) - 1
 # Field IDs of nvml.h (stable: NVML only adds fields), by the name the binding gives them.
 _FI_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 # A link count beyond this is garbage: the schema holds link indexes up to 254, and NVML's own
@@ -251,7 +250,7 @@ class NvmlCollector:
         cpus = self._cpus(index, handle, pci)
         gpu_numa = self._call(index, "nvmlDeviceGetNumaNodeId", handle)
         minor = self._call(index, "nvmlDeviceGetMinorNumber", handle)
-        if minor is not None and not (isinstance(minor, int) and 0 <= minor <= _MAX_MINOR):
+        if minor is not None and not (isinstance(minor, int) and 0 <= minor <= MAX_MINOR):
             log.warning("nvml_minor_invalid", gpu=index, minor=excerpt(minor))
             minor = None
         return Gpu(
@@ -482,9 +481,14 @@ class NvmlCollector:
 
     def _fields(self, index: int, handle: Any, ids: list[tuple[int, int]]) -> list[int | None]:
         """Field values by (field ID, scope ID), None for each the driver does not give; all None
-        where the driver has no field API. Raises _GpuLostError, CollectError."""
+        where the driver has no field API or the call fails: the fields add to what the scan
+        knows (a link count, error counters) and never fail it. Raises _GpuLostError."""
         n = self._nvml
-        values = self._call(index, "nvmlDeviceGetFieldValues", handle, ids)
+        try:
+            values = self._call(index, "nvmlDeviceGetFieldValues", handle, ids)
+        except CollectError as e:
+            log.warning("nvml_field_values_failed", gpu=index, error=str(e))
+            values = None
         if values is None:
             return [None] * len(ids)
         out: list[int | None] = []
@@ -541,11 +545,11 @@ class NvmlCollector:
                     f"NVML nvmlDeviceGetNvLinkState (link {link}) on GPU {index} failed: {e}"
                 ) from e
             answered += 1
-            remote, is_switch = self._far_end(index, handle, link)
             if state == n.NVML_FEATURE_ENABLED:
-                active.append((remote, is_switch))
+                active.append(self._far_end(index, handle, link))
                 continue
             down.append(link)
+            remote, is_switch = self._down_far_end(index, handle, link)
             if not is_switch and remote in by_pci and by_pci[remote] != index:
                 lost[by_pci[remote]] += 1
         links = count if trusted and count is not None else answered
@@ -566,6 +570,16 @@ class NvmlCollector:
             pci_class = self._sysfs(remote, "class", lambda t: parse_hex(t, field="class"))
             return remote, pci_class is not None and pci_class >> 8 == _NVSWITCH_CLASS
         return remote, kind == n.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def _down_far_end(self, index: int, handle: Any, link: int) -> tuple[str | None, bool]:
+        """The far end of an inactive link, where the driver still names it; (None, False) for
+        any error but a lost GPU: what a down link answers is not NVML's documented ground, and
+        a link being down must never fail the scan."""
+        try:
+            return self._far_end(index, handle, link)
+        except CollectError as e:
+            log.debug("nvml_down_link_far_end_unknown", gpu=index, link=link, error=str(e))
+            return None, False
 
     def _read_counters(self, index: int, handle: Any, gpu: Gpu, links: int) -> None:
         """NVLink error counters, as deltas since the last scan, where a memory is kept."""

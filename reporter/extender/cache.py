@@ -5,7 +5,9 @@ would be megabytes per call. The cache decodes each node's availability annotati
 watch says the node changed (and only when the annotation's text changed), and keeps each node's
 answer pre-encoded for the request sizes asked recently (`RankTable`), so that a scheduling call
 costs dictionary lookups and joins, no Python code per node. A node it has not seen, or whose
-annotation is missing or damaged, reads as None: never filtered, neutral score.
+annotation is missing or damaged, reads as None: never filtered, neutral score. So does a node
+whose agent no longer vouches for its annotation, with heartbeats on (`vouched`, kept by
+`reporter.extender.heartbeat`, which calls `revise` when a node's verdict changes).
 
 The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
 lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
@@ -33,8 +35,16 @@ QUICK_END_S = 1.0
 class NodeCache:
     """Each node's rank by name, shared between the watch thread and the request threads."""
 
-    def __init__(self, prefix: str, resource: str = DEFAULT_RESOURCE) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        resource: str = DEFAULT_RESOURCE,
+        *,
+        vouched: Callable[[str], bool] = lambda node: True,
+    ) -> None:
+        """`vouched(node)`: whether the node's availability is to be trusted now (heartbeats)."""
         self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
+        self.vouched = vouched
         self._resource = resource
         self._lock = threading.Lock()
         self._text: dict[str, str | None] = {}
@@ -49,7 +59,7 @@ class NodeCache:
             table = RankTable(self._resource)
             for name, text in fresh.items():
                 unchanged = self._text.get(name, ...) == text and name in old.ranks
-                table.set(name, old.ranks[name] if unchanged else rank(text))
+                table.set(name, old.ranks[name] if unchanged else self._rank(name, text))
             # The sizes the scheduler was asking for stay encoded: no call pays for the relist.
             for k in old.sizes():
                 table.verdicts(k)
@@ -67,7 +77,16 @@ class NodeCache:
                 self._table.drop(node.name)
             elif self._text.get(node.name, ...) != node.value or node.name not in self._table.ranks:
                 self._text[node.name] = node.value
-                self._table.set(node.name, rank(node.value))
+                self._table.set(node.name, self._rank(node.name, node.value))
+
+    def revise(self, name: str) -> None:
+        """Judge the node again: whether it is vouched for changed."""
+        with self._lock:
+            if name in self._text:
+                self._table.set(name, self._rank(name, self._text[name]))
+
+    def _rank(self, name: str, text: str | None) -> NodeRank | None:
+        return rank(text) if self.vouched(name) else None
 
     def get(self, name: str) -> NodeRank | None:
         """The node's rank; None when unknown, or its availability is absent or damaged."""

@@ -19,7 +19,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from json.encoder import encode_basestring_ascii
@@ -295,11 +295,19 @@ class RankTable:
         self._lock = threading.Lock()
 
     @classmethod
-    def of_nodes(cls, node_list: Mapping[str, Any], key: str, resource: str) -> RankTable:
-        """The ranks of the Nodes a request carries (the form without nodeCacheCapable)."""
+    def of_nodes(
+        cls,
+        node_list: Mapping[str, Any],
+        key: str,
+        resource: str,
+        vouched: Callable[[str], bool] = lambda node: True,
+    ) -> RankTable:
+        """The ranks of the Nodes a request carries (the form without nodeCacheCapable); a node
+        not `vouched` for (heartbeats) is unknown."""
         table = cls(resource)
         for item in node_list.get("items") or []:
-            table.set(str(item["metadata"]["name"]), node_rank(item, key))
+            name = str(item["metadata"]["name"])
+            table.set(name, node_rank(item, key) if vouched(name) else None)
         return table
 
     def set(self, name: str, r: NodeRank | None) -> None:

@@ -148,7 +148,9 @@ class ExtenderServer:
         table = (
             self._cache.table()
             if args.node_list is None
-            else protocol.RankTable.of_nodes(args.node_list, self._cache.annotation, self._resource)
+            else protocol.RankTable.of_nodes(
+                args.node_list, self._cache.annotation, self._resource, self._cache.vouched
+            )
         )
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":

@@ -1,7 +1,7 @@
 """The one seam between the publish layer and the Kubernetes API: resource-generic calls we own.
 
 A sink names a `Resource` and calls get, create, replace or merge_patch on it; the extender's
-Node cache lists and watches. Three implementations: the lean client
+Node cache and its heartbeat judge list and watch. Three implementations: the lean client
 (`reporter.publish.rest.RestApiClient`), the official one (`reporter.publish.kube.KubeApiClient`),
 both `reporter.publish.wire.WireClient` over their own transport, and the dry run's
 `reporter.publish.printing.PrintingClient`. Every implementation raises only
@@ -50,6 +50,7 @@ NODE_FEATURES = Resource("nfd.k8s-sigs.io", "v1alpha1", "nodefeatures", "NodeFea
 NODE_RESOURCE_TOPOLOGIES = Resource(
     "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", "NodeResourceTopology", False
 )
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 
 
 class WatchExpired(PublishError):  # noqa: N818 - the API's word (410 Gone), not a failure of ours
@@ -116,8 +117,14 @@ class ApiClient(Protocol):
         *,
         timeout_s: int,
         metadata_only: bool = False,
+        namespace: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Start a watch from `resource_version` (raising at once when it is refused) and return
         its events (`type`, `object`; bookmarks included) until the server ends it after
-        `timeout_s` or `stop` is set. An ERROR event is raised: WatchExpired for a 410."""
+        `timeout_s` or `stop` is set. An ERROR event is raised: WatchExpired for a 410.
+
+        `namespace`: watch one namespace only (None: all, or a cluster-scoped resource).
+        `query`: labelSelector or fieldSelector, as for `list`.
+        """
         ...

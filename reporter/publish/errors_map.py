@@ -23,6 +23,7 @@ from parsers.errors import ParseError
 from reporter.errors import ApiPermanentError, ApiTransientError, PublishError
 from reporter.publish.api import (
     EVENTS,
+    LEASES,
     NODE_FEATURES,
     NODE_RESOURCE_TOPOLOGIES,
     NODES,
@@ -140,6 +141,12 @@ def _forbidden(resource: Resource, verb: str, namespace: str | None) -> str:
         return (
             f"grant the agent a Role in namespace {namespace} with `{rbac}` on `{served}` (the "
             "chart does with agent.sink=nodefeature and rbac.create=true)"
+        )
+    if resource == LEASES:
+        who = "the extender" if verb in ("list", "watch") else "the agent"
+        return (
+            f"grant {who} a Role in namespace {namespace} with `{rbac}` on `{served}` (the chart "
+            "does with availability.heartbeat.enabled and rbac.create=true)"
         )
     return f"grant the agent `{rbac}` on `{served}`"
 

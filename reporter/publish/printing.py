@@ -113,6 +113,8 @@ class PrintingClient:
         *,
         timeout_s: int,
         metadata_only: bool = False,
+        namespace: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Nothing ever changes in a dry run."""
         return iter(())

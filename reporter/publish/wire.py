@@ -182,9 +182,12 @@ class WireClient:
         *,
         timeout_s: int,
         metadata_only: bool = False,
+        namespace: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Iterator[dict[str, Any]]:
-        what = errors_map.describe("watch", resource, None, None)
+        what = errors_map.describe("watch", resource, None, namespace)
         query = {
+            **(query or {}),
             "watch": "1",
             "allowWatchBookmarks": "true",
             "resourceVersion": resource_version,
@@ -195,7 +198,7 @@ class WireClient:
         # a dead connection from a quiet cluster (bookmarks come about once a minute).
         response = self._transport.send(
             "GET",
-            resource.path(),
+            resource.path(namespace),
             query=sorted(query.items()),
             accept=_METADATA if metadata_only else JSON,
             read_timeout_s=timeout_s + 30,
@@ -203,7 +206,7 @@ class WireClient:
         )
         if response.status >= 400:
             data = self._read(response, _ERROR_BODY_BYTES, what)
-            raise _refusal(response, data, "watch", resource, None, None, what)
+            raise _refusal(response, data, "watch", resource, None, namespace, what)
         return self._events(response, stop, what)
 
     def _events(

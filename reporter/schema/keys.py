@@ -41,6 +41,11 @@ NVLINK_HEALTH = "nvlink-health"
 FABRIC_TAINT = "fabric-health"
 FABRIC_TAINT_EFFECT = "NoSchedule"
 
+# The label of the agent's heartbeat Lease (reporter.publish.lease), not of the Node: the
+# extender selects the Leases with `<prefix>/heartbeat=availability`.
+HEARTBEAT = "heartbeat"
+HEARTBEAT_AVAILABILITY = "availability"
+
 # Annotations
 TOPOLOGY = "topology"
 MATRIX = "matrix"

@@ -121,6 +121,24 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.podresources_failures = Gauge(
+            "topo_reporter_podresources_consecutive_failures",
+            "PodResources reads that failed in a row, since the last good one (0: the last read "
+            "was good).",
+            registry=r,
+        )
+        self.availability_withdrawn = Gauge(
+            "topo_reporter_availability_withdrawn",
+            "1 while the availability keys are withdrawn from the Node because PodResources reads "
+            "keep failing (--availability-withdraw-after).",
+            registry=r,
+        )
+        self.heartbeat_renewals = Counter(
+            "topo_reporter_heartbeat_renewals",
+            "Renewals of the node's heartbeat Lease by result: renewed, failed.",
+            ["result"],
+            registry=r,
+        )
         self.podresources_unknown = Gauge(
             "topo_reporter_podresources_unknown_devices",
             "Device IDs of a managed resource matching no GPU, in the last good read.",
@@ -138,6 +156,7 @@ class Metrics:
     def podresources_read(self, view: AllocationView) -> None:
         """A good PodResources read: count it and show what it saw."""
         self.podresources_reads.labels(result="ok").inc()
+        self.podresources_failures.set(0)
         self.podresources_gpus.labels(state="free").set(len(view.free))
         self.podresources_gpus.labels(state="allocated").set(len(view.allocated))
         self.podresources_gpus.labels(state="unhealthy").set(len(view.unhealthy))
@@ -146,6 +165,7 @@ class Metrics:
     def podresources_failed(self, error: PodResourcesError) -> None:
         """A failed read: the gauges keep the last good read, as the published value does."""
         self.podresources_reads.labels(result=error.reason).inc()
+        self.podresources_failures.inc()
 
     def scanned(self, result: ScanResult, duration_s: float) -> None:
         self.scan_duration.observe(duration_s)

@@ -2,7 +2,8 @@
 
 Live: the loop made progress recently, or is in a wait it announced (the interval, a retry's
 backoff, a server's Retry-After): a wait asked for is not a stall. Ready: the last publish
-succeeded, no source is failing, the data is fresh, and the node's NVLink partition is not
+succeeded, no source is failing (the topology's, and, with availability on, the kubelet's
+PodResources and the heartbeat Lease), the data is fresh, and the node's NVLink partition is not
 withheld (a fabric not completed, GPUs that disagree on it). It only records; it never decides what
 to publish.
 """
@@ -39,6 +40,7 @@ class AgentState:
         self._published_at: float | None = None
         self._publish_error: str | None = "no publish yet"
         self._degraded: str | None = None
+        self._live_problems: dict[str, str] = {}
         self._fabric: str | None = None
         self._stopped = False
 
@@ -66,6 +68,14 @@ class AgentState:
     def set_degraded(self, reason: str | None) -> None:
         with self._lock:
             self._degraded = reason
+
+    def set_live_problem(self, part: str, reason: str | None) -> None:
+        """What fails in the live loop's `part` (`podresources`, `heartbeat`); None: nothing."""
+        with self._lock:
+            if reason is None:
+                self._live_problems.pop(part, None)
+            else:
+                self._live_problems[part] = reason
 
     def set_fabric_problem(self, reason: str | None) -> None:
         """Why the node's `nvlink-partition` label is withheld; None when it is not."""
@@ -97,6 +107,10 @@ class AgentState:
                 return Verdict(False, self._publish_error)
             if self._degraded is not None:
                 return Verdict(False, f"degraded: {self._degraded}")
+            if self._live_problems:
+                return Verdict(
+                    False, "; ".join(f"{k}: {v}" for k, v in sorted(self._live_problems.items()))
+                )
             if self._fabric is not None:
                 return Verdict(False, f"no nvlink-partition label: {self._fabric}")
             assert self._published_at is not None  # set together with clearing the error

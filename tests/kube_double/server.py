@@ -22,14 +22,15 @@ import socket
 import ssl
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import nodefeatures, nrt
+from . import leases, nodefeatures, nrt
+from .leases import LeaseStore
 from .nodefeatures import ApiStatusError, NodeFeatureStore
 from .nrt import NrtStore
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
@@ -40,11 +41,21 @@ from .watch import NodeWatchLog
 ALL = frozenset({"*"})
 """A token allowed every verb on every resource."""
 
-AGENT_PERMISSIONS = frozenset({"get nodes", "list nodes", "patch nodes", "create events"})
-"""What the chart's ClusterRole grants the agent."""
+AGENT_PERMISSIONS = frozenset(
+    {
+        "get nodes",
+        "list nodes",
+        "patch nodes",
+        "create events",
+        "get leases",
+        "create leases",
+        "update leases",
+    }
+)
+"""What the chart's roles grant the agent (leases: its heartbeat, in its namespace)."""
 
-EXTENDER_PERMISSIONS = frozenset({"list nodes", "watch nodes"})
-"""What the chart's ClusterRole grants the scheduler extender."""
+EXTENDER_PERMISSIONS = frozenset({"list nodes", "watch nodes", "list leases", "watch leases"})
+"""What the chart's roles grant the scheduler extender (leases: the agents' heartbeats)."""
 
 _MERGE = "application/merge-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
@@ -85,6 +96,10 @@ class Recorded:
     body: Any
     status: int
     accept: str | None
+    request_bytes: int = 0
+    """The request body's length, as sent."""
+    answer_bytes: int = 0
+    """The answer body's length (0 for a watch, which streams)."""
 
 
 _REASONS = {
@@ -242,10 +257,13 @@ class ApiServerDouble:
     """NFD's NodeFeature objects; `nodefeatures.installed = False` serves a cluster without NFD."""
     nrt: NrtStore = field(init=False)
     """NodeResourceTopology objects; `nrt.installed = False` serves a cluster without the CRD."""
+    leases: LeaseStore = field(init=False)
+    """coordination.k8s.io Leases (the agents' heartbeats), with their own watch log."""
 
     def __post_init__(self) -> None:
         self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
         self.nrt = NrtStore(revision=lambda: next(self._revision))
+        self.leases = LeaseStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -272,6 +290,7 @@ class ApiServerDouble:
 
     def stop(self) -> None:
         self.watch_log.close()
+        self.leases.log.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -683,7 +702,9 @@ _GROUPS: dict[str, dict[str, Any]] = {
         "kind": "APIResourceList",
         "apiVersion": "v1",
         "groupVersion": "coordination.k8s.io/v1",
-        "resources": [_resource("leases", "Lease", True, ["get", "list"])],
+        "resources": [
+            _resource("leases", "Lease", True, ["create", "get", "list", "update", "watch"])
+        ],
     },
 }
 
@@ -763,7 +784,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.status:
                     retry_after = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                     raise _StatusError(fault.status, fault.message, headers=retry_after)
-            watch = path == "/api/v1/nodes" and (query.get("watch") or [""])[0] in ("1", "true")
+            lease_path = leases.PATH.fullmatch(path)
+            watch = (query.get("watch") or [""])[0] in ("1", "true") and (
+                path == "/api/v1/nodes" or (lease_path is not None and lease_path[2] is None)
+            )
             verb, resource, name = self._verb_resource(method, path)
             self.owner.authorize(
                 self.headers.get("Authorization"), "watch" if watch else verb, resource, name
@@ -772,17 +796,33 @@ class _Handler(BaseHTTPRequestHandler):
                 self._record(
                     method, path=path, query=query, content_type=content_type, body=body, status=200
                 )
-                self._watch(query)
+                if lease_path is None:
+                    self._watch(query, self.owner.watch_log.stream)
+                else:
+                    namespace, selected = lease_path[1], self._label_selector(query)
+                    self._watch(
+                        query,
+                        lambda since, timeout: self.owner.leases.stream(
+                            namespace, selected, since, timeout
+                        ),
+                    )
                 return
             status, payload = self._route(method, path, query, content_type, body)
         except _StatusError as reply:
             status, payload, headers = reply.code, reply.body, reply.headers
+        data = json.dumps(payload).encode()
         # Recorded before answering, so that a test reading `requests` after the client returned
         # sees every request the client made.
         self._record(
-            method, path=path, query=query, content_type=content_type, body=body, status=status
+            method,
+            path=path,
+            query=query,
+            content_type=content_type,
+            body=body,
+            status=status,
+            sizes=(len(raw), len(data)),
         )
-        self._send(status, payload, headers)
+        self._send(status, data, headers)
 
     def _record(
         self,
@@ -793,10 +833,11 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str | None,
         body: Any,
         status: int,
+        sizes: tuple[int, int] = (0, 0),
     ) -> None:
-        self.owner.record(
-            Recorded(method, path, query, content_type, body, status, self.headers.get("Accept"))
-        )
+        """`sizes`: (request, answer) body bytes."""
+        accept = self.headers.get("Accept")
+        self.owner.record(Recorded(method, path, query, content_type, body, status, accept, *sizes))
 
     @staticmethod
     def _verb_resource(method: str, path: str) -> tuple[str, str, str]:
@@ -827,6 +868,14 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any,
     ) -> tuple[int, Any]:
         owner = self.owner
+        lease_path = leases.PATH.fullmatch(path)
+        if lease_path is not None:
+            try:
+                return owner.leases.serve(
+                    method, lease_path[1], lease_path[2], body, self._label_selector(query)
+                )
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
         if path.startswith(nrt.PREFIX):
             try:
                 return owner.nrt.serve(method, path, body)
@@ -891,12 +940,6 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                 if group_path == "/api/v1":
                     return 201, owner.create_event(namespace, body)
-            if method == "GET" and resource == "leases" and name is not None:
-                raise _StatusError(
-                    404,
-                    f'leases.coordination.k8s.io "{name}" not found',
-                    details={"name": name, "group": "coordination.k8s.io", "kind": "leases"},
-                )
         if method == "PATCH" and path.startswith("/api/v1/nodes/"):
             return 200, owner.patch_node(
                 path.removeprefix("/api/v1/nodes/"), content_type or "", body
@@ -924,8 +967,18 @@ class _Handler(BaseHTTPRequestHandler):
             }
         return {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": events}
 
-    def _watch(self, query: Mapping[str, list[str]]) -> None:
-        """Stream Node events as chunked JSON lines, as the apiserver does."""
+    @staticmethod
+    def _label_selector(query: Mapping[str, list[str]]) -> Callable[[Mapping[str, str]], bool]:
+        selector = (query.get("labelSelector") or [""])[0]
+        return lambda labels: _labels_selected(labels, selector)
+
+    def _watch(
+        self,
+        query: Mapping[str, list[str]],
+        events: Callable[[int, float], Iterator[dict[str, Any]]],
+    ) -> None:
+        """Stream the `events` of a log (Nodes, or one namespace's Leases) as chunked JSON
+        lines, as the apiserver does."""
         since = int((query.get("resourceVersion") or ["0"])[0] or 0)
         timeout = float((query.get("timeoutSeconds") or ["60"])[0])
         self.send_response(200)
@@ -934,7 +987,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         bookmarks = (query.get("allowWatchBookmarks") or [""])[0] == "true"
         try:
-            for event in self.owner.watch_log.stream(since, timeout):
+            for event in events(since, timeout):
                 if event["type"] == "BOOKMARK" and not bookmarks:
                     continue
                 line = json.dumps(event).encode() + b"\n"
@@ -945,8 +998,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client left
         self.close_connection = True
 
-    def _send(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, code: int, data: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -90,6 +90,27 @@ nrt.enabled, whatever the sink, under the same admissionPolicy.enabled switch.
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the agents renew heartbeat Leases and the extender judges nodes by them: with
+availability on (the Lease vouches for the availability keys) and availability.heartbeat.enabled.
+*/}}
+{{- define "topo-reporter.heartbeat" -}}
+{{- if and .Values.availability.enabled .Values.availability.heartbeat.enabled }}true{{- end }}
+{{- end }}
+
+{{/*
+"true" when the policy confining the agent to its own node's heartbeat Lease is rendered: with the
+heartbeat on, under the same admissionPolicy.enabled switch.
+*/}}
+{{- define "topo-reporter.leasePolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if include "topo-reporter.heartbeat" . }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The agent's Kubernetes username, as the API server sees its service account token. */}}
 {{- define "topo-reporter.serviceAccountUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}

@@ -21,6 +21,7 @@ from typing import Any
 from parsers.cpulist import parse_cpulist
 from parsers.documents import load_yaml
 from parsers.errors import ParseError, excerpt
+from parsers.nvidia_proc import MAX_MINOR
 from reporter.collect.fabricinfo import health_mask
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
@@ -115,7 +116,6 @@ _FABRIC_KEYS = frozenset(
         "status",
     }
 )
-MAX_MINOR = (1 << 20) - 1
 
 
 @dataclass(frozen=True, slots=True)

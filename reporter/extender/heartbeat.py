@@ -1,0 +1,232 @@
+"""Whether each node's agent still vouches for its availability: the extender's heartbeat judge.
+
+With heartbeats on, the agents renew one Lease per node (`reporter.publish.lease`) and the
+extender trusts a node's availability only while that Lease is fresh. The rule is the node
+lifecycle controller's for kubelets, which is immune to clock skew between machines: a Lease is
+fresh for `leaseDurationSeconds` after the moment the extender *saw* its `renewTime` change (its
+own monotonic clock; the writer's clock is never compared with ours). A node whose Lease is
+missing, deleted, not held by the node, without a duration, or not renewed within its duration
+is unknown, exactly like a node without the annotation: never filtered, neutral score.
+
+Consequences, documented in docs/scheduling.md: after the extender starts, every Lease it lists
+counts as just renewed (a dead agent's node is trusted for one more duration); while the extender
+cannot watch Leases, every node falls back to unknown after one duration.
+
+`Heartbeats` holds the verdicts and tells the NodeCache (`on_change`) of every node whose verdict
+changed; `HeartbeatWatcher` keeps it current (list, watch, relist on 410, back off on errors) and
+expires Leases as their time passes, on a thread of its own. It never writes anything.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+from prometheus_client import CollectorRegistry, Gauge
+
+from reporter.errors import ApiTransientError, PublishError
+from reporter.publish.api import WatchExpired
+from reporter.publish.lease import Beat, BeatEvent, LeaseWatch
+
+SWEEP_S = 1.0
+"""How often expiries are looked for: a Lease is judged expired at most this late."""
+QUICK_END_S = 1.0
+"""A watch that ends this soon with nothing in it counts as a failure (backoff), not progress."""
+
+
+class Heartbeats:
+    """Each node's last seen renewal, and the nodes whose Lease is fresh now."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.on_change: Callable[[str], None] = lambda node: None
+        """Called (outside any lock here) after a node's verdict changed: the NodeCache's
+        `revise`, set once both exist (the cache asks `vouched`, this tells the cache)."""
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[str, float, int]] = {}
+        """Node to (renewTime, when we saw it change, duration) of its valid Lease."""
+        self._fresh: set[str] = set()
+        self._synced = threading.Event()
+
+    def vouched(self, node: str) -> bool:
+        """Whether the node's agent vouches for its availability now. Lock-free: a set lookup."""
+        return node in self._fresh
+
+    @property
+    def synced(self) -> bool:
+        """True once a full list of Leases has been taken."""
+        return self._synced.is_set()
+
+    def renewal(self, node: str) -> str | None:
+        """The `renewTime` last seen on the node's Lease; None when it has no valid Lease."""
+        with self._lock:
+            seen = self._seen.get(node)
+            return None if seen is None else seen[0]
+
+    def counts(self) -> tuple[int, int]:
+        """(nodes with a fresh Lease, nodes with a Lease that expired or vouches for nothing)."""
+        with self._lock:
+            fresh = len(self._fresh)
+            return fresh, len(self._seen) - fresh
+
+    def replace(self, beats: Iterable[Beat]) -> None:
+        """Take a full list: a node absent from it has no Lease."""
+        listed = {b.node: b for b in beats}
+        with self._lock:
+            changed = [self._take(b) for b in listed.values()]
+            for node in set(self._seen) - set(listed):
+                changed.append(self._forget(node))
+        self._synced.set()
+        self._tell(changed)
+
+    def apply(self, event: BeatEvent) -> None:
+        """Take one watch event; a BOOKMARK changes nothing."""
+        if event.beat is None:
+            return
+        with self._lock:
+            if event.type == "DELETED":
+                changed = self._forget(event.beat.node)
+            else:
+                changed = self._take(event.beat)
+        self._tell([changed])
+
+    def sweep(self) -> None:
+        """Expire the Leases whose time has passed."""
+        now = self._clock()
+        with self._lock:
+            expired = [n for n in self._fresh if now >= self._deadline(n)]
+            self._fresh.difference_update(expired)
+        self._tell(expired)
+
+    def _deadline(self, node: str) -> float:
+        _, seen_at, duration = self._seen[node]
+        return seen_at + duration
+
+    def _take(self, b: Beat) -> str | None:
+        """Record a Lease (lock held); the node's name when its verdict changed."""
+        if b.renew_time is None or b.duration_s is None:
+            return self._forget(b.node)
+        previous = self._seen.get(b.node)
+        seen_at = self._clock()
+        if previous is not None and previous[0] == b.renew_time:
+            # Not renewed since we last saw it (a relist, another field changed): the clock
+            # keeps running from when it was.
+            seen_at = previous[1]
+        self._seen[b.node] = (b.renew_time, seen_at, b.duration_s)
+        return self._judge(b.node, self._clock() < seen_at + b.duration_s)
+
+    def _forget(self, node: str) -> str | None:
+        self._seen.pop(node, None)
+        return self._judge(node, False)
+
+    def _judge(self, node: str, fresh: bool) -> str | None:
+        if fresh == (node in self._fresh):
+            return None
+        if fresh:
+            self._fresh.add(node)
+        else:
+            self._fresh.discard(node)
+        return node
+
+    def _tell(self, changed: Iterable[str | None]) -> None:
+        for node in changed:
+            if node is not None:
+                self.on_change(node)
+
+
+def heartbeat_metrics(registry: CollectorRegistry, heartbeats: Heartbeats) -> None:
+    """`topo_reporter_extender_heartbeats{state}` in the extender's registry."""
+    gauge = Gauge(
+        "topo_reporter_extender_heartbeats",
+        "Nodes by the state of their agent's heartbeat Lease: fresh (availability trusted), "
+        "expired (not renewed within its duration, or vouching for nothing: read as unknown).",
+        ["state"],
+        registry=registry,
+    )
+    gauge.labels(state="fresh").set_function(lambda: heartbeats.counts()[0])
+    gauge.labels(state="expired").set_function(lambda: heartbeats.counts()[1])
+
+
+class HeartbeatWatcher:
+    """Keeps Heartbeats current (list, watch from its resourceVersion, relist on 410) on one
+    thread, and expires Leases every SWEEP_S on another."""
+
+    def __init__(
+        self,
+        client: LeaseWatch,
+        heartbeats: Heartbeats,
+        *,
+        stop: threading.Event,
+        log: structlog.typing.FilteringBoundLogger,
+        on_error: Callable[[PublishError], None] = lambda e: None,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self._client = client
+        self._heartbeats = heartbeats
+        self._stop = stop
+        self._log = log
+        self._on_error = on_error
+        self._initial_s = backoff_initial_s
+        self._max_s = backoff_max_s
+        self._threads = (
+            threading.Thread(target=self.run, name="topo-reporter-heartbeats", daemon=True),
+            threading.Thread(target=self._expire, name="topo-reporter-expiry", daemon=True),
+        )
+        self._problem: str | None = "no list of heartbeat Leases yet"
+
+    def start(self) -> HeartbeatWatcher:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the view of the Leases may be stale (the last list or watch failed), or None."""
+        return self._problem
+
+    def run(self) -> None:
+        """List and watch until `stop` is set; errors are logged, counted and waited out."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                snapshot = self._client.list_beats()
+                self._heartbeats.replace(snapshot.beats)
+                self._log.info("leases_listed", leases=len(snapshot.beats))
+                failures = 0
+                self._watch(snapshot.resource_version)
+            except WatchExpired:
+                self._log.info("lease_watch_expired")
+            except PublishError as e:
+                self._problem = f"heartbeat Leases in {self._client.namespace}: {e}"
+                self._on_error(e)
+                failures += 1
+                # Full jitter, so that replicas restarted together do not relist together.
+                wait = random.uniform(0, min(self._max_s, self._initial_s * 2 ** min(failures, 16)))
+                self._log.warning("lease_watch_failed", error=str(e), wait_s=round(wait, 3))
+                self._stop.wait(wait)
+
+    def _watch(self, resource_version: str) -> None:
+        while not self._stop.is_set():
+            started, events = time.monotonic(), 0
+            watch = self._client.watch_beats(resource_version, self._stop)
+            self._problem = None
+            for event in watch:
+                self._heartbeats.apply(event)
+                resource_version = event.resource_version or resource_version
+                events += 1
+            if self._stop.is_set():
+                return
+            if not events and time.monotonic() - started < QUICK_END_S:
+                raise ApiTransientError("watch leases: the API server ended the watch at once")
+
+    def _expire(self) -> None:
+        while not self._stop.wait(SWEEP_S):
+            self._heartbeats.sweep()
