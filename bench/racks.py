@@ -12,7 +12,7 @@ x36 partitions of 9 nodes. Clique IDs repeat across racks as fabric managers ass
 Trace: jobs of N pods x 4 GPUs (one pod per node, the whole node: what a multi-node NVLink job
 asks for), arriving as a Poisson process and running for a drawn time.
 - sizes (stated, not measured: no public trace of NVL72 jobs exists): 1, 2, 4, 8 and 16 nodes
-  (4 to 64 GPUs) with weights 35%, 20%, 20%, 15%, 10%: mean 4.3 nodes. A 16-node job fits only an
+  (4 to 64 GPUs) with weights 35%, 20%, 20%, 15%, 10%: mean 4.35 nodes. A 16-node job fits only an
   unsplit rack's partition;
 - durations: the Philly distribution that bench/placement.py uses (Gavel's sampling of Microsoft's
   trace): 80% of jobs run 10^U(1.5, 3) minutes, 20% run 10^U(3, 4) minutes.

@@ -453,10 +453,10 @@ def fabric_cluster_findings(
         if tray.isdigit():
             trays.setdefault(partition, []).append(int(tray))
     out: dict[str, list[Finding]] = {}
-    for partition, finding in _short_partitions(members, domain_of, trays):
+    for partition, finding in _short_partitions(members, domain_of, trays, prefix):
         for name in members[partition]:
             out.setdefault(name, []).append(finding)
-    for partitions, finding in _shared_cliques(members, domain_of):
+    for partitions, finding in _shared_cliques(members, domain_of, prefix):
         for partition in partitions:
             for name in members[partition]:
                 out.setdefault(name, []).append(finding)
@@ -467,6 +467,7 @@ def _short_partitions(
     members: Mapping[str, list[str]],
     domain_of: Mapping[str, str],
     trays: Mapping[str, list[int]],
+    prefix: str,
 ) -> list[tuple[str, Finding]]:
     split: Counter[str] = Counter(domain_of.values())
     classes: dict[int, list[str]] = {}
@@ -484,10 +485,7 @@ def _short_partitions(
             count = len(members[partition])
             if count >= usual:
                 continue
-            evidence = [
-                f"{partition}: {count} nodes ({', '.join(sorted(members[partition]))})",
-                f"its peers ({peers}): {usual} nodes",
-            ]
+            evidence = [f"{partition}: {count} nodes", f"its peers ({peers}): {usual} nodes"]
             present = sorted(set(trays.get(partition, ())))
             if present:
                 gaps = sorted(set(range(present[0], present[-1] + 1)) - set(present))
@@ -506,8 +504,8 @@ def _short_partitions(
                         evidence=tuple(evidence),
                         fix="a compute tray is missing from the rack, or its node has not "
                         "joined or not published: list the partition's nodes (`kubectl get "
-                        f"nodes -l <prefix>/{keys.NVLINK_PARTITION}={partition}`), check the "
-                        "missing tray's node, its topo-reporter pod and its fabric "
+                        f"nodes -l {keys.key(prefix, keys.NVLINK_PARTITION)}={partition}`), "
+                        "check the missing tray's node, its topo-reporter pod and its fabric "
                         f"({_FABRIC_CHECK})",
                     ),
                 )
@@ -516,7 +514,7 @@ def _short_partitions(
 
 
 def _shared_cliques(
-    members: Mapping[str, list[str]], domain_of: Mapping[str, str]
+    members: Mapping[str, list[str]], domain_of: Mapping[str, str], prefix: str
 ) -> list[tuple[list[str], Finding]]:
     by_clique: dict[str, list[str]] = {}
     for partition, domain in domain_of.items():
@@ -539,8 +537,9 @@ def _shared_cliques(
                         f"domain {domain_of[p]}: {len(members[p])} nodes" for p in partitions
                     ),
                     fix="nothing to repair: clique IDs are assigned per rack. Group by "
-                    f"<prefix>/{keys.NVLINK_PARTITION} (or {GFD_CLIQUE_LABEL}), which include "
-                    "the cluster UUID; a job split across these racks has no NVLink between them",
+                    f"{keys.key(prefix, keys.NVLINK_PARTITION)} (or {GFD_CLIQUE_LABEL}), which "
+                    "include the cluster UUID; a job split across these racks has no NVLink "
+                    "between them",
                 ),
             )
         )
