@@ -28,8 +28,8 @@ func runControllerManager(args []string) error {
 	if *kubeconfig == "" {
 		return errors.New("--kubeconfig FILE is required")
 	}
-	// Like the scheduler: without leader election a SIGTERM stop is reported as an error; a
-	// requested stop is a clean exit here.
+	// kube-controller-manager runs on context.Background() and never stops by itself: a cluster
+	// stops it by killing it. Here a SIGTERM or SIGINT is a clean exit, whatever it is doing.
 	stopped := make(chan os.Signal, 1)
 	signal.Notify(stopped, syscall.SIGTERM, syscall.SIGINT)
 	cmd := app.NewControllerManagerCommand()
@@ -43,11 +43,12 @@ func runControllerManager(args []string) error {
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
 	}, fs.Args()...))
-	err := cmd.Execute()
+	finished := make(chan error, 1)
+	go func() { finished <- cmd.Execute() }()
 	select {
 	case <-stopped:
 		return nil
-	default:
+	case err := <-finished:
 		return err
 	}
 }
