@@ -22,6 +22,7 @@ import structlog
 
 from parsers.kubelet import KubeletPolicies
 from reporter.collect import Scanner, ScanResult
+from reporter.collect.kubelet import KubeletReading
 from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
 from reporter.errors import ApiPermanentError, InputError, PublishError
 from reporter.live import AvailabilityLoop
@@ -52,6 +53,8 @@ REASON_FINDING = "GPUTopologyFinding"
 REASON_FABRIC = "NVLinkFabricProblem"
 """Warning Event: the node's NVLink partition is withheld, or its GPUs answered fabric or rack
 values that cannot be taken (reporter.schema.fabric.NodeFabric.problems)."""
+NOTE_KUBELET = "kubelet"
+"""The /readyz note saying the kubelet config cannot be read (ready still: the topology is)."""
 
 
 class Projection(Protocol):
@@ -141,7 +144,7 @@ class Agent:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
+        kubelet: Callable[[], KubeletReading] = lambda: KubeletReading(None),
         outputs: Sequence[Callable[[Topology], None]] = (),
         live: AvailabilityLoop | None = None,
     ) -> None:
@@ -170,7 +173,9 @@ class Agent:
         """Outputs beside the sink (files for other schedulers): they take each chosen topology
         and handle their own failures."""
         self._policies: KubeletPolicies | None = None
-        self._kubelet_error: str | None = None
+        self._kubelet_problem: str | None = None
+        self._kubelet_changed = False
+        """The kubelet problem changed since the findings were last reported."""
         self._findings_told: set[tuple[str, str]] | None = None
         """Node-local findings already reported as Events; None until the first publish."""
         self._live = live
@@ -270,22 +275,29 @@ class Agent:
         return self._topology if keep else result.topology
 
     def _read_kubelet(self) -> KubeletPolicies | None:
-        try:
-            policies = self._kubelet()
-        except InputError as e:
-            if str(e) != self._kubelet_error:
-                # Once per distinct error: the file is read every interval.
-                self._log.error("kubelet_config_unreadable", error=str(e))
-            self._kubelet_error = str(e)
-            return None
-        self._kubelet_error = None
-        return policies
+        reading = self._kubelet()
+        if reading.problem != self._kubelet_problem:
+            if reading.problem is not None:
+                # Once per distinct problem: the file is read every interval.
+                self._log.warning("kubelet_config_unreadable", error=reading.problem)
+            else:
+                self._log.info("kubelet_config_read")
+            self._kubelet_problem = reading.problem
+            self._kubelet_changed = True
+            self._state.note(
+                NOTE_KUBELET,
+                None
+                if reading.problem is None
+                else f"Topology Manager policy unknown: {reading.problem}",
+            )
+        return reading.policies
 
     def _report_findings(self, topology: Topology, changed: bool) -> None:
         """Warning Events for node-local findings: at start, then on changes, once each."""
         if self._findings_told is not None and not changed:
             return
-        current = {(f.code, f.summary): f for f in local_findings(topology, self._policies)}
+        found = local_findings(topology, self._policies, self._kubelet_problem)
+        current = {(f.code, f.summary): f for f in found}
         for key, finding in current.items():
             if key not in (self._findings_told or set()):
                 self._log.warning("finding", code=finding.code, summary=finding.summary)
@@ -344,7 +356,8 @@ class Agent:
         self._metrics.last_publish.set(self._wall())
         if wrote:
             self._tell_change(previous, topology)
-        self._report_findings(topology, changed=wrote)
+        self._report_findings(topology, changed=wrote or self._kubelet_changed)
+        self._kubelet_changed = False
         self._report_fabric(topology)
         return True
 

@@ -27,10 +27,10 @@ from parsers.kubelet import KubeletPolicies
 from reporter import settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.collect import Scanner, build_scanner
-from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.kubelet import KubeletReading, nrt_policies, read_kubelet
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from reporter.collect.sysfs import numa_memory
+from reporter.collect.sysfs import numa_memory, pcie_root
 from reporter.errors import ConfigError, PublishError
 from reporter.hostfs import DirHostFS, HostFS
 from reporter.live import (
@@ -97,11 +97,16 @@ def nrt_output(
 ) -> NrtOutput:
     """The live output of `run --nrt`: the node's NodeResourceTopology, from each allocation
     view, with NUMA memory from sysfs (or the simulated machine) and the kubelet's Topology
-    Manager policies from its config file. API errors and results go to `metrics`."""
-    hostfs: HostFS = (
-        DirHostFS(Path(config.sysfs_root))
-        if config.simulate is None
-        else memory_hostfs(load_machine(config.simulate))
+    Manager policies from its config file, else as the user states them (else no object). API
+    errors and results go to `metrics`."""
+    hostfs = host_sysfs(config)
+    stated = (
+        None
+        if config.topology_manager_policy is None
+        else KubeletPolicies(
+            topology_manager_policy=config.topology_manager_policy,
+            topology_manager_scope=config.topology_manager_scope,
+        )
     )
     sink = NrtSink(
         client,
@@ -114,10 +119,31 @@ def nrt_output(
         sink,
         node=agent_node(config),
         memory=lambda: numa_memory(hostfs),
-        policies=functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
+        policies=lambda: nrt_policies(read_kubelet(Path(config.kubelet_config)), stated),
         log=log,
         resync_s=config.resync_s,
         on_result=lambda result: metrics.nrt_publishes.labels(result=result).inc(),
+    )
+
+
+def host_sysfs(config: settings.Settings) -> HostFS:
+    """The sysfs the agent reads: the host's (`--sysfs-root`), or the simulated machine's."""
+    if config.simulate is None:
+        return DirHostFS(Path(config.sysfs_root))
+    return memory_hostfs(load_machine(config.simulate))
+
+
+def koordinator_output(
+    config: settings.Settings, sink: NodePatchSink | NodeFeatureSink, log: Log
+) -> DeviceInfoOutput:
+    """The output of `run --koordinator-dir`: koordlet's device-info file, each GPU's PCIe root
+    complex from sysfs (or the simulated machine), a withheld file told on the Node."""
+    assert config.koordinator_dir is not None
+    return DeviceInfoOutput(
+        DeviceInfoFile(Path(config.koordinator_dir)),
+        log,
+        pcie_root=functools.partial(pcie_root, host_sysfs(config)),
+        event=sink.event,
     )
 
 
@@ -173,7 +199,7 @@ def build_agent(
     scanner: Scanner | None = None,
     source: FreeSource | None = None,
     live_outputs: Sequence[LiveOutput] | None = None,
-    kubelet: Callable[[], KubeletPolicies | None] | None = None,
+    kubelet: Callable[[], KubeletReading] | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     backoff: Backoff | None = None,
@@ -281,10 +307,8 @@ def build_agent(
         clock=clock,
         kubelet=kubelet
         if kubelet is not None
-        else functools.partial(read_kubelet_policies, Path(config.kubelet_config)),
-        outputs=()
-        if config.koordinator_dir is None
-        else (DeviceInfoOutput(DeviceInfoFile(Path(config.koordinator_dir)), log),),
+        else functools.partial(read_kubelet, Path(config.kubelet_config)),
+        outputs=() if config.koordinator_dir is None else (koordinator_output(config, sink, log),),
         live=live,
     )
     return AgentParts(agent, api, sink, live, state, metrics, stop, log)

@@ -36,6 +36,7 @@ FINDING_REASONS = {
     "nvlink-degraded": "NVLinkDegraded",
     "numa-unknown": "GPUNUMAUnknown",
     "numa-alignment-limit": "TopologyManagerLimit",
+    "kubelet-policy-unknown": "KubeletPolicyUnknown",
 }
 """Event reasons of the node-local findings the agent reports itself."""
 GFD_CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -72,12 +73,31 @@ class AgentObservation:
     """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
 
 
-def local_findings(topology: Topology, policies: KubeletPolicies | None) -> list[Finding]:
-    """Findings the agent can see on its own node: alignment limits, NVLink damage, NUMA gaps."""
+def local_findings(
+    topology: Topology, policies: KubeletPolicies | None, kubelet_problem: str | None = None
+) -> list[Finding]:
+    """Findings the agent can see on its own node: alignment limits, NVLink damage, NUMA gaps,
+    and, with `kubelet_problem` (why the kubelet's policies are unknown), that they are unknown."""
     findings = [*_lost_gpus(topology), *_nvlink_degraded(topology), *_numa_unknown(topology)]
     if policies is not None:
         findings += _alignment_limit(topology, policies)
+    elif kubelet_problem is not None:
+        findings.append(_policy_unknown(kubelet_problem))
     return findings
+
+
+def _policy_unknown(problem: str) -> Finding:
+    return Finding(
+        code="kubelet-policy-unknown",
+        severity=Severity.WARNING,
+        summary="the kubelet's Topology Manager policy is unknown: no topology-manager-policy "
+        "labels, and no NodeResourceTopology unless the policy is stated (one without it would "
+        "let NodeResourceTopologyMatch admit pods the kubelet rejects)",
+        evidence=(problem,),
+        fix="mount the kubelet's config file (chart: kubeletConfig.enabled and "
+        "kubeletConfig.hostPath; run: --kubelet-config), or state the policy (chart: "
+        "kubeletConfig.topologyManagerPolicy; run: --topology-manager-policy)",
+    )
 
 
 def _lost_gpus(topology: Topology) -> list[Finding]:
@@ -286,7 +306,9 @@ def node_findings(
         )
     if agent.pod_found is False or agent.pod_ready is False:
         findings.append(_agent_not_ready(name, agent))
-    findings += local_findings(topology, policies_from_labels(_labels(node), prefix))
+    policies = policies_from_labels(_labels(node), prefix)
+    unlabelled = f"no {keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY)} label on the Node"
+    findings += local_findings(topology, policies, None if policies else unlabelled)
     findings += fabric_node_findings(topology)
     findings += _partition_label_mismatch(_labels(node), prefix)
     return sorted(findings, key=lambda f: -f.severity)

@@ -26,6 +26,9 @@ BACKENDS = ("auto", "nvml", "sysfs")
 SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+"""The kubelet's topologyManagerPolicy values (KubeletConfiguration)."""
+TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """The kubelet's (reporter.collect.podresources.DEFAULT_SOCKET, which this module cannot import:
 it loads grpc)."""
@@ -86,6 +89,11 @@ class Settings:
     """debug, info, warning or error."""
     kubelet_config: str = "/var/lib/kubelet/config.yaml"
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    topology_manager_policy: str | None = None
+    """The kubelet's Topology Manager policy, as the user states it: used for the
+    NodeResourceTopology only where the kubelet config cannot be read (it wins where it can)."""
+    topology_manager_scope: str = "container"
+    """The scope that goes with `topology_manager_policy` (the kubelet's default: container)."""
     koordinator_dir: str | None = None
     """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
     availability: bool = False
@@ -152,9 +160,18 @@ class Settings:
             ("sink", self.sink, SINKS),
             ("log-format", self.log_format, LOG_FORMATS),
             ("log-level", self.log_level, LOG_LEVELS),
+            ("topology-manager-scope", self.topology_manager_scope, TOPOLOGY_MANAGER_SCOPES),
         ):
             if value not in allowed:
                 raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
+        if (
+            self.topology_manager_policy is not None
+            and self.topology_manager_policy not in TOPOLOGY_MANAGER_POLICIES
+        ):
+            raise ConfigError(
+                f"topology-manager-policy {excerpt(self.topology_manager_policy)} is not one of "
+                f"{', '.join(TOPOLOGY_MANAGER_POLICIES)} (the kubelet's topologyManagerPolicy)"
+            )
         listen_address(self.listen)
         if self.nrt and not self.availability:
             raise ConfigError(
@@ -261,6 +278,8 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "log_format": (("TOPO_REPORTER_LOG_FORMAT",), str),
     "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
     "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
+    "topology_manager_policy": (("TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY",), str),
+    "topology_manager_scope": (("TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE",), str),
     "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
     "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
     "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
@@ -443,6 +462,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-format", dest="log_format", help="auto, json or console (default auto)")
     add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
     add("--kubelet-config", dest="kubelet_config", help="kubelet config file")
+    add(
+        "--topology-manager-policy",
+        dest="topology_manager_policy",
+        metavar="POLICY",
+        help="the kubelet's Topology Manager policy, for the NodeResourceTopology where the "
+        "kubelet config cannot be read (default: none stated: no NodeResourceTopology then)",
+    )
+    add(
+        "--topology-manager-scope",
+        dest="topology_manager_scope",
+        metavar="SCOPE",
+        help="with --topology-manager-policy: container or pod (default container)",
+    )
     add(
         "--koordinator-dir",
         dest="koordinator_dir",

@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from parsers.kubelet import KubeletPolicies
 from reporter.agent import Agent
 from reporter.assembly import build_agent
 from reporter.collect import ScanResult, SourceState, SourceStatus
+from reporter.collect.kubelet import KubeletReading
 from reporter.publish.api import ApiClient
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.rest import RestApiClient, load_rest_config
@@ -178,7 +178,7 @@ def wire_agent(
     resync_s: float = 300.0,
     request_timeout_s: tuple[float, float] = (2.0, 2.0),
     stop: threading.Event | None = None,
-    kubelet: Callable[[], KubeletPolicies | None] = lambda: None,
+    kubelet: Callable[[], KubeletReading] = lambda: KubeletReading(None),
     backoff: Backoff = FAST,
     stall_after_s: float = 180,
     node: str = NODE,

@@ -80,7 +80,12 @@ def go_binary() -> str:
 
 
 CONSUMERS = HARNESS / "consumers"
-"""The second Go module: other projects' own code (Kueue, Volcano, ...) on a newer Kubernetes."""
+"""The second Go module: other projects' own code (Koordinator, Kueue, Volcano) on a newer
+Kubernetes."""
+LIBPFM_MISSING = (
+    "the consumers module needs libpfm4-dev (Koordinator's koordlet links libpfm4 through cgo): "
+    "apt-get install -y libpfm4-dev"
+)
 
 
 def _tail(text: str) -> str:
@@ -90,17 +95,16 @@ def _tail(text: str) -> str:
 @dataclass
 class GoProgram:
     """A Go program of the tests, `go build -o CACHE PACKAGE` in its module, once per pytest
-    process: Go's build cache makes an unchanged build take seconds, and an up-to-date binary is
-    not even relinked. `package` is `.` (the module's own main) or another project's main
-    package that the module's go.mod lists as a `tool` (Kueue's controller manager, YuniKorn's
+    process; Go's build cache makes an unchanged build take seconds, and an up-to-date binary is
+    not even relinked. `package` is `.` (the module's own main) or another project's main package
+    that the module's go.mod lists as a `tool` (Kueue's controller manager, YuniKorn's
     scheduler), built as that project builds it."""
 
     name: str
     module: Path
     package: str = "."
     selected_by: str = ""
-    """The fixture whose use makes `build_before_tests` build it ("" for every control-plane
-    test)."""
+    """The fixture whose use makes `build_before_tests` build it ("": every control-plane test)."""
     _built: Path | str | None = field(default=None, repr=False)
     """The binary, or why it could not be built: one attempt per pytest process."""
 
@@ -108,8 +112,7 @@ class GoProgram:
         # One binary per checkout: two worktrees building at once must not overwrite each other.
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         checkout = hashlib.sha256(str(self.module).encode()).hexdigest()[:12]
-        folder = self.module.name if self.module != HARNESS else "controlplane"
-        return base / "topo-reporter" / f"{folder}-{checkout}" / self.name
+        return base / "topo-reporter" / f"{self.name}-{checkout}" / self.name
 
     def build(self) -> Path:
         """The binary, built or found up to date; a test failure in one line when it cannot be."""
@@ -128,9 +131,12 @@ class GoProgram:
         go = go_binary()
         out = self.cache_path()
         out.parent.mkdir(parents=True, exist_ok=True)
+        # cgo compiles its probes from files in TMPDIR, where `#include "x.h"` finds an x.h lying
+        # there before the package's own: a stray /tmp/nvml.h broke go-nvml's build. A private one.
+        scratch = out.parent / "tmp"
+        scratch.mkdir(exist_ok=True)
         # GOTOOLCHAIN=local: an older Go must say so, not try to download a newer one.
-        env = {**os.environ, "GOTOOLCHAIN": "local"}
-        what = f"`go build {self.package}` in {self.module}"
+        env = {**os.environ, "GOTOOLCHAIN": "local", "TMPDIR": str(scratch)}
         try:
             result = subprocess.run(
                 [go, "build", "-o", str(out), self.package],
@@ -142,11 +148,17 @@ class GoProgram:
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{what} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False)
-        if result.returncode != 0:
             pytest.fail(
-                f"{what} failed (Go 1.26 and the Go module proxy are needed):\n"
-                + _tail(result.stdout + result.stderr),
+                f"`go build {self.package}` in {self.module} ran over {BUILD_TIMEOUT_S:.0f} s",
+                pytrace=False,
+            )
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            if "perfmon/pfmlib.h" in output:
+                pytest.fail(LIBPFM_MISSING, pytrace=False)
+            pytest.fail(
+                f"`go build {self.package}` in {self.module} failed (Go 1.26 and the Go module "
+                "proxy are needed):\n" + _tail(output),
                 pytrace=False,
             )
         return out
@@ -171,8 +183,13 @@ def build_harness() -> Path:
     return HARNESS_PROGRAM.build()
 
 
+def build_consumers() -> Path:
+    """The consumers binary (tests/controlplane/consumers/), built or found up to date."""
+    return CONSUMERS_PROGRAM.build()
+
+
 def build_before_tests(session: pytest.Session) -> None:
-    """Build the Go programs the selected tests need after collection, so that a cold build
+    """Build the Go binaries the selected tests need after collection, so that a cold build
     (minutes) is not charged to the first test's timeout. A failure is reported by the fixture."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for program in PROGRAMS:
@@ -281,8 +298,8 @@ def controlplane_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def consumers_bin() -> Path:
-    """The consumers binary (tests/controlplane/consumers/: Volcano, ...), built or up to date."""
-    return CONSUMERS_PROGRAM.build()
+    """The consumers binary (Koordinator's koordlet, Volcano's discovery), built or up to date."""
+    return build_consumers()
 
 
 @pytest.fixture(scope="session")
@@ -447,6 +464,18 @@ def nrt_crds() -> list[dict[str, Any]]:
     return _crds(go_module_dir(NRT_API_MODULE, NRT_API_VERSION) / NRT_CRD)
 
 
+KOORDINATOR_MODULE = "github.com/koordinator-sh/koordinator"
+KOORDINATOR_VERSION = "v1.8.0"
+"""The Koordinator release whose koordlet the consumers module runs and whose Device CRD the
+Koordinator tests install (taken from Go's module cache)."""
+KOORDINATOR_DEVICE_CRD = "config/crd/bases/scheduling.koordinator.sh_devices.yaml"
+
+
+def koordinator_device_crds() -> list[dict[str, Any]]:
+    """Koordinator's Device CRD, from the Koordinator Go module."""
+    return _crds(go_module_dir(KOORDINATOR_MODULE, KOORDINATOR_VERSION) / KOORDINATOR_DEVICE_CRD)
+
+
 def install_crds(server: RealApiServer, crds: list[dict[str, Any]]) -> list[str]:
     """Create `crds` on the real server (once per run) and wait until each is Established."""
     ext = k8s.ApiextensionsV1Api(server.api())
@@ -474,6 +503,13 @@ def install_crds(server: RealApiServer, crds: list[dict[str, Any]]) -> list[str]
 def real_nfd_crds(real_apiserver: RealApiServer) -> list[str]:
     """NFD's CRDs installed on the real server and Established; their names."""
     return install_crds(real_apiserver, nfd_crds())
+
+
+@pytest.fixture(scope="session")
+def real_koordinator_device_crd(real_apiserver: RealApiServer) -> str:
+    """Koordinator's Device CRD installed on the real server and Established; its name."""
+    (name,) = install_crds(real_apiserver, koordinator_device_crds())
+    return name
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import pytest
 from reporter.agent import Agent
 from reporter.assembly import build_agent
 from reporter.availability import compute_availability, encode_availability
+from reporter.collect.kubelet import KubeletReading
 from reporter.collect.podresources import AllocationView, PodResourcesError
 from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
 from reporter.schema.model import Topology
@@ -118,7 +119,7 @@ def wire_live(
         scanner=scanner,
         source=source,
         live_outputs=outputs,
-        kubelet=lambda: None,
+        kubelet=lambda: KubeletReading(None),
         stop=stop,
         clock=clock,
         backoff=FAST,

@@ -238,7 +238,21 @@ def test_a_resource_name_the_reader_refuses_is_one_line() -> None:
 
 
 def test_a_dry_run_with_nrt_prints_the_nodes_resource_topology_from_the_simulated_use() -> None:
-    result = dry_run("--availability", "--nrt", "--simulate-used", "0,1,5")
+    # A simulated machine has no kubelet config: without the policy stated, no object at all.
+    absent = ("--kubelet-config", "/nonexistent/kubelet/config.yaml")
+    unstated = dry_run("--availability", "--nrt", "--simulate-used", "0,1,5", *absent)
+    assert unstated.returncode == 0, unstated.stderr
+    assert [p for p in patches(unstated.stdout) if p.get("kind") == "NodeResourceTopology"] == []
+    assert "the kubelet's Topology Manager policy is unknown" in unstated.stderr
+    result = dry_run(
+        "--availability",
+        "--nrt",
+        "--simulate-used",
+        "0,1,5",
+        "--topology-manager-policy",
+        "single-numa-node",
+        *absent,
+    )
     assert result.returncode == 0, result.stderr
     printed: list[Any] = patches(result.stdout)
     (nrt_object,) = [p for p in printed if p.get("kind") == "NodeResourceTopology"]

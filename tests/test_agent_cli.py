@@ -89,14 +89,17 @@ def test_events_about_the_node_go_to_default_whatever_the_pods_namespace(
             NODE_NAME=NODE,
             POD_NAMESPACE="gpu-system",
             TOPO_REPORTER_LOG_FORMAT="json",
+            TOPO_REPORTER_KUBELET_CONFIG="/nonexistent/kubelet/config.yaml",
         ),
         check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "event_failed" not in result.stderr
     assert apiserver.list_events("gpu-system", "") == []
-    (event,) = apiserver.list_events("default", "")
-    assert (event["reason"], event["involvedObject"]["name"]) == ("GPUTopologyChanged", NODE)
+    # The topology published, and the kubelet config this machine does not have.
+    assert sorted(
+        (e["reason"], e["involvedObject"]["name"]) for e in apiserver.list_events("default", "")
+    ) == [("GPUTopologyChanged", NODE), ("KubeletPolicyUnknown", NODE)]
 
 
 def test_once_exits_non_zero_with_one_line_when_the_api_refuses(

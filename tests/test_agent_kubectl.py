@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from parsers.kubelet import KubeletPolicies
+from reporter.collect.kubelet import KubeletReading
 from reporter.schema.labels import describe_matrix
 from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology, wire_agent
 from tests.describe_machines import machines
@@ -38,7 +39,9 @@ def test_kubectl_describe_node_shows_every_line_of_our_annotations_whole(
     published = machines()[machine]
     policies = KubeletPolicies("single-numa-node", "container", "static")
     # One API client is enough: what kubectl shows does not depend on which one wrote it.
-    wire_agent(kubeconfig, FakeScanner([ok(published)]), kubelet=lambda: policies).agent.step()
+    wire_agent(
+        kubeconfig, FakeScanner([ok(published)]), kubelet=lambda: KubeletReading(policies)
+    ).agent.step()
     shown = described_annotations(describe_node(admin_kubeconfig, NODE))
     ours = {k: v for k, v in shown.items() if k.startswith(f"{PREFIX}/")}
     assert set(ours) >= {*CUT_BY_DESIGN, f"{PREFIX}/matrix"}

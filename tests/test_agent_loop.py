@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from reporter.agent import STALL_AFTER_S
 from reporter.collect import build_scanner
-from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.kubelet import read_kubelet
 from reporter.collect.simulate.fake_nvml import Faults
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
@@ -540,7 +540,7 @@ def test_kubelet_policies_are_published_as_labels_and_their_limit_as_one_warning
     w = wire(
         kubeconfig,
         FakeScanner([ok(topology())]),
-        kubelet=functools.partial(read_kubelet_policies, config),
+        kubelet=functools.partial(read_kubelet, config),
     )
     assert w.agent.step()
     node_labels = apiserver.labels(NODE)
@@ -578,7 +578,7 @@ def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged
     missing = wire(
         kubeconfig,
         FakeScanner([ok(topology())]),
-        kubelet=functools.partial(read_kubelet_policies, tmp_path / "absent.yaml"),
+        kubelet=functools.partial(read_kubelet, tmp_path / "absent.yaml"),
     )
     assert missing.agent.step()
     assert f"{PREFIX}/topology-manager-policy" not in apiserver.labels(NODE)
@@ -587,7 +587,7 @@ def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged
     w = wire(
         kubeconfig,
         FakeScanner([ok(topology())]),
-        kubelet=functools.partial(read_kubelet_policies, bad),
+        kubelet=functools.partial(read_kubelet, bad),
     )
     with capture_logs() as logs:
         for _ in range(3):
@@ -596,6 +596,42 @@ def test_a_missing_kubelet_config_means_no_policy_labels_and_a_bad_one_is_logged
     unreadable = [e for e in logs if e["event"] == "kubelet_config_unreadable"]
     assert len(unreadable) == 1
     assert "bad.yaml" in unreadable[0]["error"]
+
+
+def test_a_kubelet_config_that_cannot_be_read_is_told_on_the_node_and_in_readyz_once(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path, wire: WireAgent
+) -> None:
+    config = tmp_path / "config.yaml"
+    w = wire(
+        kubeconfig, FakeScanner([ok(topology())]), kubelet=functools.partial(read_kubelet, config)
+    )
+    for _ in range(3):
+        assert w.agent.step()
+        w.clock.advance(60)
+    unknown = [e for e in events(apiserver) if e[1] == "KubeletPolicyUnknown"]
+    assert len(unknown) == 1
+    assert unknown[0][0] == "Warning"
+    assert f"no kubelet config at {config}" in unknown[0][2]
+    assert "--topology-manager-policy" in unknown[0][2]
+    # Ready (the topology is published), and saying why the policy is missing.
+    verdict = w.state.readiness()
+    assert verdict.ok
+    assert verdict.reason == f"ok; Topology Manager policy unknown: no kubelet config at {config}"
+    # Readable again: the note goes, the labels come, and nothing more is told.
+    config.write_text("kind: KubeletConfiguration\ntopologyManagerPolicy: best-effort\n")
+    with capture_logs() as logs:
+        assert w.agent.step()
+    assert [e["event"] for e in logs if e["event"].startswith("kubelet_")] == [
+        "kubelet_config_read"
+    ]
+    assert w.state.readiness().reason == "ok"
+    assert apiserver.labels(NODE)[f"{PREFIX}/topology-manager-policy"] == "best-effort"
+    # Unreadable once more (the config went): told again, with the labels it owned gone.
+    config.unlink()
+    w.clock.advance(60)
+    assert w.agent.step()
+    assert [e[1] for e in events(apiserver)].count("KubeletPolicyUnknown") == 2
+    assert f"{PREFIX}/topology-manager-policy" not in apiserver.labels(NODE)
 
 
 def test_a_refused_first_read_is_logged_once_however_often_it_is_retried(

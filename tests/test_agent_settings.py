@@ -139,6 +139,19 @@ BAD = [
         "--nrt needs --availability",
     ),
     (
+        "a topology manager policy the kubelet does not know",
+        ["--node", "n", "--topology-manager-policy", "numa"],
+        {},
+        "topology-manager-policy 'numa' is not one of none, best-effort, restricted, "
+        "single-numa-node",
+    ),
+    (
+        "a topology manager scope from the environment the kubelet does not know",
+        ["--node", "n"],
+        {"TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE": "node"},
+        "topology-manager-scope 'node' is not one of container, pod",
+    ),
+    (
         "a boolean that is neither true nor false",
         ["--node", "n"],
         {"TOPO_REPORTER_NRT": "yes please"},
@@ -352,3 +365,20 @@ def test_run_nrt_without_availability_is_one_line_and_exit_1(
     assert status == 1
     assert err.count("\n") == 1, err
     assert "--nrt needs --availability" in err
+
+
+def test_the_stated_topology_manager_policy_from_flags_and_the_environment() -> None:
+    assert resolve(flags("--node", "n"), {}).topology_manager_policy is None
+    stated = resolve(
+        flags("--node", "n", "--topology-manager-policy", "single-numa-node"),
+        {"TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE": "pod"},
+    )
+    assert (stated.topology_manager_policy, stated.topology_manager_scope) == (
+        "single-numa-node",
+        "pod",
+    )
+    chart = resolve(flags("--node", "n"), {"TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY": "restricted"})
+    assert (chart.topology_manager_policy, chart.topology_manager_scope) == (
+        "restricted",
+        "container",
+    )

@@ -353,6 +353,21 @@ def test_kubelet_config_disabled_mounts_nothing_and_sets_nothing() -> None:
     assert "TOPO_REPORTER_KUBELET_CONFIG" not in env(rendered)
 
 
+def test_the_stated_topology_manager_policy_reaches_the_agent_only_when_set() -> None:
+    assert "TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY" not in env(render({}))
+    stated = render(
+        {
+            "kubeletConfig": {
+                "enabled": False,
+                "topologyManagerPolicy": "single-numa-node",
+                "topologyManagerScope": "pod",
+            }
+        }
+    )
+    assert env(stated)["TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY"] == "single-numa-node"
+    assert env(stated)["TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE"] == "pod"
+
+
 def test_availability_mounts_the_pod_resources_directory_read_only_and_runs_as_root() -> None:
     rendered = render({"availability": {"enabled": True}})
     pod = rendered.one("DaemonSet")["spec"]["template"]["spec"]

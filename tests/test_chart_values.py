@@ -116,6 +116,10 @@ def test_defaults_satisfy_the_schema() -> None:
             {"kubeletConfig": {"hostPath": "var/lib/kubelet/config.yaml"}},
             "at '/kubeletConfig/hostPath'",
         ),
+        (
+            {"kubeletConfig": {"topologyManagerPolicy": "numa"}},
+            "at '/kubeletConfig/topologyManagerPolicy'",
+        ),
         ({"tolerations": {"key": "nvidia.com/gpu"}}, "at '/tolerations': got object, want array"),
         ({"nodeSelector": {"gpu": True}}, "at '/nodeSelector/gpu': got boolean, want string"),
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
@@ -148,6 +152,7 @@ def test_defaults_satisfy_the_schema() -> None:
         "a policy switch that is neither auto nor a bool",
         "a boolean given as a string",
         "a relative kubelet config path",
+        "a topology manager policy the kubelet does not know",
         "tolerations given as a map",
         "a node selector value that is not a string",
         "an unknown pull policy",

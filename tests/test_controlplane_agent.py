@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
 from parsers.kubelet import KubeletPolicies
+from reporter.collect.kubelet import KubeletReading
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
 from reporter.schema.codec import decode
@@ -106,7 +107,7 @@ def test_foreign_labels_and_annotations_survive_and_a_stale_owned_key_goes(
         real_apiserver.kubeconfig,
         FakeScanner([ok(topology())]),
         node=node,
-        kubelet=lambda: kubelet[0],
+        kubelet=lambda: KubeletReading(kubelet[0]),
     )
     assert w.agent.step()
     policy = f"{PREFIX}/topology-manager-policy"

@@ -60,7 +60,7 @@ def get_node_feature(server: RealApiServer, namespace: str, name: str) -> dict[s
 
 def test_kubectl_version_reports_the_pinned_release(real_apiserver: RealApiServer) -> None:
     version = json.loads(kubectl_out(real_apiserver, "version", "-o", "json"))
-    assert version["serverVersion"]["gitVersion"] == "v1.34.4"
+    assert version["serverVersion"]["gitVersion"] == "v1.34.9"
     assert (version["serverVersion"]["major"], version["serverVersion"]["minor"]) == ("1", "34")
 
 
@@ -170,10 +170,16 @@ def doctor(server: RealApiServer, *args: str) -> subprocess.CompletedProcess[str
 
 
 def test_doctor_reads_the_real_nodes_pods_and_selectors(
-    real_apiserver: RealApiServer, real_namespace: str, real_node_factory: NodeFactory
+    real_apiserver: RealApiServer,
+    real_namespace: str,
+    real_node_factory: NodeFactory,
+    tmp_path: Path,
 ) -> None:
     node = real_node_factory(ready=True, allocatable={"nvidia.com/gpu": "8"})
-    assert run_agent(real_apiserver, node).returncode == 0
+    # A kubelet config the agent reads, as on a real node: its policies are published.
+    kubelet = tmp_path / "kubelet.yaml"
+    kubelet.write_text("kind: KubeletConfiguration\n")
+    assert run_agent(real_apiserver, node, "--kubelet-config", str(kubelet)).returncode == 0
     missing = doctor(real_apiserver, "--all")
     assert missing.returncode == 0, missing.stderr
     assert f"WARNING agent-not-ready: 1 ({node})" in missing.stdout

@@ -100,6 +100,9 @@ def runs(
         for client in CLIENTS
     }
     core = real_apiserver.core()
+    # The kubelet config a node has: the agent reads its policies and has nothing to warn about.
+    kubelet = work / "kubelet.yaml"
+    kubelet.write_text("kind: KubeletConfiguration\n")
     started = {}
     try:
         for scenario, faults in SCENARIOS.items():
@@ -111,6 +114,7 @@ def runs(
                 for method, fault, times in faults:
                     proxy.inject(method, node_path(node), fault, times=times)
                 argv = ["run", "--simulate", "dgx-h100", "--once", "--listen", ""]
+                argv += ["--kubelet-config", str(kubelet)]
                 process = subprocess.Popen(
                     [*CLI, *argv, "--node", node, "--kubeconfig", str(kubeconfigs[client])],
                     stdout=subprocess.DEVNULL,

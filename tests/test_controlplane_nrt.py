@@ -472,7 +472,16 @@ def test_what_the_kubelet_lists_reaches_the_object_the_scheduler_reads(
     assert available == len(ids) - 3
 
 
-NRT_FLAGS = ("--availability", "--nrt", "--simulate-used")
+# A simulated machine has no kubelet config: the policy is stated (without it, no object).
+NRT_FLAGS = (
+    "--availability",
+    "--nrt",
+    "--topology-manager-policy",
+    "single-numa-node",
+    "--kubelet-config",
+    "/nonexistent/kubelet/config.yaml",
+    "--simulate-used",
+)
 
 
 @pytest.mark.parametrize("client", ["lean", "official"])

@@ -27,6 +27,7 @@ import pytest
 from parsers.kubelet import KubeletPolicies
 from reporter.agent import SchemaProjection
 from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
+from reporter.collect.kubelet import KubeletReading
 from tests.agent_support import NODE, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
 from tests.golden import FIXTURES
@@ -231,7 +232,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         )
         dgx = machines()["profile dgx-h100"]
         policies = KubeletPolicies("best-effort", "container", "static")
-        wire_agent(agent, FakeScanner([ok(dgx)]), kubelet=lambda: policies).agent.step()
+        wire_agent(
+            agent, FakeScanner([ok(dgx)]), kubelet=lambda: KubeletReading(policies)
+        ).agent.step()
         # The other nodes carry what the same agent would publish on them.
         for node in NODES:
             if node != NODE:

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF, Link, LinkKind
 from reporter.cli import main
 from reporter.schema.codec import encode
-from reporter.schema.labels import labels
+from reporter.schema.labels import kubelet_labels, labels
 from reporter.schema.model import Gpu, NumaNode, Source, Topology
 from tests.agent_support import FakeScanner, nvml_failed, wire_agent
 from tests.hostile_text import ESCAPES, agents_event, controls, foreign_event, hostile_message
@@ -21,6 +22,8 @@ from tests.kube_double import ApiServerDouble
 NV18, NV12 = Link(LinkKind.NV, 18), Link(LinkKind.NV, 12)
 PREFIX = "gpu.topology.io"
 AGENT = {"app.kubernetes.io/name": "topo-reporter"}
+DEFAULT_POLICIES = KubeletPolicies()
+"""What a kubelet config that sets no policy gives: the kubelet's defaults."""
 
 
 def dgx(
@@ -47,13 +50,18 @@ def publish(
     allocatable: str | None = "8",
     extra_labels: dict[str, str] | None = None,
     ready: bool | None = True,
+    kubelet: KubeletPolicies | None = DEFAULT_POLICIES,
 ) -> None:
-    """A node as the agent, the kubelet and the device plugin would have left it."""
+    """A node as the agent, the kubelet and the device plugin would have left it; `kubelet`: the
+    policies in the kubelet config the agent read (None: it could not read it)."""
     api.add_node(name)
-    patch: dict[str, Any] = {"metadata": {"labels": dict(extra_labels or {})}, "status": {}}
+    patch: dict[str, Any] = {"metadata": {"labels": {}}, "status": {}}
     if topology is not None:
         patch["metadata"]["labels"].update(labels(topology, PREFIX))
+        if kubelet is not None:
+            patch["metadata"]["labels"].update(kubelet_labels(kubelet, PREFIX))
         patch["metadata"]["annotations"] = {f"{PREFIX}/topology": encode(topology)}
+    patch["metadata"]["labels"].update(extra_labels or {})
     patch["status"]["allocatable"] = {"nvidia.com/gpu": allocatable}
     api.edit_node(name, patch)
     if ready is not None:
@@ -122,6 +130,13 @@ CASES: list[tuple[str, dict[str, Any], str, int, str]] = [
         0,
         "numa_node is -1 for GPU3",
     ),
+    (
+        "no-kubelet",
+        {"topology": dgx(), "kubelet": None},
+        "kubelet-policy-unknown",
+        0,
+        "no gpu.topology.io/topology-manager-policy label on the Node",
+    ),
 ]
 
 
@@ -137,6 +152,7 @@ CASES: list[tuple[str, dict[str, Any], str, int, str]] = [
         "single-numa-node caps the GPUs per pod",
         "a GPU lost six NVLinks",
         "a GPU whose NUMA node is unknown",
+        "an agent that cannot read the kubelet's config published no policy",
     ],
 )
 def test_one_node_per_finding(

@@ -48,10 +48,18 @@ def dgx(
     )
 
 
+POLICY = "gpu.topology.io/topology-manager-policy"
+
+
 def node(gpus: int | None = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A GPU Node; its labels by default what the agent publishes where it reads the kubelet's
+    config (the policy)."""
     resources = {} if gpus is None else {"nvidia.com/gpu": str(gpus)}
     return {
-        "metadata": {"name": "dgx-07", "labels": labels or {}},
+        "metadata": {
+            "name": "dgx-07",
+            "labels": {POLICY: "best-effort"} if labels is None else labels,
+        },
         "status": {"allocatable": resources, "capacity": resources},
     }
 
@@ -98,7 +106,7 @@ def test_a_healthy_node_has_no_findings() -> None:
             "topo-reporter is not ready",
         ),
         (
-            node(8, {"gpu.topology.io/topology-manager-policy": "single-numa-node"}),
+            node(8, {POLICY: "single-numa-node"}),
             dgx(),
             HEALTHY,
             "numa-alignment-limit",
@@ -129,6 +137,14 @@ def test_a_healthy_node_has_no_findings() -> None:
             Severity.ERROR,
             "NVML: Driver Not Loaded",
         ),
+        (
+            node(8, {}),
+            dgx(),
+            HEALTHY,
+            "kubelet-policy-unknown",
+            Severity.WARNING,
+            "no gpu.topology.io/topology-manager-policy label on the Node",
+        ),
     ],
     ids=[
         "GPUs seen but the device plugin never registered",
@@ -139,6 +155,7 @@ def test_a_healthy_node_has_no_findings() -> None:
         "a GPU down to 12 of its 18 switch links",
         "a GPU of unknown NUMA node on a two-socket host",
         "the agent cannot load NVML",
+        "the agent could not read the kubelet's config: no policy labels",
     ],
 )
 def test_each_finding_with_its_evidence(

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 
 from reporter.agent import SchemaProjection
 from reporter.cli import main
-from reporter.collect.kubelet import read_kubelet_policies
+from reporter.collect.kubelet import read_kubelet, read_kubelet_policies
 from reporter.errors import (
     ApiPermanentError,
     ApiTransientError,
@@ -248,7 +248,7 @@ def test_a_hostile_kubelet_config_is_logged_once_and_the_agent_keeps_publishing(
     w = wire(
         kubeconfig,
         FakeScanner([ok(topology())]),
-        kubelet=functools.partial(read_kubelet_policies, kubelet),
+        kubelet=functools.partial(read_kubelet, kubelet),
     )
     with capture_logs() as logs:
         for _ in range(3):

@@ -14,6 +14,7 @@ import yaml
 
 from parsers.kubelet import KubeletPolicies
 from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
+from reporter.collect.kubelet import KubeletReading
 from reporter.schema.codec import to_document
 from reporter.schema.labels import describe_matrix
 from reporter.schema.model import Topology
@@ -57,7 +58,7 @@ def published(apiserver: ApiServerDouble, kubeconfig: Path) -> ApiServerDouble:
     """NODE as the agent published a simulated DGX H100 on it, with its agent pod Ready."""
     policies = KubeletPolicies("best-effort", "container", "static")
     scanner = FakeScanner([ok(machines()["profile dgx-h100"])])
-    wire_agent(kubeconfig, scanner, kubelet=lambda: policies).agent.step()
+    wire_agent(kubeconfig, scanner, kubelet=lambda: KubeletReading(policies)).agent.step()
     apiserver.add_pod("gpu-system", f"topo-reporter-{NODE}", node=NODE, labels=AGENT)
     return apiserver
 

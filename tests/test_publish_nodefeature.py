@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.assembly import build_agent
+from reporter.collect.kubelet import KubeletReading
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
 from reporter.publish import errors_map
 from reporter.publish import nodefeature as nf
@@ -252,7 +253,7 @@ def wire_nf_agent(
         Settings(node=NODE, prefix=PREFIX, sink="nodefeature", namespace=NAMESPACE),
         api=client(kubeconfig, (2.0, 2.0)),
         scanner=scanner,
-        kubelet=lambda: None,
+        kubelet=lambda: KubeletReading(None),
         stop=stop,
         clock=clock,
         backoff=backoff,

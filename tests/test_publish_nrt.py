@@ -358,3 +358,101 @@ def test_the_agents_factory_reads_numa_memory_and_the_kubelet_policies_and_count
     rendered = metrics.render().decode()
     assert 'topo_reporter_nrt_publishes_total{result="written"} 1.0' in rendered
     assert 'topo_reporter_nrt_publishes_total{result="unchanged"} 1.0' in rendered
+
+
+def factory_settings(tmp_path: Path, kubelet: str | None, **stated: str) -> Settings:
+    """`run --availability --nrt` settings over a sysfs with two NUMA nodes' memory, and a kubelet
+    config holding `kubelet` (None: no file)."""
+    for numa in (0, 1):
+        meminfo = tmp_path / "sys" / "devices" / "system" / "node" / f"node{numa}" / "meminfo"
+        meminfo.parent.mkdir(parents=True, exist_ok=True)
+        meminfo.write_text(f"Node {numa} MemTotal:       1048576 kB\n")
+    path = tmp_path / "kubelet.yaml"
+    if kubelet is not None:
+        path.write_text(kubelet)
+    return Settings(
+        node=NODE,
+        sysfs_root=str(tmp_path / "sys"),
+        kubelet_config=str(path),
+        availability=True,
+        nrt=True,
+        **stated,  # type: ignore[arg-type]
+    ).validate()
+
+
+@pytest.mark.parametrize(
+    "kubelet",
+    [None, "kind: [\n"],
+    ids=["no kubelet config", "a kubelet config that does not parse"],
+)
+def test_without_the_kubelets_policy_no_object_is_published(
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    node_client: ApiClientFactory,
+    tmp_path: Path,
+    kubelet: str | None,
+) -> None:
+    """An object without topologyManagerPolicy makes NodeResourceTopologyMatch take the node for
+    policy none and admit pods a single-numa-node kubelet rejects: none is better."""
+    metrics = Metrics()
+    client = node_client(kubeconfig_with_token("admin-token"), (2.0, 2.0))
+    config = factory_settings(tmp_path, kubelet)
+    publish = nrt_output(
+        config, client, structlog.get_logger(), stop=threading.Event(), metrics=metrics
+    )
+    with capture_logs() as logs:
+        publish(topology(8), view())
+        publish(topology(8), view())
+    assert apiserver.nrt.get(NODE) is None
+    assert apiserver.reads(NRT_PATH) == []
+    failed = [e for e in logs if e["event"] == "nrt_publish_failed"]
+    assert len(failed) == 1
+    assert "the kubelet's Topology Manager policy is unknown" in failed[0]["error"]
+    assert "--topology-manager-policy" in failed[0]["error"]
+    assert 'topo_reporter_nrt_publishes_total{result="refused"} 2.0' in metrics.render().decode()
+
+
+def test_the_policy_the_user_states_stands_in_for_an_unreadable_kubelet_config(
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    node_client: ApiClientFactory,
+    tmp_path: Path,
+) -> None:
+    client = node_client(kubeconfig_with_token("admin-token"), (2.0, 2.0))
+    config = factory_settings(
+        tmp_path, None, topology_manager_policy="single-numa-node", topology_manager_scope="pod"
+    )
+    nrt_output(config, client, structlog.get_logger(), stop=threading.Event(), metrics=Metrics())(
+        topology(8), view()
+    )
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    attributes = {a["name"]: a["value"] for a in stored["attributes"]}
+    assert (attributes["topologyManagerPolicy"], attributes["topologyManagerScope"]) == (
+        "single-numa-node",
+        "pod",
+    )
+
+
+def test_a_readable_kubelet_config_wins_over_the_stated_policy(
+    apiserver: ApiServerDouble,
+    kubeconfig_with_token: Callable[[str], Path],
+    node_client: ApiClientFactory,
+    tmp_path: Path,
+) -> None:
+    client = node_client(kubeconfig_with_token("admin-token"), (2.0, 2.0))
+    config = factory_settings(
+        tmp_path,
+        "kind: KubeletConfiguration\ntopologyManagerPolicy: best-effort\n",
+        topology_manager_policy="single-numa-node",
+    )
+    nrt_output(config, client, structlog.get_logger(), stop=threading.Event(), metrics=Metrics())(
+        topology(8), view()
+    )
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    attributes = {a["name"]: a["value"] for a in stored["attributes"]}
+    assert (attributes["topologyManagerPolicy"], attributes["topologyManagerScope"]) == (
+        "best-effort",
+        "container",
+    )

@@ -30,6 +30,7 @@ NRT_API = (NRT_API_MODULE, NRT_API_VERSION)
 PODFINGERPRINT = ("github.com/k8stopologyawareschedwg/podfingerprint", "v0.2.2")
 GIB = 1 << 30
 MEMORY = {0: 256 * GIB, 1: 256 * GIB}
+POLICIES = KubeletPolicies("single-numa-node", "container")
 
 
 def crd_schema() -> dict[str, Any]:
@@ -130,12 +131,16 @@ def test_zones_carry_gpus_cpus_and_memory_per_numa_node_with_distances_as_costs(
 
 
 def test_unknown_free_gpus_leave_every_allocatable_gpu_available() -> None:
-    nrt = node_resource_topology("n", topology(4), NodeState(pods=()), MEMORY, resource="gpu")
+    nrt = node_resource_topology(
+        "n", topology(4), NodeState(pods=()), MEMORY, policies=POLICIES, resource="gpu"
+    )
     assert [z["resources"][2] for z in nrt["zones"]] == [
         {"name": "gpu", "capacity": "2", "allocatable": "2", "available": "2"},
     ] * 2
     assert "ownerReferences" not in nrt["metadata"]
     assert [a["name"] for a in nrt["attributes"]] == [
+        "topologyManagerPolicy",
+        "topologyManagerScope",
         "nodeTopologyPodsFingerprint",
         "nodeTopologyPodsFingerprintMethod",
     ]
@@ -144,7 +149,9 @@ def test_unknown_free_gpus_leave_every_allocatable_gpu_available() -> None:
 def test_a_distance_row_that_does_not_cover_every_node_gives_no_costs() -> None:
     t = topology(4)
     t = replace(t, numa_nodes=(replace(t.numa_nodes[0], distances=(10,)), t.numa_nodes[1]))
-    zero, one = node_resource_topology("n", t, NodeState(pods=()), MEMORY)["zones"]
+    zero, one = node_resource_topology("n", t, NodeState(pods=()), MEMORY, policies=POLICIES)[
+        "zones"
+    ]
     assert "costs" not in zero
     assert "costs" in one
 
@@ -165,19 +172,19 @@ def test_what_would_make_a_harmful_object_is_refused_in_one_line(
     t = topology(4) if numa_nodes is None else replace(topology(4), numa_nodes=numa_nodes)
     state = NodeState(pods=tuple(PodRef("ns", f"p{i}") for i in range(pods)))
     with pytest.raises(InputError, match=message):
-        node_resource_topology(node, t, state, memory)
+        node_resource_topology(node, t, state, memory, policies=POLICIES)
 
 
 @pytest.mark.parametrize(
     "case",
-    ["all known", "nothing free, unknown policies", "one NUMA node"],
+    ["all known", "nothing free, policy none", "one NUMA node"],
 )
 def test_objects_validate_against_the_upstream_crd(case: str) -> None:
     t = topology(8)
     state = NodeState(pods=PODS, free_gpus=frozenset({2}))
-    policies: KubeletPolicies | None = KubeletPolicies("single-numa-node", "container")
-    if case == "nothing free, unknown policies":
-        state, policies = NodeState(pods=(), free_gpus=frozenset()), None
+    policies = KubeletPolicies("single-numa-node", "container")
+    if case == "nothing free, policy none":
+        state, policies = NodeState(pods=(), free_gpus=frozenset()), KubeletPolicies()
     if case == "one NUMA node":
         t = replace(topology(2), numa_nodes=topology(2).numa_nodes[:1])
     nrt = node_resource_topology("dgx-01", t, state, MEMORY, policies=policies, node_uid="u")
@@ -185,7 +192,7 @@ def test_objects_validate_against_the_upstream_crd(case: str) -> None:
 
 
 def test_the_crd_schema_catches_a_broken_object() -> None:
-    nrt = node_resource_topology("n", topology(2), NodeState(pods=()), MEMORY)
+    nrt = node_resource_topology("n", topology(2), NodeState(pods=()), MEMORY, policies=POLICIES)
     del nrt["zones"][0]["resources"][0]["available"]
     with pytest.raises(jsonschema.ValidationError, match="'available' is a required property"):
         jsonschema.validate(nrt, crd_schema())

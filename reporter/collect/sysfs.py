@@ -294,3 +294,16 @@ def numa_memory(hostfs: HostFS) -> dict[int, int]:
         except (OSError, ParseError) as e:
             log.debug("sysfs_attribute_unreadable", path=f"{entry}/meminfo", error=str(e))
     return memory
+
+
+def pcie_root(hostfs: HostFS, address: str) -> str | None:
+    """The PCIe root complex a device sits under, as sysfs names its host bridge (`pci0000:15`):
+    koordlet's `pcieID` for a GPU, the form of DRA's `resource.kubernetes.io/pcieRoot`. None where
+    `bus/pci/devices/<address>` does not resolve into the PCI tree."""
+    try:
+        real = hostfs.realpath(f"bus/pci/devices/{address}")
+    except OSError as e:
+        log.debug("sysfs_device_unresolved", address=address, error=str(e))
+        return None
+    roots = [p for p in real.split("/") if _HOST_BRIDGE.fullmatch(p)]
+    return roots[0].lower() if roots else None

@@ -146,7 +146,8 @@ class NrtOutput:
 
     Each call ends in one `on_result`: `written`, `unchanged`, `failed` (the API, after the sink's
     retries) or `refused` (a permanent refusal, another producer's object, or an object that
-    cannot be built: no NUMA node, a NUMA node without memory, an unreadable kubelet config).
+    cannot be built: no NUMA node, a NUMA node without memory, a Topology Manager policy neither
+    the kubelet config nor the user says: `policies` raises InputError then).
     A failure is logged once per distinct error, never raised; only `retry.Interrupted` passes
     through, the loop's own shutdown request. A permanent refusal is not asked again until the
     object it was refused changes or `resync_s` passes, when the sink also reads the object
@@ -159,7 +160,7 @@ class NrtOutput:
         *,
         node: str,
         memory: Callable[[], Mapping[int, int]],
-        policies: Callable[[], KubeletPolicies | None],
+        policies: Callable[[], KubeletPolicies],
         log: structlog.typing.FilteringBoundLogger,
         resource: str = nrt.GPU_RESOURCE,
         resync_s: float = 300.0,

@@ -89,7 +89,7 @@ def node_resource_topology(
     state: NodeState,
     memory: Mapping[int, int],
     *,
-    policies: KubeletPolicies | None = None,
+    policies: KubeletPolicies,
     resource: str = GPU_RESOURCE,
     node_uid: str | None = None,
 ) -> dict[str, Any]:
@@ -117,12 +117,12 @@ def node_resource_topology(
             "would make NodeResourceTopologyMatch refuse pods that request memory"
         )
     zones = [_zone(topology, state, numa, memory[numa], numa_ids, resource) for numa in numa_ids]
-    attributes = []
-    if policies is not None:
-        attributes += [
-            {"name": "topologyManagerPolicy", "value": policies.topology_manager_policy},
-            {"name": "topologyManagerScope", "value": policies.topology_manager_scope},
-        ]
+    # Never without the policy: NodeResourceTopologyMatch takes a node without it for `none` and
+    # admits pods a `single-numa-node` kubelet rejects.
+    attributes = [
+        {"name": "topologyManagerPolicy", "value": policies.topology_manager_policy},
+        {"name": "topologyManagerScope", "value": policies.topology_manager_scope},
+    ]
     attributes += [
         {"name": FINGERPRINT, "value": pods_fingerprint(state.pods)},
         {"name": FINGERPRINT_METHOD, "value": "all"},

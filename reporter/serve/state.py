@@ -42,6 +42,7 @@ class AgentState:
         self._degraded: str | None = None
         self._live_problems: dict[str, str] = {}
         self._fabric: str | None = None
+        self._notes: dict[str, str] = {}
         self._stopped = False
 
     def beat(self) -> None:
@@ -68,6 +69,15 @@ class AgentState:
     def set_degraded(self, reason: str | None) -> None:
         with self._lock:
             self._degraded = reason
+
+    def note(self, key: str, text: str | None) -> None:
+        """Something operators should know that does not make the agent unready (the kubelet
+        config cannot be read): shown in /readyz's detail; None takes note `key` away."""
+        with self._lock:
+            if text is None:
+                self._notes.pop(key, None)
+            else:
+                self._notes[key] = text
 
     def set_live_problem(self, part: str, reason: str | None) -> None:
         """What fails in the live loop's `part` (`podresources`, `heartbeat`); None: nothing."""
@@ -117,4 +127,4 @@ class AgentState:
             age = self._clock() - self._published_at
             if age > self._stale_after_s:
                 return Verdict(False, f"data is {age:.0f}s old")
-            return Verdict(True, "ok")
+            return Verdict(True, "; ".join(["ok", *(self._notes[k] for k in sorted(self._notes))]))

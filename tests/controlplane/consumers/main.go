@@ -1,8 +1,8 @@
-// Command consumers hosts the code of the schedulers and controllers that read topo-reporter's
-// labels and objects, each at its pinned release, for the tests: they meet the consumer's own code,
-// not a copy of its rules. One subcommand per consumer, one file each. This module sits beside the
-// harness (../) because these consumers are built on a newer Kubernetes (1.35) than the harness's
-// apiserver; client-go talks to it across that skew as it does in a real cluster.
+// Command consumers runs other projects' own code, pinned to exact releases, on what topo-reporter
+// writes: the schedulers and node agents that consume our files and objects. It is a separate Go
+// module from the harness beside it (tests/controlplane/) because these consumers need a newer
+// Kubernetes than the harness's API server; it talks to that API server as a client only.
+// One subcommand per consumer, each in its own file.
 //
 // Kueue's controller manager is not a subcommand: it is Kueue's own main package
 // (sigs.k8s.io/kueue/cmd/kueue), listed as a `tool` in go.mod and built beside this binary.
@@ -16,7 +16,8 @@ import (
 const usage = `usage: consumers COMMAND [FLAGS]
 
 commands:
-  volcano-hypernodes --kubeconfig FILE   Volcano's network topology discovery (HyperNodes from node labels), one JSON line per batch
+  koordlet --dir DIR --kubeconfig FILE --node NAME   koordlet's device reporting (Koordinator v1.8.0) on a device-info directory
+  volcano-hypernodes --kubeconfig FILE               Volcano's network topology discovery (HyperNodes from node labels), one JSON line per batch
 `
 
 func main() {
@@ -26,6 +27,8 @@ func main() {
 	}
 	var err error
 	switch os.Args[1] {
+	case "koordlet":
+		err = runKoordlet(os.Args[2:])
 	case "volcano-hypernodes":
 		err = runVolcanoHyperNodes(os.Args[2:])
 	case "-h", "--help", "help":
