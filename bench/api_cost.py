@@ -43,6 +43,15 @@ platform reads, the link walk) every compressed minute, with its NVLink error co
 every scan: what a steady rack costs the API server, errors counted in metrics and never written.
 
     python bench/api_cost.py --racks 2 [--client lean|official]
+
+DeviceTaintRules (`--device-taints`): one agent with `run --dra-device-taints` (the Agent and its
+DeviceTaintRule output as `run` builds them, the real API client over HTTPS to the double, which
+serves resource.k8s.io/v1alpha3 DeviceTaintRules), on the simulated clock, scanning every 60 s with
+a 5 min resync. Rows: every GPU healthy all day; GPU 3 lost all day (steady: its rule stays); GPU 3
+flapping (lost, then healthy again, `--flaps` times a day). Requests to devicetaintrules are counted
+by the double: lists (at start and per resync), creates and deletes per node-hour.
+
+    python bench/api_cost.py --device-taints [--hours 24] [--flaps 4] [--client lean|official]
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -76,6 +85,7 @@ from reporter.collect.simulate.machine import Machine
 from reporter.collect.simulate.racks import rack_nodes
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.publish.api import NODES, ApiClient, Resource
+from reporter.publish.devicetaints import RBAC_VERBS as DEVICE_TAINT_VERBS
 from reporter.publish.kube import KubeApiClient, load_configuration
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.rest import RestApiClient, load_rest_config
@@ -86,7 +96,12 @@ from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
 from tests.agent_support import ClockedStop, FakeClock
 from tests.controlplane_fixtures import build_harness, start_harness, stop_process, wait_for_file
-from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.kube_double import (
+    AGENT_PERMISSIONS,
+    ApiServerDouble,
+    make_certificate,
+    write_kubeconfig,
+)
 
 PREFIX = keys.DEFAULT_PREFIX
 COMPRESSION = 60.0
@@ -302,6 +317,118 @@ def availability_cost(
         worst,
         f"{wall:.1f} s",
     ]
+
+
+class FlappingScanner:
+    """GPU `gpu` of the scan is lost during the first half of every `period_s` (None: always,
+    0: never), on the simulated clock."""
+
+    def __init__(
+        self, scan: ScanResult, gpu: int, period_s: float | None, clock: FakeClock
+    ) -> None:
+        assert scan.topology is not None
+        gpus = list(scan.topology.gpus)
+        gpus[gpu] = replace(gpus[gpu], lost=True)
+        self._healthy, self._lost = (
+            scan,
+            replace(scan, topology=replace(scan.topology, gpus=tuple(gpus))),
+        )
+        self._period_s, self._clock, self._start = period_s, clock, clock.now
+
+    def scan(self) -> ScanResult:
+        if self._period_s == 0:
+            return self._healthy
+        if self._period_s is None:
+            return self._lost
+        phase = (self._clock.now - self._start) % self._period_s
+        return self._lost if phase < self._period_s / 2 else self._healthy
+
+
+def device_taint_cost(
+    double: ApiServerDouble,
+    kubeconfig: Path,
+    scan: ScanResult,
+    client: Callable[[Path], ApiClient],
+    label: str,
+    period_s: float | None,
+    hours: float,
+) -> list[object]:
+    """One agent with DeviceTaintRules on, `hours` simulated: its rule requests per node-hour."""
+    node = f"gpu-taints-{len(double.nodes)}"
+    double.add_node(node)
+    clock = FakeClock()
+    stop = ClockedStop(clock, waits=int(hours * 3600 / SCAN_S))
+    parts = build_agent(
+        Settings(
+            node=node,
+            prefix=PREFIX,
+            interval_s=SCAN_S,
+            resync_s=LIVE_RESYNC_S,
+            dra_device_taints=True,
+        ),
+        api=client(kubeconfig),
+        scanner=FlappingScanner(scan, 3, period_s, clock),
+        stop=stop,
+        clock=clock,
+        stall_after_s=300,
+    )
+    parts.agent.step()  # install: the first scan and its rules, not counted
+    mark = len(double.requests)
+    wall = time.perf_counter()
+    parts.agent.run()
+    wall = time.perf_counter() - wall
+    ours = [r for r in double.requests[mark:] if "/devicetaintrules" in r.path]
+    by = Counter(r.method for r in ours)
+    return [
+        label,
+        f"{by['GET'] / hours:.2f}",
+        f"{by['POST'] / hours:.3f}",
+        f"{by['DELETE'] / hours:.3f}",
+        f"{(by['POST'] + by['DELETE']) / hours:.3f}",
+        f"{wall:.1f} s",
+    ]
+
+
+def main_device_taints(
+    client: Callable[[Path], ApiClient], name: str, hours: float, flaps: int
+) -> None:
+    scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = make_certificate(Path(tmp))
+        with ApiServerDouble(certificate=certificate) as double:
+            double.device_taint_rules.installed = True
+            double.tokens["taints-token"] = AGENT_PERMISSIONS | {
+                f"{verb} devicetaintrules" for verb in DEVICE_TAINT_VERBS
+            }
+            kubeconfig = write_kubeconfig(
+                Path(tmp) / "agent.kubeconfig", double.url, "taints-token", ca_cert=certificate.cert
+            )
+            for label, period in (
+                ("every GPU healthy", 0.0),
+                ("GPU 3 lost all day (steady)", None),
+                (f"GPU 3 lost and back {flaps} times a day", 24 * 3600 / flaps),
+            ):
+                rows.append(
+                    device_taint_cost(double, kubeconfig, scan, client, label, period, hours)
+                )
+    print(
+        f"one agent, simulated DGX H100, {name} client, {hours:g} simulated hours per row; scan "
+        f"{SCAN_S:.0f} s, resync {LIVE_RESYNC_S:.0f} s\n"
+    )
+    print(
+        table(
+            [
+                "health",
+                "lists / node-hour",
+                "creates / node-hour",
+                "deletes / node-hour",
+                "writes / node-hour",
+                "wall time",
+            ],
+            rows,
+        )
+    )
 
 
 def main_availability(
@@ -526,6 +653,10 @@ def main() -> None:
         "--heartbeat", action="store_true", help="with --availability: the heartbeat Lease's cost"
     )
     parser.add_argument("--racks", type=int, help="agents on N simulated NVL72 racks instead")
+    parser.add_argument(
+        "--device-taints", action="store_true", help="the DeviceTaintRule output's cost instead"
+    )
+    parser.add_argument("--flaps", type=int, default=4, help="health changes a day (device taints)")
     args = parser.parse_args()
     client = CLIENTS[args.client]
     quiet_logs(logging.ERROR)
@@ -534,6 +665,9 @@ def main() -> None:
         return
     if args.availability:
         main_availability(client, args.client, args.hours, args.heartbeat)
+        return
+    if args.device_taints:
+        main_device_taints(client, args.client, args.hours, args.flaps)
         return
     n = args.agents
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()

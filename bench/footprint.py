@@ -17,7 +17,9 @@ With `--availability`, the same measure of `run --availability --availability-in
 scan and one availability tick a second): (a) `--dry-run --simulate-used 0,1`, (b) against the API
 server double with the lean client, reading the free GPUs from the PodResources double
 (tests/podresources_double.py: a real gRPC server on a unix socket, GPUs 0 and 1 held by a pod),
-first publish being the moment the double holds the availability annotation.
+first publish being the moment the double holds the availability annotation, and (c) the same on
+a DRA node: no device plugin offers a GPU, two ResourceClaims of NVIDIA's DRA driver hold GPUs 0
+and 1 (`dynamic_resources` in List), which the agent counts with its default `--dra-drivers`.
 
     python bench/footprint.py --availability
 """
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -44,7 +47,13 @@ from reporter.availability import AVAILABILITY_KEY
 from reporter.collect import build_scanner
 from reporter.schema import keys
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
-from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
+from tests.podresources_double import (
+    PodResourcesDouble,
+    claim_pod_state,
+    claim_state,
+    devices_state,
+    pod_state,
+)
 
 WINDOW_S = 20.0
 AGENT = [sys.executable, "-m", "reporter.cli", "run", "--simulate", "dgx-h100", "--listen", ""]
@@ -140,10 +149,24 @@ def main_availability(env: dict[str, str]) -> None:
     scan = build_scanner("auto", Path("/sys"), "dgx-h100").scan()
     assert scan.topology is not None
     ids = [g.uuid for g in scan.topology.gpus if g.uuid is not None]
-    state = {
+    plugin = {
         "devices": devices_state("nvidia.com/gpu", ids),
         "pods": [pod_state("train", "nvidia.com/gpu", ids[:2])],
     }
+    minors = [g.minor for g in scan.topology.gpus[:2]]
+    claims = {
+        "devices": [],
+        "pods": [
+            claim_pod_state(f"train-{m}", [claim_state(f"gpu-{m}", [f"gpu-{m}"], "gpu-live")])
+            for m in minors
+        ],
+    }
+    for label, state in (("PodResources double", plugin), ("DRA claims, no device plugin", claims)):
+        rows.append(_against_the_double(label, state, env))
+    print(table(HEADERS, rows))
+
+
+def _against_the_double(label: str, state: dict[str, Any], env: dict[str, str]) -> list[object]:
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/tmp") as short:
         certificate = make_certificate(Path(tmp))
         socket = Path(short) / "kubelet.sock"
@@ -164,9 +187,8 @@ def main_availability(env: dict[str, str]) -> None:
             )
             argv = [*AGENT, "--node", "gpu-live", "--kubeconfig", str(kubeconfig), *LIVE]
             argv += ["--pod-resources-socket", str(socket)]
-            mode = "API double, lean client, --availability, PodResources double"
-            rows.append([mode, *measure(argv, annotated, env)])
-    print(table(HEADERS, rows))
+            mode = f"API double, lean client, --availability, {label}"
+            return [mode, *measure(argv, annotated, env)]
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 `topo-reporter run`, the agent tests and the benchmarks all build the agent here, so that what
 they exercise is what ships: the API client, the Node or NodeFeature sink, the scanner, the live
-availability loop with its outputs (NodeResourceTopology, Koordinator's device file), the state,
+availability loop with its outputs (NodeResourceTopology), the per-scan outputs (Koordinator's
+device file, DRA DeviceTaintRules), the state,
 the metrics and the health server. A test or a benchmark hands in its doubles (a scanner, an API
 client, a free source, a clock, a stop signal) through the parameters; everything else comes from
 the Settings exactly as `run` resolves them.
@@ -42,6 +43,7 @@ from reporter.live import (
 )
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
+from reporter.publish.devicetaints import DeviceTaintOutput, DeviceTaintSink
 from reporter.publish.koordinator import DeviceInfoFile, DeviceInfoOutput
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.nodefeature import NodeFeatureSink, object_name
@@ -50,6 +52,8 @@ from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
+from reporter.schema import dra
+from reporter.schema.model import Topology
 from reporter.serve.http import HealthServer
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
@@ -148,17 +152,52 @@ def koordinator_output(
 
 
 def free_source(config: settings.Settings) -> FreeSource:
-    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet."""
+    """Where availability learns which GPUs are allocated: --simulate-used, or the kubelet (its
+    device plugin's allocations, and the claims of --dra-drivers in the node's pool)."""
     if config.simulate_used is not None:
         assert config.simulate is not None  # validate() requires it
         machine = load_machine(config.simulate)
         check_simulated_used(config.simulate_used, (g.index for g in machine.gpus), config.simulate)
         return SimulatedFreeSource(config.simulate_used)
-    from reporter.collect.podresources import PodResourcesReader  # noqa: PLC0415  # loads grpc
+    from reporter.collect.podresources import (  # noqa: PLC0415  # loads grpc
+        DEFAULT_RESOURCES,
+        DraScope,
+        PodResourcesReader,
+    )
 
-    if config.gpu_resources is None:
-        return PodResourcesReader(Path(config.pod_resources_socket))
-    return PodResourcesReader(Path(config.pod_resources_socket), config.gpu_resources)
+    return PodResourcesReader(
+        Path(config.pod_resources_socket),
+        config.gpu_resources or DEFAULT_RESOURCES,
+        dra=DraScope(config.dra_drivers, agent_node(config)) if config.dra_drivers else None,
+    )
+
+
+def scan_outputs(
+    config: settings.Settings,
+    api: ApiClient,
+    sink: NodePatchSink | NodeFeatureSink,
+    log: Log,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Callable[[Topology], None], ...]:
+    """The per-scan outputs beside the sink: Koordinator's device file, DeviceTaintRules.
+
+    Raises ConfigError for a node name DeviceTaintRules cannot be labelled with."""
+    outputs: list[Callable[[Topology], None]] = []
+    if config.koordinator_dir is not None:
+        outputs.append(koordinator_output(config, sink, log))
+    if config.dra_device_taints:
+        taints = DeviceTaintSink(
+            api,
+            node=agent_node(config),
+            prefix=config.prefix,
+            resync_s=config.resync_s,
+            log=log,
+            # A dry run asks no server which version it serves: it prints 1.34's and 1.35's.
+            versions=(dra.DRY_RUN_VERSION,) if config.dry_run else dra.VERSIONS,
+            clock=clock,
+        )
+        outputs.append(DeviceTaintOutput(taints, log))
+    return tuple(outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +347,7 @@ def build_agent(
         kubelet=kubelet
         if kubelet is not None
         else functools.partial(read_kubelet, Path(config.kubelet_config)),
-        outputs=() if config.koordinator_dir is None else (koordinator_output(config, sink, log),),
+        outputs=scan_outputs(config, api, sink, log, clock),
         live=live,
     )
     return AgentParts(agent, api, sink, live, state, metrics, stop, log)

@@ -11,7 +11,8 @@ The annotation value (`encode_availability`), version 1, in ASCII:
 
 - `<free>`: the free GPU indexes as a canonical Linux list string (`0-3,6`); empty for none.
 - each `<best k>`: `links.connected.numa.nic.island`, five decimal integers: the link points of
-  the best free k-set, 1 if every pair of it is NVLink-connected else 0, the NUMA nodes it spans,
+  the best free k-set, 1 if every pair of it is NVLink-connected at full bond (no GPU of it has an
+  NVLink down) else 0, the NUMA nodes it spans,
   its NIC points (0 without RDMA NICs), and the size of the free NVLink island it was taken from.
 
 Example (a DGX A100 with GPUs 0-3 and 6 free): `1;0-3,6;0.1.1.4.5/120.1.1.4.5/360.1.2.4.5/...`.
@@ -37,18 +38,23 @@ from reporter.placement import NVLINK_POINTS, PCIE_POINTS, GpuSet, best_gpu_set
 from reporter.schema.model import Topology
 
 __all__ = [
+    "ALLOCATION_KEY",
     "AVAILABILITY_BUDGET",
     "AVAILABILITY_KEY",
+    "DEVICE_PLUGIN_ONLY",
     "FORMAT_VERSION",
     "MAX_GPUS",
     "MAX_TEXT_CHARS",
     "NEUTRAL_SCORE",
+    "Allocation",
     "Availability",
     "FreeSet",
     "availability_labels",
     "can_fit",
     "compute_availability",
+    "decode_allocation",
     "decode_availability",
+    "encode_allocation",
     "encode_availability",
     "free_set",
     "node_score",
@@ -56,6 +62,8 @@ __all__ = [
 
 AVAILABILITY_KEY = "availability"
 """Annotation key suffix: the full key is f"{prefix}/availability"."""
+ALLOCATION_KEY = "allocation"
+"""Annotation key suffix of what availability counts and which GPUs claims hold."""
 GPU_FREE_LABEL = "gpu-free"
 GPU_FREE_NVLINK_MAX_LABEL = "gpu-free-nvlink-max"
 
@@ -86,7 +94,8 @@ class FreeSet:
     links: int
     """Link points of the set (reporter.placement.Score.links)."""
     connected: bool
-    """Every pair of the set is NVLink-connected (true for one GPU: it has no pair to miss)."""
+    """Every pair of the set is NVLink-connected at full bond: no GPU of it has an NVLink down
+    (true for one GPU: it has no pair to miss)."""
     numa: int
     """NUMA nodes the set spans (>= 1; GPUs of unknown NUMA node count as one)."""
     nic: int
@@ -106,15 +115,22 @@ class Availability:
     """best[k-1] = the best free k-set, for k = 1..len(free)."""
 
 
+def nvlink_degraded(topology: Topology, index: int) -> bool:
+    """Whether GPU `index` has NVLinks down (degraded or all down), as the source observed."""
+    health = topology.gpus[index].nvlink
+    return health is not None and health.state != "ok"
+
+
 def free_set(topology: Topology, chosen: GpuSet, free: Iterable[int]) -> FreeSet:
     """Summarise `chosen` (a set of free GPUs) against the free GPUs of `topology`."""
     pool = set(free)
     gpus = chosen.gpus
+    # A degraded GPU still shows NV<k> to its peers, with a lower bond: the set is not whole.
     connected = all(
         topology.links[a][b].is_nvlink or topology.links[b][a].is_nvlink
         for i, a in enumerate(gpus)
         for b in gpus[i + 1 :]
-    )
+    ) and (len(gpus) < 2 or not any(nvlink_degraded(topology, g) for g in gpus))
     # The island: every free GPU reachable over NVLink from the set, walking free GPUs only.
     reached, stack = set(gpus), list(gpus)
     while stack:
@@ -256,7 +272,8 @@ def node_score(a: Availability | None, k: int) -> int:
     None (no or damaged annotation) and k < 1 give NEUTRAL_SCORE; a node that cannot fit k gives 0.
     Otherwise, by the node's best free k-set, most important first:
 
-    1. NVLink-connected sets score 4..10, others 1..3;
+    1. NVLink-connected sets (at full bond: no GPU of it with an NVLink down) score 4..10, others,
+       degraded NVLink sets included, 1..3;
     2. one NUMA node beats several;
     3. a close RDMA NIC (PXB or PIX, points >= 4) beats a far or no NIC;
     4. a just-big-enough island (island == k) beats a larger one, so whole islands stay free for
@@ -276,3 +293,63 @@ def node_score(a: Availability | None, k: int) -> int:
         rank = 4 * one_numa + 2 * close_nic + (best.island == k)
         return MAX_SCORE - 6 + max(rank - 1, 0)
     return 1 + one_numa + close_nic
+
+
+ALLOCATION_SOURCES = ("device-plugin", "dra")
+"""What availability can count, in the order the annotation lists them (the reader's names)."""
+_ALLOCATION_VERSION = 1
+_MAX_ALLOCATION_CHARS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """How the node's free GPUs were counted, and which of its GPUs DRA claims hold.
+
+    The annotation value (`encode_allocation`), version 1: `1;<sources>;<claimed>`, e.g.
+    `1;dra;0-1,5`: `<sources>` lists what availability counts (`device-plugin`: the kubelet's
+    device plugin allocations; `dra`: ResourceClaims' devices), comma-separated; `<claimed>` the
+    GPU indexes claims hold, as a Linux list string, empty for none. Written with availability,
+    so it costs no write of its own: a claim that comes or goes changes the free GPUs too. Absent
+    where availability counts the device plugin's allocations only (DEVICE_PLUGIN_ONLY), as it
+    did before DRA.
+    """
+
+    sources: tuple[str, ...]
+    claimed: tuple[int, ...] = ()
+
+
+DEVICE_PLUGIN_ONLY = Allocation(("device-plugin",))
+"""What a Node without an `allocation` annotation (but with availability) was counted from."""
+
+
+def encode_allocation(a: Allocation) -> str:
+    """The annotation value (see Allocation)."""
+    return f"{_ALLOCATION_VERSION};{','.join(a.sources)};{format_cpulist(a.claimed)}"
+
+
+def decode_allocation(text: str) -> Allocation:
+    """Read an annotation value back; exactly what `encode_allocation` writes, nothing else.
+
+    Raises SchemaError (field `allocation`) on anything else.
+    """
+    if not isinstance(text, str) or len(text) > _MAX_ALLOCATION_CHARS or not text.isascii():
+        raise SchemaError(ALLOCATION_KEY, "is not a short ASCII string")
+    parts = text.split(";")
+    if len(parts) != 3 or parts[0] != str(_ALLOCATION_VERSION):
+        raise SchemaError(ALLOCATION_KEY, f"is not {_ALLOCATION_VERSION};sources;claimed GPUs")
+    sources = tuple(parts[1].split(",")) if parts[1] else ()
+    if sources != tuple(s for s in ALLOCATION_SOURCES if s in sources):
+        raise SchemaError(
+            ALLOCATION_KEY,
+            f"sources {parts[1][:40]!r} are not some of {','.join(ALLOCATION_SOURCES)}",
+        )
+    try:
+        claimed = tuple(sorted(parse_cpulist(parts[2], field=ALLOCATION_KEY)))
+    except ParseError as e:
+        raise SchemaError(ALLOCATION_KEY, f"claimed GPUs: {e}") from None
+    if claimed and claimed[-1] >= MAX_GPUS:
+        raise SchemaError(ALLOCATION_KEY, f"claimed GPUs beyond the limit of {MAX_GPUS}")
+    decoded = Allocation(sources=sources, claimed=claimed)
+    if encode_allocation(decoded) != text:
+        raise SchemaError(ALLOCATION_KEY, "is not in canonical form (as the agent writes it)")
+    return decoded

@@ -16,10 +16,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from parsers.kubelet import KubeletPolicies
+from reporter.availability import ALLOCATION_KEY, AVAILABILITY_KEY, decode_allocation
 from reporter.errors import ApiPermanentError, SchemaError
-from reporter.publish.api import EVENTS, NODES, PODS, ApiClient, Resource
+from reporter.publish.api import (
+    DRA_VERSIONS,
+    EVENTS,
+    NODES,
+    PODS,
+    ApiClient,
+    Resource,
+    resource_claims,
+    resource_slices,
+)
 from reporter.publish.client import COMPONENT, NODE_EVENT_NAMESPACE
-from reporter.schema import keys
+from reporter.schema import dra, keys
 from reporter.schema.codec import decode
 from reporter.schema.fabric import HEALTHY, TAINTED, UNHEALTHY, gpu_health, node_fabric
 from reporter.schema.labels import gpus_per_numa
@@ -71,6 +81,18 @@ class AgentObservation:
     pod_ready: bool | None = None
     degraded_reason: str | None = None
     """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraObservation:
+    """What the cluster's DRA objects say of one node's GPUs; None where they cannot be read
+    (a cluster before 1.32 serves none; an operator may not be allowed to list them)."""
+
+    slices: int | None = None
+    """ResourceSlices of NVIDIA's GPU driver (`gpu.nvidia.com`) for the node."""
+    claims: tuple[tuple[str, str], ...] | None = None
+    """(`namespace/name`, device) of each device of that driver in the node's pool that an
+    allocated ResourceClaim holds."""
 
 
 def local_findings(
@@ -237,6 +259,7 @@ def node_findings(
     topology: Topology | None,
     prefix: str,
     agent: AgentObservation,
+    dra_seen: DraObservation = DraObservation(),
 ) -> list[Finding]:
     """Every finding for one Node object (as the API returns it) and its decoded topology.
 
@@ -258,7 +281,8 @@ def node_findings(
         return findings
     seen = len(topology.gpus)
     mig = any(g.mig for g in topology.gpus)
-    if seen and allocatable is None and not mig:
+    dra_node = bool(dra_seen.slices)
+    if seen and allocatable is None and not mig and not dra_node:
         findings.append(
             Finding(
                 code="device-plugin-missing",
@@ -309,9 +333,104 @@ def node_findings(
     policies = policies_from_labels(_labels(node), prefix)
     unlabelled = f"no {keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY)} label on the Node"
     findings += local_findings(topology, policies, None if policies else unlabelled)
+    findings += dra_findings(node, topology, prefix, dra_seen)
     findings += fabric_node_findings(topology)
     findings += _partition_label_mismatch(_labels(node), prefix)
     return sorted(findings, key=lambda f: -f.severity)
+
+
+def dra_findings(
+    node: Mapping[str, Any], topology: Topology, prefix: str, seen: DraObservation
+) -> list[Finding]:
+    """Claims on GPUs the agent sees lost; DRA slices that availability does not count, and the
+    reverse (availability counting on DRA alone where no DRA driver publishes the GPUs)."""
+    name = str((node.get("metadata") or {}).get("name", "?"))
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    findings = _claims_on_lost(
+        name, topology, seen, annotations.get(keys.key(prefix, ALLOCATION_KEY))
+    )
+    if keys.key(prefix, AVAILABILITY_KEY) not in annotations or seen.slices is None:
+        return findings
+    allocation_text = annotations.get(keys.key(prefix, ALLOCATION_KEY))
+    try:
+        sources = (
+            ("device-plugin",)
+            if allocation_text is None
+            else decode_allocation(allocation_text).sources
+        )
+    except SchemaError:
+        return findings
+    if seen.slices and "dra" not in sources:
+        findings.append(
+            Finding(
+                code="dra-not-counted",
+                severity=Severity.ERROR,
+                summary=f"{dra.DRIVER} publishes this node's GPUs, but availability counts only "
+                "the device plugin's allocations: GPUs that ResourceClaims hold look free to the "
+                "extender",
+                evidence=(
+                    f"{seen.slices} ResourceSlice(s) of {dra.DRIVER} for {name}",
+                    f"{keys.key(prefix, ALLOCATION_KEY)}: {allocation_text or '(absent)'}",
+                ),
+                fix="run the agent with its DRA drivers on (`--dra-drivers gpu.nvidia.com`, the "
+                "default; chart `dra.drivers`) and the kubelet's gate "
+                "KubeletPodResourcesDynamicResources on (beta, on by default since 1.34)",
+            )
+        )
+    elif not seen.slices and sources == ("dra",):
+        findings.append(
+            Finding(
+                code="dra-slices-missing",
+                severity=Severity.WARNING,
+                summary=f"availability counts DRA claims alone (no device plugin offers a GPU), "
+                f"but no ResourceSlice of {dra.DRIVER} describes this node's GPUs: every GPU no "
+                "claim holds is published free",
+                evidence=(
+                    f"no ResourceSlice of {dra.DRIVER} for {name}",
+                    f"{keys.key(prefix, ALLOCATION_KEY)}: {allocation_text}",
+                ),
+                fix="check NVIDIA's DRA driver's kubelet plugin on the node; on a device plugin "
+                "node, check that the agent's --pod-resources-resource names match what the "
+                "device plugin advertises",
+            )
+        )
+    return findings
+
+
+def _claims_on_lost(
+    name: str, topology: Topology, seen: DraObservation, allocation_text: Any
+) -> list[Finding]:
+    lost = {g.minor: g.index for g in topology.gpus if g.lost and g.minor is not None}
+    if not lost:
+        return []
+    evidence: list[str] = []
+    if seen.claims is not None:
+        for claim, device in seen.claims:
+            minor = dra.gpu_minor(device)
+            if minor in lost:
+                evidence.append(f"ResourceClaim {claim} holds {device} (GPU{lost[minor]}, lost)")
+    elif isinstance(allocation_text, str):
+        # Claims not readable here: what the agent published of them says which GPUs.
+        try:
+            claimed = set(decode_allocation(allocation_text).claimed)
+        except SchemaError:
+            claimed = set()
+        evidence += [
+            f"a ResourceClaim holds GPU{i} (lost)" for i in sorted(claimed & set(lost.values()))
+        ]
+    if not evidence:
+        return []
+    return [
+        Finding(
+            code="dra-claims-on-lost-gpus",
+            severity=Severity.ERROR,
+            summary="ResourceClaims hold GPUs that NVML reports lost: their pods cannot use them",
+            evidence=tuple(evidence),
+            fix="delete the pods (their claims are deallocated and allocated again elsewhere), "
+            "then reset the GPU or reboot the node; with --dra-device-taints the agent taints "
+            "a lost GPU so that no new claim gets it",
+        )
+    ]
 
 
 def _labels(node: Mapping[str, Any]) -> dict[str, str]:
@@ -615,6 +734,47 @@ class ClusterReader(Protocol):
 
     def node_events(self, node: str) -> list[dict[str, Any]] | None: ...
 
+    def dra(self, node: str) -> DraObservation: ...
+
+
+def _field(obj: Any, name: str) -> Mapping[str, Any]:
+    """`obj[name]` where both are objects, else empty: a list item of any shape reads safely."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def dra_observation(
+    node: str, slices: list[dict[str, Any]] | None, claims: list[dict[str, Any]] | None
+) -> DraObservation:
+    """What the cluster's ResourceSlices and ResourceClaims (as the API lists them) say of
+    NVIDIA's GPUs on `node`."""
+    mine = None
+    if slices is not None:
+        mine = sum(
+            1
+            for s in slices
+            if (spec := _field(s, "spec")).get("driver") == dra.DRIVER
+            and node in (spec.get("nodeName"), _field(spec, "pool").get("name"))
+        )
+    held = None
+    if claims is not None:
+        found: list[tuple[str, str]] = []
+        for claim in claims:
+            meta = _field(claim, "metadata")
+            devices = _field(_field(_field(claim, "status"), "allocation"), "devices")
+            results = devices.get("results")
+            for result in results if isinstance(results, list) else ():
+                if (
+                    isinstance(result, dict)
+                    and result.get("driver") == dra.DRIVER
+                    and result.get("pool") == node
+                ):
+                    found.append(
+                        (f"{meta.get('namespace')}/{meta.get('name')}", str(result.get("device")))
+                    )
+        held = tuple(sorted(found))
+    return DraObservation(slices=mine, claims=held)
+
 
 class ApiClusterReader:
     """ClusterReader over the ApiClient seam (reporter.publish.api). Pods and Events are optional
@@ -635,6 +795,7 @@ class ApiClusterReader:
         self._agent_selector = agent_selector
         self._namespace = namespace
         self._tool = tool
+        self._dra_lists: dict[str, list[dict[str, Any]] | None] = {}
 
     def _forbidden(self, what: str, resource: Resource) -> ApiPermanentError:
         return ApiPermanentError(
@@ -679,6 +840,26 @@ class ApiClusterReader:
     def node_events(self, node: str) -> list[dict[str, Any]] | None:
         selector = f"involvedObject.kind=Node,involvedObject.name={node}"
         return self._optional(EVENTS, NODE_EVENT_NAMESPACE, {"fieldSelector": selector})
+
+    def _dra_list(self, kind: str) -> list[dict[str, Any]] | None:
+        """Every ResourceSlice or ResourceClaim, listed once per reader in the newest version
+        served; None where none is served (404) or the operator may not list them (403)."""
+        if kind not in self._dra_lists:
+            self._dra_lists[kind] = None
+            make = resource_slices if kind == "slices" else resource_claims
+            for version in DRA_VERSIONS:
+                try:
+                    self._dra_lists[kind] = list(self._api.list(make(version))["items"])
+                except ApiPermanentError as e:
+                    if e.status == 404:
+                        continue
+                    if e.status != 403:
+                        raise
+                break
+        return self._dra_lists[kind]
+
+    def dra(self, node: str) -> DraObservation:
+        return dra_observation(node, self._dra_list("slices"), self._dra_list("claims"))
 
 
 def is_agent_event(event: Mapping[str, Any], node: str) -> bool:
@@ -740,7 +921,8 @@ def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Fi
                 )
             )
     name = str((node.get("metadata") or {}).get("name", "?"))
-    return findings + node_findings(node, topology, prefix, observe_agent(reader, name))
+    agent = observe_agent(reader, name)
+    return findings + node_findings(node, topology, prefix, agent, reader.dra(name))
 
 
 def is_gpu_node(node: Mapping[str, Any], prefix: str) -> bool:

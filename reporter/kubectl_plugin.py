@@ -18,14 +18,18 @@ from typing import Any
 from parsers.cpulist import format_cpulist
 from reporter import doctor, terminal
 from reporter.availability import (
+    ALLOCATION_KEY,
     AVAILABILITY_KEY,
+    DEVICE_PLUGIN_ONLY,
     GPU_FREE_NVLINK_MAX_LABEL,
+    Allocation,
     Availability,
     availability_labels,
+    decode_allocation,
     decode_availability,
 )
 from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
-from reporter.schema import keys
+from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import describe_matrix
 from reporter.schema.model import Topology
@@ -98,6 +102,74 @@ def availability(node: Mapping[str, Any], prefix: str) -> Availability | str:
         return f"unknown: the {keys.key(prefix, AVAILABILITY_KEY)} annotation is damaged ({e})"
 
 
+def allocation(node: Mapping[str, Any], prefix: str) -> Allocation | None:
+    """How the node's availability was counted and which GPUs DRA claims hold; None when the
+    annotation is damaged (its absence means the device plugin's allocations only)."""
+    text = _annotation(node, prefix, ALLOCATION_KEY)
+    if text is None:
+        return DEVICE_PLUGIN_ONLY
+    try:
+        return decode_allocation(text)
+    except SchemaError:
+        return None
+
+
+def gpu_rows(
+    topology: Topology, free: Availability | str, held: Allocation | None
+) -> list[dict[str, Any]]:
+    """One entry per GPU: its DRA device name, whether it is free, held by a claim or by a
+    container, or lost, and its NVLinks' health."""
+    rows: list[dict[str, Any]] = []
+    for gpu in topology.gpus:
+        if gpu.lost:
+            state = "lost"
+        elif not isinstance(free, Availability):
+            state = "unknown"
+        elif gpu.index in free.free:
+            state = "free"
+        elif held is not None and gpu.index in held.claimed:
+            state = "claimed"
+        else:
+            state = "in use"
+        health = gpu.nvlink
+        rows.append(
+            {
+                "gpu": gpu.index,
+                "device": None if gpu.minor is None else dra.gpu_device(gpu.minor),
+                "state": state,
+                "nvlink": None
+                if health is None
+                else {
+                    "state": health.state,
+                    "active": health.active,
+                    "count": health.count,
+                    "down": list(health.down),
+                },
+            }
+        )
+    return rows
+
+
+def gpus_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The GPU table: `GPU  DRA DEVICE  STATE  NVLINK`, `kubectl get`'s layout."""
+    table = [["GPU", "DRA DEVICE", "STATE", "NVLINK"]]
+    for row in rows:
+        health = row["nvlink"]
+        links = "-"
+        if health is not None:
+            links = f"{health['state']} {health['active']}/{health['count']}"
+            if health["down"]:
+                links += f" (down: {format_cpulist(frozenset(health['down']))})"
+        table.append([f"GPU{row['gpu']}", row["device"] or "-", row["state"], links])
+    widths = [max(len(line[c]) for line in table) for c in range(4)]
+    return "".join(
+        "  "
+        + "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        + "\n"
+        for line in table
+    )
+
+
 def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
     """One GPU node's line: GPUs, interconnect and largest NVLink island from its labels, and
     its free GPUs from the availability annotation."""
@@ -160,6 +232,8 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
     name = _name(node)
     topology = _topology(node, prefix)
     free = availability(node, prefix)
+    held = allocation(node, prefix)
+    rows = [] if topology is None else gpu_rows(topology, free, held)
     if fmt in ("dot", "mermaid"):
         if topology is None:
             raise InputError(
@@ -174,6 +248,9 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
             "topology": None if topology is None else to_document(topology),
             "islands": None if topology is None else [list(i) for i in topology.islands],
             "free": list(free.free) if isinstance(free, Availability) else None,
+            "claimed": None if held is None else list(held.claimed),
+            "counted": None if held is None else list(held.sources),
+            "gpus": rows,
             "findings": report["findings"],
         }
         return json.dumps(doc, indent=2) + "\n"
@@ -183,6 +260,11 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
     else:
         out += [describe_matrix(topology).rstrip("\n"), "", islands_text(topology)]
     out.append(free_text(free, prefix))
+    if held is not None and held != DEVICE_PLUGIN_ONLY:
+        claimed = f"GPU{format_cpulist(frozenset(held.claimed))}" if held.claimed else "none"
+        out.append(f"Held by DRA claims: {claimed} (availability counts {', '.join(held.sources)})")
+    if rows:
+        out += ["", "GPUs:", gpus_text(rows).rstrip("\n")]
     out += ["", doctor.report_text({name: findings}, summary=False).rstrip("\n")]
     return "\n".join(out) + "\n"
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from reporter.availability import Availability, compute_availability
+from reporter.availability import Allocation, Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.lease import LeaseHeartbeat
@@ -132,10 +132,12 @@ class AvailabilityLoop:
         self._node_read_at = clock()
         self._computed: tuple[Topology, tuple[int, ...], Availability] | None = None
         """The last good read: its topology, free GPUs and availability (kept on failures)."""
+        self._allocation: Allocation | None = None
+        """How the last good read counted, and the GPUs its claims hold."""
         self._settled = False
         """Off: the Node is known to carry none of our keys; nothing more to do."""
         self._hold_until = -math.inf
-        self._refused: tuple[Availability | None, ...] = ()
+        self._refused: tuple[tuple[Availability, Allocation | None] | None, ...] = ()
         """What the API refused for good (one value, or empty): not sent again until resync."""
         self._write_error: str | None = None
         self._withdraw_after = withdraw_after
@@ -167,11 +169,11 @@ class AvailabilityLoop:
         if self._failures >= self._withdraw_after:
             # Nobody can vouch for the last value any more (the kubelet's API keeps failing):
             # say nothing rather than something stale.
-            want: Availability | None = None
+            want: tuple[Availability, Allocation | None] | None = None
         elif self._computed is None:
             return False
         else:
-            want = self._computed[2]
+            want = (self._computed[2], self._allocation)
         carried = self._publish(want)
         if carried:
             self._withdrawn_now(want is None)
@@ -200,6 +202,7 @@ class AvailabilityLoop:
         for output in self._outputs:
             output(topology, view)
         free = view.free
+        self._allocation = Allocation(view.sources, tuple(sorted(view.claimed)))
         if self._computed is None or self._computed[:2] != (topology, free):
             self._computed = (topology, free, compute_availability(topology, free))
         return True
@@ -239,7 +242,7 @@ class AvailabilityLoop:
         self._metrics.heartbeat_renewals.labels(result="renewed").inc()
         self._renew_at = now + heartbeat.period_s
 
-    def _publish(self, availability: Availability | None) -> bool:
+    def _publish(self, published: tuple[Availability, Allocation | None] | None) -> bool:
         now = self._clock()
         # Its own read only where the topology loop's resync read has not come for two periods
         # (that loop failing, or a dry run, which never reads): drift is still repaired.
@@ -248,21 +251,22 @@ class AvailabilityLoop:
             self._node_read_at = now
             self._refused = ()
             self._hold_until = -math.inf
-        if now < self._hold_until or self._refused == (availability,):
+        if now < self._hold_until or self._refused == (published,):
             return False
         try:
-            wrote = self._sink.publish(availability)
+            availability, allocation = published or (None, None)
+            wrote = self._sink.publish(availability, allocation)
         except PublishError as e:
             self._metrics.api_errors.labels(kind=api_error_kind(e)).inc()
             self._metrics.availability_writes.labels(result="failed").inc()
             if str(e) != self._write_error:
                 # Once per distinct error: it is tried again every interval.
-                off = availability is None
+                off = published is None
                 event = "availability_removal_failed" if off else "availability_publish_failed"
                 self._log.warning(event, error=str(e))
             self._write_error = str(e)
             if isinstance(e, ApiPermanentError):
-                self._refused = (availability,)
+                self._refused = (published,)
             elif isinstance(e, ApiTransientError) and e.retry_after is not None:
                 self._hold_until = now + e.retry_after
             return False
@@ -270,6 +274,6 @@ class AvailabilityLoop:
             self._log.info("availability_publish_recovered")
         self._write_error = None
         self._refused = ()
-        self._settled = availability is None
+        self._settled = published is None
         self._metrics.availability_writes.labels(result="written" if wrote else "unchanged").inc()
         return True

@@ -19,7 +19,7 @@ from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
 from reporter.errors import ConfigError
 from reporter.inputs import read_bounded
-from reporter.schema import keys
+from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
 BACKENDS = ("auto", "nvml", "sysfs")
@@ -52,6 +52,7 @@ DURATION_MAX_S = 86400.0
 any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_MAX_DRA_DRIVERS = 8
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -117,6 +118,12 @@ class Settings:
     gpu_resources: tuple[str, ...] | None = None
     """Resource names whose PodResources devices are GPUs (`nvidia.com/mig-*` for a family);
     None: the reader's default (reporter.collect.podresources.DEFAULT_RESOURCES)."""
+    dra_drivers: tuple[str, ...] = (dra.DRIVER,)
+    """DRA drivers whose devices, held by ResourceClaims in this node's pool, availability counts
+    as the node's GPUs (NVIDIA's `gpu.nvidia.com`); empty: the device plugin's allocations only."""
+    dra_device_taints: bool = False
+    """Mark each GPU that is lost, or whose NVLinks or fabric are degraded, with a DRA
+    DeviceTaintRule (NoSchedule), and delete the rule when it is healthy again."""
     nrt: bool = False
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
@@ -185,6 +192,10 @@ class Settings:
                 f"--taint-unhealthy-fabric taints the Node itself: it needs --sink node, not "
                 f"{excerpt(self.sink)}"
             )
+        if len(self.dra_drivers) > _MAX_DRA_DRIVERS:
+            raise ConfigError(f"dra-drivers: give at most {_MAX_DRA_DRIVERS} driver names")
+        for driver in self.dra_drivers:
+            dra.check_driver_name(driver)
         return self
 
     def _validate_availability(self) -> None:
@@ -291,6 +302,8 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
     "taint_unhealthy_fabric": (("TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",), "bool"),
+    "dra_drivers": (("TOPO_REPORTER_DRA_DRIVERS",), "names-or-none"),
+    "dra_device_taints": (("TOPO_REPORTER_DRA_DEVICE_TAINTS",), "bool"),
 }
 _FLAG_NAMES = {
     "interval_s": "interval",
@@ -370,6 +383,11 @@ def _convert(name: str, raw: object, origin: str) -> object:
     if kind == "count":
         return parse_count(raw, name=f"{_flag(name)} ({origin})")
     if kind == "names":
+        return parse_names(raw, name=f"{_flag(name)} ({origin})")
+    if kind == "names-or-none":
+        # Empty says "none" here: the chart renders `dra.drivers: []` as an empty variable.
+        if raw == [] or (isinstance(raw, str) and not raw.strip()):
+            return ()
         return parse_names(raw, name=f"{_flag(name)} ({origin})")
     if kind == "bool":
         return parse_bool(raw, name=f"{_flag(name)} ({origin})")
@@ -548,6 +566,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
         "fabric is degraded or unhealthy, untaint it when healthy (default: off)",
+    )
+    add(
+        "--dra-drivers",
+        dest="dra_drivers",
+        metavar="NAMES",
+        help="DRA drivers whose claimed devices in this node's pool availability counts as its "
+        "GPUs, comma-separated; '' for none (default: gpu.nvidia.com)",
+    )
+    add(
+        "--dra-device-taints",
+        dest="dra_device_taints",
+        action="store_true",
+        default=None,
+        help="mark each lost or NVLink/fabric-degraded GPU with a DRA DeviceTaintRule "
+        "(NoSchedule) and delete it when healthy; needs a cluster serving DeviceTaintRules",
     )
     add("--once", action="store_true", default=None, help="scan and publish once, then exit")
     add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")

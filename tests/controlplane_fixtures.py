@@ -41,6 +41,15 @@ START_TIMEOUT_S = 240.0
 """The harness itself gives up after 3 minutes without /readyz; this only catches a hung process."""
 STOP_TIMEOUT_S = 40.0
 MAX_LOG_TAIL = 4000
+APISERVER_FLAGS = (
+    "--feature-gates=DRADeviceTaints=true",
+    "--runtime-config=resource.k8s.io/v1alpha3=true",
+)
+"""The shared kube-apiserver serves DRA's DeviceTaintRules (alpha in 1.34: the gate, and its
+API version, which alpha versions need turned on): tests/test_controlplane_dra.py writes them, and
+one server for every control-plane test is cheaper than a second one with gates of its own."""
+SCHEDULER_FEATURE_GATES = "--feature-gates=DRADeviceTaints=true"
+"""The scheduler's DRA plugin heeds DeviceTaintRules only with its own gate on."""
 
 
 def go_version(go: str) -> tuple[int, int]:
@@ -322,7 +331,11 @@ def real_apiserver(
     """One real kube-apiserver for the whole run, stopped at the end (also when a test fails)."""
     work = tmp_path_factory.mktemp("controlplane")
     kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
-    proc = start_harness(controlplane_bin, ["apiserver", "--kubeconfig", str(kubeconfig)], log)
+    proc = start_harness(
+        controlplane_bin,
+        ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS],
+        log,
+    )
     try:
         start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
         server = RealApiServer(controlplane_bin, kubeconfig, log, start_s)

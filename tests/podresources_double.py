@@ -8,7 +8,12 @@ It serves on a unix socket from a state in the same JSON shape as the Go harness
          {"name": "c", "devices": [{"resource": "nvidia.com/gpu", "ids": ["GPU-…"]}]}]}]}
 
 A container may also name `"cpus": [2, 3]`, its exclusive CPUs (the harness serves none: it has no
-CPU manager). Like the kubelet, GetAllocatableResources answers only healthy devices, one entry
+CPU manager), and `"claims"`, its ResourceClaims with the devices DRA drivers prepared for them, as
+both serve them (`claim_state`):
+
+    "claims": [{"namespace": "ns", "name": "claim", "devices": [{"driver": "gpu.nvidia.com",
+        "pool": "node-1", "device": "gpu-0", "cdi": ["k8s.gpu.nvidia.com/device=gpu-0"]}]}]
+ Like the kubelet, GetAllocatableResources answers only healthy devices, one entry
 per device.
 Faults: `fail[method] = StatusCode` aborts that method; `hang` holds methods until `stop()`;
 `padding` pads List with a pod of that many bytes of names, for the message size limit.
@@ -55,6 +60,52 @@ def pod_state(name: str, resource: str, ids: list[str], namespace: str = "defaul
         "name": name,
         "containers": [{"name": "main", "devices": [{"resource": resource, "ids": ids}]}],
     }
+
+
+def claim_state(
+    name: str,
+    devices: list[str],
+    pool: str,
+    driver: str = "gpu.nvidia.com",
+    namespace: str = "default",
+) -> State:
+    """One ResourceClaim holding `devices` of `driver` in `pool`, each with its CDI device."""
+    return {
+        "namespace": namespace,
+        "name": name,
+        "devices": [
+            {"driver": driver, "pool": pool, "device": d, "cdi": [f"k8s.{driver}/device={d}"]}
+            for d in devices
+        ],
+    }
+
+
+def claim_pod_state(name: str, claims: list[State], namespace: str = "default") -> State:
+    """One pod with one container holding `claims` (and no device plugin device)."""
+    return {
+        "namespace": namespace,
+        "name": name,
+        "containers": [{"name": "main", "devices": [], "claims": claims}],
+    }
+
+
+def _dynamic_resources(claims: list[State]) -> list[api_pb2.DynamicResource]:
+    return [
+        api_pb2.DynamicResource(
+            claim_name=c["name"],
+            claim_namespace=c["namespace"],
+            claim_resources=[
+                api_pb2.ClaimResource(
+                    cdi_devices=[api_pb2.CDIDevice(name=n) for n in d.get("cdi", [])],
+                    driver_name=d["driver"],
+                    pool_name=d["pool"],
+                    device_name=d["device"],
+                )
+                for d in c.get("devices", [])
+            ],
+        )
+        for c in claims
+    ]
 
 
 def _topology(numa: list[int]) -> api_pb2.TopologyInfo | None:
@@ -108,6 +159,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
                             for d in c.get("devices", [])
                         ],
                         cpu_ids=c.get("cpus", []),
+                        dynamic_resources=_dynamic_resources(c.get("claims", [])),
                     )
                     for c in p.get("containers", [])
                 ],

@@ -6,6 +6,7 @@ The annotation is read back from the API server, where anyone who can edit a Nod
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from reporter.availability import (
 )
 from reporter.errors import PlacementError, SchemaError
 from reporter.placement import GpuSet, best_gpu_set
-from reporter.schema.model import Topology
+from reporter.schema.model import Link, LinkKind, NvlinkHealth, Topology
 from tests.fuzz import fuzz
 from tests.strategies import topologies
 from tests.test_placement_best_set import (
@@ -280,3 +281,52 @@ def test_node_score_and_can_fit_at_the_edges() -> None:
     alone = Availability(free=(0,), best=(FreeSet(0, True, 1, 0, 1),))
     in_island = Availability(free=(0, 1), best=(FreeSet(0, True, 1, 0, 2), a.best[1]))
     assert node_score(alone, 1) > node_score(in_island, 1)
+
+
+# --- degraded NVLinks (issue 22 item 2): a set with such a GPU is not connected at full bond ---
+
+
+def degraded_h100(degraded: tuple[int, ...], lost_links: int = 2) -> Topology:
+    """The simulated DGX H100 whose `degraded` GPUs have `lost_links` of their 18 NVLinks down:
+    through the NVSwitches every pair with one of them loses that much bond."""
+    base = dict(SIMULATED)["simulated-dgx-h100"]
+    n = len(base.gpus)
+
+    def cell(a: int, b: int) -> Link:
+        link = base.links[a][b]
+        if a == b or not (a in degraded or b in degraded):
+            return link
+        return Link(LinkKind.NV, link.nvlinks - lost_links)
+
+    gpus = tuple(
+        replace(g, nvlink=NvlinkHealth(18, down=tuple(range(lost_links))))
+        if g.index in degraded
+        else replace(g, nvlink=NvlinkHealth(18))
+        for g in base.gpus
+    )
+    links = tuple(tuple(cell(a, b) for b in range(n)) for a in range(n))
+    return replace(base, gpus=gpus, links=links)
+
+
+def test_a_set_that_needs_a_degraded_gpu_is_not_connected_and_ranks_with_pcie_sets() -> None:
+    whole = compute_availability(degraded_h100(()), range(8))
+    one_bad = compute_availability(degraded_h100((3,)), range(8))
+    assert all(s.connected for s in whole.best)
+    # Up to 7 GPUs the best set leaves GPU 3 out; all 8 need it.
+    assert [s.connected for s in one_bad.best] == [True] * 7 + [False]
+    assert node_score(whole, 8) >= 4
+    assert 1 <= node_score(one_bad, 8) <= 3
+    assert node_score(one_bad, 4) == node_score(whole, 4)
+    assert availability_labels(one_bad, PREFIX)[f"{PREFIX}/gpu-free-nvlink-max"] == "7"
+    assert decode_availability(encode_availability(one_bad)) == one_bad
+
+
+def test_a_degraded_gpu_alone_is_still_one_connected_gpu() -> None:
+    a = compute_availability(degraded_h100((0, 1, 2, 3, 4, 5, 6, 7)), [5])
+    assert a.best[0].connected
+
+
+def test_the_extender_prefers_a_whole_node_to_one_whose_best_set_is_degraded() -> None:
+    whole = compute_availability(degraded_h100(()), range(4))
+    bad = compute_availability(degraded_h100((0,)), range(4))
+    assert node_score(whole, 4) > node_score(bad, 4)

@@ -634,7 +634,7 @@ def test_not_opted_in_its_own_taint_is_denied(rendering: Rendering) -> None:
     assert "may not change a Node's spec" in decision.message
 
 
-def test_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
+def test_fabric_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
     taint_rendering: Rendering,
 ) -> None:
     env = celpy.Environment()
@@ -827,6 +827,139 @@ def test_lease_policy_expressions_use_only_standard_cel_and_admission_variables(
 ) -> None:
     env = celpy.Environment()
     for expression in lease_policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
+# --- The DeviceTaintRule policy (dra.deviceTaints) -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def taint_policy() -> PolicyEvaluator:
+    rendered = render({"dra": {"deviceTaints": True}}, api_versions=(VAP_API,))
+    (policy,) = [
+        p
+        for p in rendered.of_kind("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == f"{FULLNAME}-own-device-taints"
+    ]
+    return PolicyEvaluator(policy)
+
+
+def taint_rule(pool: str | None, *, selector: bool = True) -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": f"topo-reporter.{pool}.gpu-1"},
+        "spec": {"taint": {"key": "gpu.topology.io/gpu-unhealthy", "effect": "NoSchedule"}},
+    }
+    if selector:
+        rule["spec"]["deviceSelector"] = {"driver": "gpu.nvidia.com", "device": "gpu-1"}
+        if pool is not None:
+            rule["spec"]["deviceSelector"]["pool"] = pool
+    return rule
+
+
+def taint_request(
+    operation: str,
+    new: dict[str, Any] | None,
+    old: dict[str, Any] | None,
+    *,
+    username: str = AGENT,
+    claim: list[str] | None = None,
+) -> dict[str, Any]:
+    """A create (no oldObject), update or delete (no object) of a DeviceTaintRule."""
+    return {
+        "operation": operation,
+        "name": (new or old or {}).get("metadata", {}).get("name"),
+        "resource": {
+            "group": "resource.k8s.io",
+            "version": "v1alpha3",
+            "resource": "devicetaintrules",
+        },
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"] if claim is None else claim},
+        },
+        "object": new,
+        "oldObject": old,
+    }
+
+
+@pytest.mark.parametrize(
+    ("operation", "new", "old"),
+    [
+        ("CREATE", "gpu-node-1", None),
+        ("DELETE", None, "gpu-node-1"),
+        ("UPDATE", "gpu-node-1", "gpu-node-1"),
+    ],
+    ids=["create", "delete", "update"],
+)
+def test_the_agent_may_write_rules_of_its_own_nodes_pool(
+    taint_policy: PolicyEvaluator, operation: str, new: str | None, old: str | None
+) -> None:
+    request = taint_request(
+        operation,
+        None if new is None else taint_rule(new),
+        None if old is None else taint_rule(old),
+    )
+    assert taint_policy.admit(request) == Decision(True, True)
+
+
+@pytest.mark.parametrize(
+    ("operation", "new", "old", "claim"),
+    [
+        ("CREATE", taint_rule("gpu-node-2"), None, None),
+        ("CREATE", taint_rule(None), None, None),
+        ("CREATE", taint_rule(None, selector=False), None, None),
+        ("CREATE", taint_rule("gpu-node-1"), None, []),
+        ("CREATE", taint_rule("gpu-node-1"), None, ["gpu-node-1", "gpu-node-2"]),
+        ("DELETE", None, taint_rule("gpu-node-2"), None),
+        ("DELETE", None, taint_rule(None), None),
+        ("UPDATE", taint_rule("gpu-node-2"), taint_rule("gpu-node-1"), None),
+        ("UPDATE", taint_rule("gpu-node-1"), taint_rule("gpu-node-2"), None),
+    ],
+    ids=[
+        "create for another node's pool",
+        "create without a pool: every pool's device",
+        "create without a selector",
+        "a token without the node claim",
+        "a token naming two nodes",
+        "delete another node's rule",
+        "delete a rule of every pool",
+        "move its rule to another pool",
+        "take over another node's rule",
+    ],
+)
+def test_the_agent_may_not_write_any_other_rule(
+    taint_policy: PolicyEvaluator,
+    operation: str,
+    new: dict[str, Any] | None,
+    old: dict[str, Any] | None,
+    claim: list[str] | None,
+) -> None:
+    decision = taint_policy.admit(taint_request(operation, new, old, claim=claim))
+    assert decision.applies
+    assert not decision.allowed
+    assert "DeviceTaintRules whose device selector names" in decision.message
+
+
+def test_other_writers_of_rules_are_not_judged_by_the_taint_policy(
+    taint_policy: PolicyEvaluator,
+) -> None:
+    other = "system:serviceaccount:nvidia-dra-driver:gpu-kubelet-plugin"
+    decision = taint_policy.admit(
+        taint_request("CREATE", taint_rule("gpu-node-2"), None, username=other)
+    )
+    assert decision == Decision(allowed=True, applies=False)
+
+
+def test_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
+    taint_policy: PolicyEvaluator,
+) -> None:
+    env = celpy.Environment()
+    for expression in taint_policy.expressions:
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
         assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from reporter.publish.client import NODE_EVENT_NAMESPACE
+from reporter.publish.devicetaints import RBAC_VERBS as DEVICE_TAINT_RBAC_VERBS
 from reporter.publish.lease import RBAC_VERBS as LEASE_RBAC_VERBS
 from reporter.publish.lease import WATCH_RBAC_VERBS as LEASE_WATCH_RBAC_VERBS
 from reporter.publish.nodefeature import RBAC_VERBS
@@ -694,6 +695,69 @@ def test_the_extender_container_is_locked_down(all_on: Rendered) -> None:
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not any("hostPath" in v for v in pod["volumes"])
+
+
+# --- DRA: the drivers availability counts, DeviceTaintRules -------------------------------------
+
+
+def test_dra_drivers_go_with_availability_and_device_taints_are_off_by_default(
+    default: Rendered,
+) -> None:
+    assert not {"TOPO_REPORTER_DRA_DRIVERS", "TOPO_REPORTER_DRA_DEVICE_TAINTS"} & set(env(default))
+    assert all(
+        not r["metadata"]["name"].endswith("-device-taints") for r in default.of_kind("ClusterRole")
+    )
+    on = env(render({"availability": {"enabled": True}}))
+    assert on["TOPO_REPORTER_DRA_DRIVERS"] == "gpu.nvidia.com"
+    none = env(render({"availability": {"enabled": True}, "dra": {"drivers": []}}))
+    assert none["TOPO_REPORTER_DRA_DRIVERS"] == ""
+
+
+def test_device_taints_turn_the_agent_on_and_grant_exactly_the_sinks_verbs() -> None:
+    rendered = render({"dra": {"deviceTaints": True}}, api_versions=(VAP_API,))
+    assert env(rendered)["TOPO_REPORTER_DRA_DEVICE_TAINTS"] == "true"
+    role = _named(rendered, "ClusterRole", "-device-taints")
+    assert _rules(role) == {
+        ("resource.k8s.io", "devicetaintrules", v) for v in DEVICE_TAINT_RBAC_VERBS
+    }
+    binding = _named(rendered, "ClusterRoleBinding", "-device-taints")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    ]
+    policy = _named(rendered, "ValidatingAdmissionPolicy", "-own-device-taints")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["devicetaintrules"],
+        }
+    ]
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
+    binding = _named(rendered, "ValidatingAdmissionPolicyBinding", "-own-device-taints")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "cluster_serves_policy_api", "installed"),
+    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+    ids=["auto, with the API", "auto, without the API", "forced on", "forced off"],
+)
+def test_the_device_taint_policy_follows_the_admission_policy_switch(
+    mode: object, cluster_serves_policy_api: bool, installed: bool
+) -> None:
+    apis = (VAP_API,) if cluster_serves_policy_api else ()
+    values = {"dra": {"deviceTaints": True}, "admissionPolicy": {"enabled": mode}}
+    rendered = render(values, api_versions=apis)
+    policies = [p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")]
+    assert (f"{FULLNAME}-own-device-taints" in policies) is installed
+
+
+def test_a_dra_driver_name_that_is_not_one_fails_the_render() -> None:
+    with pytest.raises(helm.HelmError):
+        render({"dra": {"drivers": ["GPU.Nvidia.com"]}})
 
 
 # --- NodeResourceTopology and Koordinator -------------------------------------------------------

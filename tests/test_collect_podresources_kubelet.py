@@ -24,10 +24,15 @@ from typing import Any
 
 import pytest
 
-from reporter.collect.podresources import AllocationView, PodResourcesError, PodResourcesReader
+from reporter.collect.podresources import (
+    AllocationView,
+    DraScope,
+    PodResourcesError,
+    PodResourcesReader,
+)
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
-from tests.podresources_double import devices_state, pod_state
+from tests.podresources_double import claim_pod_state, claim_state, devices_state, pod_state
 from tests.test_collect_podresources import GPU, MIG_1G, a100_topology, uuids
 
 # The kubelet's server code comes from the control-plane harness (Go).
@@ -247,3 +252,53 @@ def test_the_kubelets_rate_limit_is_a_throttled_read_and_passes(
     with PodResourcesReader(kubelet.socket) as reader:
         view = converge(lambda: reader.allocated(topology), lambda v: True)
     assert view.free == tuple(range(8))
+
+
+# --- DRA: the kubelet's own server code answering ResourceClaims' devices -----------------------
+
+DRA_NODE = "dgx-07"
+
+
+def test_the_kubelets_server_reports_claims_a_gpu_held_by_one_is_not_free(
+    kubelet: KubeletPodResources, topology: Topology
+) -> None:
+    minor = topology.gpus[2].minor
+    kubelet.write(
+        {
+            "devices": [],
+            "pods": [claim_pod_state("train", [claim_state("gpus", [f"gpu-{minor}"], DRA_NODE)])],
+        }
+    )
+    with PodResourcesReader(kubelet.socket, dra=DraScope(("gpu.nvidia.com",), DRA_NODE)) as reader:
+        view = converge(lambda: reader.allocated(topology), lambda v: bool(v.claimed))
+    assert view.sources == ("dra",)
+    assert view.claimed == {2}
+    assert view.free == (0, 1, 3, 4, 5, 6, 7)
+    assert view.pods == (PodRef("default", "train"),)
+
+
+def test_the_kubelets_server_a_mig_slice_holds_its_parent_and_release_frees_it(
+    kubelet: KubeletPodResources, topology: Topology
+) -> None:
+    minor = topology.gpus[6].minor
+    ids = uuids(topology)
+    kubelet.write(
+        {
+            "devices": devices_state(GPU, ids[:6]),
+            "pods": [
+                pod_state("plugin", GPU, [ids[0]]),
+                claim_pod_state(
+                    "infer", [claim_state("slice", [f"gpu-{minor}-mig-1g10gb-19-0"], DRA_NODE)]
+                ),
+            ],
+        }
+    )
+    with PodResourcesReader(kubelet.socket, dra=DraScope(("gpu.nvidia.com",), DRA_NODE)) as reader:
+        view = converge(lambda: reader.allocated(topology), lambda v: bool(v.claimed))
+        assert view.sources == ("device-plugin", "dra")
+        assert view.claimed == {6}
+        assert view.allocated == {0, 6}
+        kubelet.write({"devices": devices_state(GPU, ids[:6]), "pods": []})
+        released = converge(lambda: reader.allocated(topology), lambda v: not v.allocated)
+    assert released.claimed == frozenset()
+    assert released.free == (0, 1, 2, 3, 4, 5)

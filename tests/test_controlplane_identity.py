@@ -7,6 +7,7 @@ claim the policy keys on. The policy's CEL is evaluated by the apiserver itself 
 from __future__ import annotations
 
 import base64
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,11 +20,13 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from reporter.schema import dra
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import FULLNAME, NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
+from tests.test_controlplane_dra import profile
 
 pytestmark = pytest.mark.controlplane
 
@@ -33,6 +36,7 @@ CHART_VALUES = {
     "admissionPolicy": {"enabled": True},
     "availability": {"enabled": True},
     "extender": {"enabled": True},
+    "dra": {"deviceTaints": True},
 }
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -403,3 +407,137 @@ def test_the_extenders_token_may_list_and_watch_leases_in_the_release_namespace_
             with pytest.raises(k8s.ApiException) as forbidden:
                 call()
             assert forbidden.value.status == 403
+
+
+# --- DRA DeviceTaintRules (issue 22 item 3): the pool is the node, and only the own node ------
+
+RULES = ("resource.k8s.io", "v1alpha3", "devicetaintrules")
+
+
+def taint_rule(name: str, pool: str | None) -> dict[str, Any]:
+    selector = {"driver": "gpu.nvidia.com", "device": "gpu-0"}
+    if pool is not None:
+        selector["pool"] = pool
+    return {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {
+            "deviceSelector": selector,
+            "taint": {"key": f"{PREFIX}/gpu-unhealthy", "value": "lost", "effect": "NoSchedule"},
+        },
+    }
+
+
+def wait_for_rule_policy(api: k8s.CustomObjectsApi, node_b: str) -> None:
+    """As wait_for_policy, for the DeviceTaintRule policy: a dry-run create for node B's pool."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        try:
+            api.create_cluster_custom_object(*RULES, taint_rule("probe", node_b), dry_run="All")
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                return
+            raise
+        assert time.monotonic() < deadline, f"policy not enforced within {POLICY_TIMEOUT_S:.0f} s"
+        time.sleep(0.1)
+
+
+def test_the_pods_token_taints_only_its_own_nodes_devices(
+    real_apiserver: RealApiServer, agent: Agent, tmp_path: Path
+) -> None:
+    rules = k8s.CustomObjectsApi(agent.api)
+    admin = k8s.CustomObjectsApi(real_apiserver.api())
+    wait_for_rule_policy(rules, agent.node_b)
+    foreign = f"foreign-{agent.node_b}"
+    admin.create_cluster_custom_object(*RULES, taint_rule(foreign, agent.node_b))
+    own = f"own-{agent.node_a}"
+    try:
+        rules.create_cluster_custom_object(*RULES, taint_rule(own, agent.node_a))
+        refused: list[str] = []
+        for what, call in (
+            (
+                "create for another node's pool",
+                lambda: rules.create_cluster_custom_object(*RULES, taint_rule("b", agent.node_b)),
+            ),
+            (
+                "create without a pool (every pool's gpu-0)",
+                lambda: rules.create_cluster_custom_object(*RULES, taint_rule("any", None)),
+            ),
+            (
+                "delete another node's rule",
+                lambda: rules.delete_cluster_custom_object(*RULES, foreign),
+            ),
+        ):
+            try:
+                call()
+            except k8s.ApiException as e:
+                if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                    continue
+                refused.append(f"{what}: {e.status} {e.body}")
+                continue
+            refused.append(f"{what}: admitted")
+        assert refused == []
+        # RBAC, not the policy: the chart grants list, create and delete, no update.
+        with pytest.raises(k8s.ApiException) as forbidden:
+            rules.patch_cluster_custom_object(*RULES, own, {"metadata": {"labels": {"x": "y"}}})
+        assert forbidden.value.status == 403
+        assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
+        rules.delete_cluster_custom_object(*RULES, own)
+    finally:
+        for name in (own, foreign):
+            with contextlib.suppress(k8s.ApiException):
+                admin.delete_cluster_custom_object(*RULES, name)
+
+
+def test_the_agent_with_the_pods_token_writes_its_nodes_rule_and_not_anothers(
+    real_apiserver: RealApiServer, agent: Agent, tmp_path: Path
+) -> None:
+    machine = profile(tmp_path, [1])
+    admin = k8s.CustomObjectsApi(real_apiserver.api())
+    wait_for_rule_policy(k8s.CustomObjectsApi(agent.api), agent.node_b)
+
+    def agent_run(node: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *CLI,
+                "run",
+                "--simulate",
+                str(machine),
+                "--once",
+                "--listen",
+                "",
+                "--dra-device-taints",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env(
+                KUBECONFIG=str(agent.kubeconfig), NODE_NAME=node, TOPO_REPORTER_LOG_FORMAT="json"
+            ),
+            check=False,
+        )
+
+    def rules_of(node: str) -> list[str]:
+        found = admin.list_cluster_custom_object(
+            *RULES, label_selector=dra.owned_selector(node, PREFIX)
+        )
+        return [r["spec"]["deviceSelector"]["device"] for r in found["items"]]
+
+    try:
+        own = agent_run(agent.node_a)
+        assert own.returncode == 0, own.stderr
+        assert rules_of(agent.node_a) == ["gpu-1"]
+        other = agent_run(agent.node_b)
+        assert other.returncode == 1
+        assert (
+            "may write only DeviceTaintRules whose device selector names the pool" in other.stderr
+        )
+        assert rules_of(agent.node_b) == []
+    finally:
+        for node in (agent.node_a, agent.node_b):
+            found = admin.list_cluster_custom_object(
+                *RULES, label_selector=dra.owned_selector(node, PREFIX)
+            )
+            for rule in found["items"]:
+                admin.delete_cluster_custom_object(*RULES, rule["metadata"]["name"])

@@ -12,6 +12,7 @@ from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF, Link, LinkKind
 from reporter.doctor import (
     AgentObservation,
+    DraObservation,
     Severity,
     examine,
     local_findings,
@@ -257,6 +258,9 @@ class FakeReader:
 
     def node_events(self, node: str) -> list[dict[str, Any]] | None:
         return None if self.events is None else self.events.get(node, [])
+
+    def dra(self, node: str) -> DraObservation:
+        return DraObservation()
 
 
 def _annotated(topology: Topology, name: str = "dgx-07") -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ import yaml
 from parsers.kubelet import KubeletPolicies
 from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
-from reporter.schema.codec import to_document
+from reporter.schema.codec import encode, to_document
 from reporter.schema.labels import describe_matrix
-from reporter.schema.model import Topology
+from reporter.schema.model import NvlinkHealth, Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
@@ -83,10 +84,14 @@ def test_a_node_shows_its_matrix_islands_and_the_doctors_findings(
 ) -> None:
     result = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
     assert result.returncode == 0, result.stderr
-    matrix = describe_matrix(machines()["profile dgx-h100"]).rstrip("\n")
+    topology = machines()["profile dgx-h100"]
+    matrix = describe_matrix(topology).rstrip("\n")
+    gpus = "".join(f"  GPU{i}   gpu-{i}        unknown   ok 18/18\n" for i in range(8))
     assert result.stdout == (
         f"Node: {NODE}\n{matrix}\n\nNVLink islands: GPU0-7 (8 GPUs)\n"
         "Free GPUs: unknown: the agent does not publish availability on this node\n"
+        "\nGPUs:\n  GPU    DRA DEVICE   STATE     NVLINK\n"
+        f"{gpus}"
         f"\nnode {NODE}: no findings\n"
     )
 
@@ -275,3 +280,45 @@ def test_the_node_list_shows_no_control_sequences(
     assert (result.returncode, controls(result.stdout)) == (0, []), result.stderr
     rows = [line.split() for line in result.stdout.splitlines()]
     assert ["gpu-node-2", "8", "<none>", "<none>", "<unknown>"] in rows
+
+
+def test_a_dra_node_shows_the_gpus_claims_hold_and_each_gpus_nvlinks(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    """Issue 22: which GPUs DRA claims hold (the `allocation` annotation) and each GPU's link
+    health (the topology's per-GPU NVLinks), beside the free GPUs."""
+    base = machines()["profile dgx-h100"]
+    gpus = list(base.gpus)
+    gpus[1] = replace(gpus[1], nvlink=NvlinkHealth(18, down=(0, 1)))
+    gpus[3] = replace(gpus[3], lost=True)
+    topology = replace(base, gpus=tuple(gpus))
+    free = compute_availability(topology, [2, 4, 5, 6, 7])
+    published.edit_node(
+        NODE,
+        {
+            "metadata": {
+                "annotations": {
+                    f"{PREFIX}/topology": encode(topology),
+                    f"{PREFIX}/{AVAILABILITY_KEY}": encode_availability(free),
+                    f"{PREFIX}/allocation": "1;dra;0-1",
+                }
+            }
+        },
+    )
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig)).stdout
+    assert "Held by DRA claims: GPU0-1 (availability counts dra)\n" in shown
+    assert (
+        "  GPU0   gpu-0        claimed   ok 18/18\n"
+        "  GPU1   gpu-1        claimed   degraded 16/18 (down: 0-1)\n"
+        "  GPU2   gpu-2        free      ok 18/18\n"
+        "  GPU3   gpu-3        lost      ok 18/18\n"
+    ) in shown
+    doc = json.loads(plugin(NODE, "--format", "json", "--kubeconfig", str(admin_kubeconfig)).stdout)
+    assert doc["claimed"] == [0, 1]
+    assert doc["counted"] == ["dra"]
+    assert doc["gpus"][1] == {
+        "gpu": 1,
+        "device": "gpu-1",
+        "state": "claimed",
+        "nvlink": {"state": "degraded", "active": 16, "count": 18, "down": [0, 1]},
+    }

@@ -11,13 +11,28 @@ resource names, and maps every device ID to a GPU index of the topology through 
   device UUIDs (NVML knows the parent, the UUID does not say it);
 - `MIG-GPU-<uuid>/<gi>/<ci>`: the MIG UUID of drivers before R470, which names its parent.
 
-A GPU is *free* when the kubelet offers it (at least one of its devices is allocatable, so healthy),
-no container holds any of its devices, and NVML has not reported it lost. Everything else that can
+On a node where a DRA driver hands out GPUs (Kubernetes 1.34+, NVIDIA's `gpu.nvidia.com`), `List`
+also reports, per container, the devices its ResourceClaims hold (`dynamic_resources`: driver,
+pool, device). NVIDIA's driver names a GPU `gpu-<minor>` and a MIG device
+`gpu-<minor>-mig-<profile>-<profile id>-<placement start>`, in a pool named after the node, so a
+claimed device maps to a GPU through the minor numbers of the topology; a MIG device holds its
+parent. Devices of other drivers are not GPUs of ours and are ignored. The kubelet's
+`GetAllocatableResources` knows nothing of DRA: where it offers none of this node's GPUs, under any
+resource name, and DRA drivers are configured, the node is taken as a DRA node and every GPU with a
+known minor that NVML has not lost is offered (the driver's own health is in its ResourceSlices,
+which the doctor reads). GPUs offered under names that are not managed are a device plugin named
+otherwise, not DRA: that is `no_devices`, as without DRA. `AllocationView.sources` says which of the
+two the view counts.
+
+A GPU is *free* when it is offered (the kubelet offers at least one of its devices, so healthy, or
+the node is a DRA node), no container holds any of its devices or a claim on it, and NVML has not
+reported it lost. Everything else that can
 go wrong has one rule: it is logged and counted, it never crashes the agent, and it never removes
 a GPU from the free set silently.
 
 - An ID that maps to no GPU is counted in `unknown_ids` and logged when the set changes; it changes
-  no GPU's state.
+  no GPU's state. So is a claimed device of a configured DRA driver that is not one of this node's
+  GPUs: another pool, a name of another shape (`gpu--1`, `gpu-0-mig-`), a minor no GPU has.
 - A GPU the kubelet does not offer (an unhealthy device, or one its plugin does not advertise
   under a managed name) is not free, and is listed in `unhealthy`, logged when that set changes.
 - A failed call, a missing socket, a kubelet offering no managed device at all, or offering only
@@ -48,6 +63,7 @@ import structlog
 
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
+from reporter.schema.dra import DRIVER, check_driver_name, gpu_minor
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
 
@@ -65,6 +81,13 @@ _MAX_RESOURCE_PATTERNS = 32
 _MAX_EXAMPLES = 8
 _MAX_DETAIL = 200
 
+DEFAULT_DRA_DRIVERS = (DRIVER,)
+"""NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu)."""
+_MAX_DRA_DRIVERS = 8
+
+SOURCE_DEVICE_PLUGIN = "device-plugin"
+SOURCE_DRA = "dra"
+
 _Answer = tuple[api_pb2.AllocatableResourcesResponse, api_pb2.ListPodResourcesResponse]
 
 
@@ -79,6 +102,45 @@ class PodResourcesError(CollectError):
         self.reason = reason
         self.method = method
         super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class DraScope:
+    """Which DRA allocations are GPUs of this node: devices of `drivers` in the pool `pool`."""
+
+    drivers: tuple[str, ...]
+    pool: str
+    """The node's name: NVIDIA's driver publishes one pool per node, named after it."""
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a driver name that is not one, or too many."""
+        if not self.drivers or len(self.drivers) > _MAX_DRA_DRIVERS:
+            raise ConfigError(
+                f"give 1 to {_MAX_DRA_DRIVERS} DRA driver names (got {len(self.drivers)}), "
+                "e.g. gpu.nvidia.com, or none to count device plugin allocations only"
+            )
+        for driver in self.drivers:
+            check_driver_name(driver)
+        if not self.pool:
+            raise ConfigError("the DRA pool (the node's name) is empty")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDevice:
+    """One device a container's ResourceClaim holds, as `List` reports it."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        # DRA's own notation for a device (<driver>/<pool>/<device>), bounded for logs.
+        return f"{self.driver[:64]}/{self.pool[:64]}/{self.device[:64]}"
+
+
+def gpu_minors(topology: Topology) -> dict[int, int]:
+    """Minor number -> GPU index, for the GPUs whose minor the source observed."""
+    return {g.minor: g.index for g in topology.gpus if g.minor is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +166,11 @@ class AllocationView:
     exclusive_cpus: frozenset[int] = frozenset()
     """CPUs containers hold exclusively (the CPU manager's `static` policy; `List` names no
     shared-pool CPU): not available in the NodeResourceTopology's zones."""
+    claimed: frozenset[int] = frozenset()
+    """GPUs a DRA ResourceClaim holds (the GPU, or a MIG device of it); part of `allocated`."""
+    sources: tuple[str, ...] = (SOURCE_DEVICE_PLUGIN,)
+    """What the view counts: `device-plugin` (the kubelet offers GPUs and containers hold them),
+    `dra` (claims hold GPUs), or both."""
 
     @property
     def free(self) -> tuple[int, ...]:
@@ -134,18 +201,41 @@ def device_key(device_id: str) -> str:
     return base.lower()
 
 
+def _claimed_gpus(
+    topology: Topology, claims: Iterable[ClaimedDevice], dra: DraScope, unknown: set[str]
+) -> set[int]:
+    """GPU indexes the claimed devices of `dra`'s drivers hold; the rest of theirs in `unknown`."""
+    minors = gpu_minors(topology)
+    found: set[int] = set()
+    for device in claims:
+        if device.driver not in dra.drivers:
+            continue  # another driver's device (a NIC, an FPGA): not a GPU of ours
+        minor = gpu_minor(device.device) if device.pool == dra.pool else None
+        index = None if minor is None else minors.get(minor)
+        if index is None:
+            unknown.add(str(device))
+        else:
+            found.add(index)
+    return found
+
+
 def allocation_view(
     topology: Topology,
     offered: Iterable[str],
     held: Iterable[str],
     pods: Iterable[PodRef] = (),
     exclusive_cpus: Iterable[int] = (),
+    *,
+    claims: Iterable[ClaimedDevice] = (),
+    dra: DraScope | None = None,
 ) -> AllocationView:
     """The view of `topology` given the device IDs the kubelet offers, those containers hold,
-    and the pods the kubelet lists.
+    the devices their ResourceClaims hold, and the pods the kubelet lists.
 
-    Pure: the reader passes the IDs of the managed resources. Raises PodResourcesError
-    (`unmatched`) when IDs are offered but none is a GPU of the topology.
+    Pure: the reader passes the IDs of the managed resources. Claims count only with `dra`; with
+    it and nothing offered, the node is a DRA node (see the module docstring). Raises
+    PodResourcesError (`unmatched`) when IDs are offered but none is a GPU of the topology, or
+    on a DRA node whose topology has no minor numbers.
     """
     keys = device_gpu_keys(topology)
     unknown: set[str] = set()
@@ -162,6 +252,18 @@ def allocation_view(
 
     offered_ids = list(offered)
     allocatable = gpus(offered_ids)
+    sources: tuple[str, ...] = (SOURCE_DEVICE_PLUGIN,) if offered_ids else ()
+    if dra is not None:
+        sources += (SOURCE_DRA,)
+        if not offered_ids:
+            allocatable = {g.index for g in topology.gpus if g.minor is not None}
+            if topology.gpus and not allocatable:
+                raise PodResourcesError(
+                    "no device plugin offers a GPU, and DRA claims name GPUs by minor number, "
+                    "which this node's topology does not have (availability needs the NVML source)",
+                    reason="unmatched",
+                    method="List",
+                )
     if offered_ids and not allocatable and topology.gpus:
         hint = (
             "the topology has no GPU UUIDs (availability needs the NVML source)"
@@ -175,16 +277,19 @@ def allocation_view(
             method="GetAllocatableResources",
         )
     allocated = gpus(held)
+    claimed = set() if dra is None else _claimed_gpus(topology, claims, dra, unknown)
     lost = frozenset(g.index for g in topology.gpus if g.lost)
     return AllocationView(
         allocatable=frozenset(allocatable),
-        allocated=frozenset(allocated),
+        allocated=frozenset(allocated | claimed),
         unhealthy=tuple(g.index for g in topology.gpus if g.index not in allocatable | lost),
         unknown_ids=len(unknown),
         unknown_examples=tuple(sorted(d[:96] for d in unknown)[:_MAX_EXAMPLES]),
         lost=lost,
         pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
         exclusive_cpus=frozenset(exclusive_cpus),
+        claimed=frozenset(claimed),
+        sources=sources,
     )
 
 
@@ -202,10 +307,15 @@ class PodResourcesReader:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        dra: DraScope | None = None,
     ) -> None:
-        """Raises ConfigError for a socket path too long for a unix socket, or bad resources."""
+        """Raises ConfigError for a socket path too long for a unix socket, or bad resources.
+
+        `dra`: count the devices of these DRA drivers in this node's pool that claims hold
+        (None: device plugin allocations only)."""
         self.socket = socket
         self.resources = tuple(resources)
+        self.dra = dra
         if len(os.fsencode(socket)) > _MAX_SOCKET_PATH:
             raise ConfigError(
                 f"PodResources socket path {socket} is longer than {_MAX_SOCKET_PATH} bytes, "
@@ -231,6 +341,7 @@ class PodResourcesReader:
         self._stub: Any = None
         self._last_unknown: tuple[str, ...] = ()
         self._last_unhealthy: tuple[int, ...] = ()
+        self._last_sources: tuple[str, ...] = ()
         self._last_failure: str | None = None
 
     def __enter__(self) -> PodResourcesReader:
@@ -342,17 +453,40 @@ class PodResourcesReader:
     ) -> AllocationView:
         offered = list(self._managed_ids(allocatable.devices))
         if not offered:
-            raise PodResourcesError(
-                f"the kubelet offers no device named {', '.join(self.resources)}: is the device "
-                "plugin running, and do these names match the resources it advertises?",
-                reason="no_devices",
-                method="GetAllocatableResources",
+            # A DRA node offers no GPU at all; GPUs offered under other names are a device plugin
+            # whose names are not managed here: counting it as DRA would publish them all free.
+            keys = device_gpu_keys(topology)
+            named = sorted(
+                {
+                    group.resource_name[:64]
+                    for group in allocatable.devices
+                    if any(device_key(i) in keys for i in group.device_ids)
+                }
             )
+            if self.dra is None or named:
+                hint = (
+                    f": it offers this node's GPUs as {', '.join(named[:4])} (--gpu-resource)"
+                    if named
+                    else ": is the device plugin running, and do these names match the "
+                    "resources it advertises?"
+                )
+                raise PodResourcesError(
+                    f"the kubelet offers no device named {', '.join(self.resources)}{hint}",
+                    reason="no_devices",
+                    method="GetAllocatableResources",
+                )
         held = (
             device_id
             for pod in listed.pod_resources
             for container in pod.containers
             for device_id in self._managed_ids(container.devices)
+        )
+        claims = (
+            ClaimedDevice(r.driver_name, r.pool_name, r.device_name)
+            for pod in listed.pod_resources
+            for container in pod.containers
+            for claim in container.dynamic_resources
+            for r in claim.claim_resources
         )
         pods = (PodRef(pod.namespace, pod.name) for pod in listed.pod_resources)
         cpus = (
@@ -361,7 +495,7 @@ class PodResourcesReader:
             for container in pod.containers
             for cpu in container.cpu_ids
         )
-        view = allocation_view(topology, offered, held, pods, cpus)
+        view = allocation_view(topology, offered, held, pods, cpus, claims=claims, dra=self.dra)
         self._note(view)
         return view
 
@@ -369,13 +503,18 @@ class PodResourcesReader:
 
     def _note(self, view: AllocationView) -> None:
         examples, unhealthy = view.unknown_examples, view.unhealthy
+        if view.sources != self._last_sources:
+            # DRA alone: the kubelet offers no managed device, so no device plugin runs here.
+            log.info("podresources_counting", sources=list(view.sources))
+            self._last_sources = view.sources
         if examples != self._last_unknown:
             if view.unknown_ids:
                 log.warning(
                     "podresources_unknown_devices",
                     count=view.unknown_ids,
                     examples=list(examples),
-                    hint="these IDs match no GPU UUID or MIG UUID of the topology; no GPU changed",
+                    hint="these IDs match no GPU UUID or MIG UUID of the topology, nor these DRA "
+                    "devices a GPU minor of this node's pool; no GPU changed",
                 )
             self._last_unknown = examples
         if unhealthy != self._last_unhealthy:

@@ -1,7 +1,7 @@
 """The one seam between the publish layer and the Kubernetes API: resource-generic calls we own.
 
-A sink names a `Resource` and calls get, create, replace or merge_patch on it; the extender's
-Node cache and its heartbeat judge list and watch. Three implementations: the lean client
+A sink names a `Resource` and calls get, create, replace, merge_patch or delete on it; the
+extender's Node cache and its heartbeat judge list and watch. Three implementations: the lean client
 (`reporter.publish.rest.RestApiClient`), the official one (`reporter.publish.kube.KubeApiClient`),
 both `reporter.publish.wire.WireClient` over their own transport, and the dry run's
 `reporter.publish.printing.PrintingClient`. Every implementation raises only
@@ -53,6 +53,27 @@ NODE_RESOURCE_TOPOLOGIES = Resource(
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 
 
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+"""resource.k8s.io versions that serve ResourceSlices and ResourceClaims, newest first (v1 is GA in
+1.34; v1beta1 came in 1.32)."""
+
+
+def resource_slices(version: str) -> Resource:
+    """DRA's ResourceSlices (what a driver offers on a node) in one version of resource.k8s.io."""
+    return Resource("resource.k8s.io", version, "resourceslices", "ResourceSlice", False)
+
+
+def resource_claims(version: str) -> Resource:
+    """DRA's ResourceClaims (what a pod asked for, and the devices it was given)."""
+    return Resource("resource.k8s.io", version, "resourceclaims", "ResourceClaim", True)
+
+
+def device_taint_rules(version: str) -> Resource:
+    """DRA's DeviceTaintRules in one version of resource.k8s.io: which one a cluster serves
+    changes with its release and gates (v1alpha3 in 1.34 and 1.35, v1beta2 in 1.36, v1 later)."""
+    return Resource("resource.k8s.io", version, "devicetaintrules", "DeviceTaintRule", False)
+
+
 class WatchExpired(PublishError):  # noqa: N818 - the API's word (410 Gone), not a failure of ours
     """The resourceVersion to watch from is too old: list again."""
 
@@ -92,6 +113,10 @@ class ApiClient(Protocol):
         namespace: str | None = None,
     ) -> dict[str, Any]:
         """Send a JSON merge patch; returns the object as patched."""
+        ...
+
+    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> None:
+        """Delete the object; one already gone (a 404 naming it) is no error."""
         ...
 
     def list(

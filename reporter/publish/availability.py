@@ -1,10 +1,11 @@
-"""The availability annotation and its two labels on the agent's Node, written only on change.
+"""The availability annotations and their two labels on the agent's Node, written only on change.
 
-The keys (`<prefix>/availability`, `<prefix>/gpu-free`, `<prefix>/gpu-free-nvlink-max`) are this
-sink's alone. They are not listed in the Node sink's `owned` annotation, so the Node sink neither
-writes nor deletes them; this sink removes them when availability is off. Because no other writer
-sets them, a patch carries no resourceVersion: a precondition would turn every kubelet status
-update between our read and our write into a 409 for nothing.
+The keys (`<prefix>/availability`, `<prefix>/allocation`, `<prefix>/gpu-free`,
+`<prefix>/gpu-free-nvlink-max`) are this sink's alone. They are not listed in the Node sink's
+`owned` annotation, so the Node sink neither writes nor deletes them; this sink removes them when
+availability is off. Because no other writer sets them, a patch carries no resourceVersion: a
+precondition would turn every kubelet status update between our read and our write into a 409 for
+nothing.
 
 One request per attempt and no retry here: the live loop calls again at its next interval, which
 is sooner than a retry schedule would be useful.
@@ -18,11 +19,15 @@ from typing import Any
 import structlog
 
 from reporter.availability import (
+    ALLOCATION_KEY,
     AVAILABILITY_KEY,
+    DEVICE_PLUGIN_ONLY,
     GPU_FREE_LABEL,
     GPU_FREE_NVLINK_MAX_LABEL,
+    Allocation,
     Availability,
     availability_labels,
+    encode_allocation,
     encode_availability,
 )
 from reporter.errors import PublishError
@@ -41,17 +46,20 @@ from reporter.schema import keys
 def availability_keys(prefix: str) -> tuple[frozenset[str], frozenset[str]]:
     """(label keys, annotation keys) this sink owns under `prefix`."""
     labels = frozenset(keys.key(prefix, n) for n in (GPU_FREE_LABEL, GPU_FREE_NVLINK_MAX_LABEL))
-    return labels, frozenset({keys.key(prefix, AVAILABILITY_KEY)})
+    annotations = frozenset(keys.key(prefix, n) for n in (AVAILABILITY_KEY, ALLOCATION_KEY))
+    return labels, annotations
 
 
-def desired(availability: Availability | None, prefix: str) -> Desired:
+def desired(
+    availability: Availability | None, prefix: str, allocation: Allocation | None = None
+) -> Desired:
     """What the Node should carry of our keys; nothing when availability is off (None)."""
     if availability is None:
         return Desired({}, {})
-    return Desired(
-        availability_labels(availability, prefix),
-        {keys.key(prefix, AVAILABILITY_KEY): encode_availability(availability)},
-    )
+    annotations = {keys.key(prefix, AVAILABILITY_KEY): encode_availability(availability)}
+    if allocation is not None and allocation != DEVICE_PLUGIN_ONLY:
+        annotations[keys.key(prefix, ALLOCATION_KEY)] = encode_allocation(allocation)
+    return Desired(availability_labels(availability, prefix), annotations)
 
 
 def carried(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> Desired:
@@ -101,8 +109,11 @@ class AvailabilitySink:
         """The next publish reads the Node again (resync: repairs keys edited or deleted)."""
         self._known = None
 
-    def publish(self, availability: Availability | None) -> bool:
-        """Make the Node carry `availability` (None: none of our keys); True when it wrote.
+    def publish(
+        self, availability: Availability | None, allocation: Allocation | None = None
+    ) -> bool:
+        """Make the Node carry `availability` and how it was counted (None: none of our keys);
+        True when it wrote.
 
         Raises PublishError; what the Node carries is then unknown and read again next time.
         """
@@ -110,7 +121,7 @@ class AvailabilitySink:
             if self._known is None:
                 node = read_node(self._api, self._node)
                 self._known = carried(node.labels, node.annotations, self._prefix)
-            want = desired(availability, self._prefix)
+            want = desired(availability, self._prefix, allocation)
             body = patch_body(self._known, want)
             if body is None:
                 return False

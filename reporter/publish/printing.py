@@ -94,6 +94,11 @@ class PrintingClient:
         self._objects[resource, name] = written
         return dict(written)
 
+    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> None:
+        """Logged, not printed: stdout carries the objects the agent would write."""
+        self._log.info("would_delete", kind=resource.kind, name=name)
+        self._objects.pop((resource, name), None)
+
     def list(
         self,
         resource: Resource,

@@ -54,8 +54,8 @@ class Transport(Protocol):
         ...
 
 
-class _Missing(Exception):  # noqa: N818 - not an error: a get found nothing
-    """A get's 404 named the object."""
+class _Missing(Exception):  # noqa: N818 - not an error: a get or delete found nothing
+    """A get's or delete's 404 named the object."""
 
 
 class WireClient:
@@ -78,7 +78,7 @@ class WireClient:
         query: Mapping[str, str] | None = None,
         accept: str = JSON,
     ) -> dict[str, Any]:
-        """The answer. Raises _Missing for a get whose 404 names the object."""
+        """The answer. Raises _Missing for a get or delete whose 404 names the object."""
         what = errors_map.describe(verb, resource, name, namespace, body)
         response = self._transport.send(
             method,
@@ -93,7 +93,7 @@ class WireClient:
         data = self._read(response, _ERROR_BODY_BYTES if failed else MAX_ANSWER_BYTES, what)
         if failed:
             if (
-                verb == "get"
+                verb in ("get", "delete")
                 and response.status == 404
                 and name is not None
                 and errors_map.names_object(data, resource, name)
@@ -149,6 +149,12 @@ class WireClient:
         return self._call(
             "PATCH", "merge_patch", resource, name, namespace, patch, content_type=MERGE_PATCH
         )
+
+    def delete(self, resource: Resource, name: str, namespace: str | None = None) -> None:
+        try:
+            self._call("DELETE", "delete", resource, name, namespace)
+        except _Missing:
+            return
 
     def list(
         self,

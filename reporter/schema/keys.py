@@ -46,6 +46,11 @@ FABRIC_TAINT_EFFECT = "NoSchedule"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_AVAILABILITY = "availability"
 
+# DRA DeviceTaintRules (reporter.schema.devicetaints): the taint's key on a GPU, and the label that
+# names the node on the rules the agent owns.
+DEVICE_TAINT = "gpu-unhealthy"
+DEVICE_TAINT_NODE = "node"
+
 # Annotations
 TOPOLOGY = "topology"
 MATRIX = "matrix"

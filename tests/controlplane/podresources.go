@@ -30,7 +30,8 @@ const (
 )
 
 // The state file: what the device plugins registered and which pods hold which devices, as the
-// kubelet's device manager would know it.
+// kubelet's device manager would know it, and which devices DRA drivers prepared for each
+// container's ResourceClaims, as its DRA manager would.
 type stateFile struct {
 	Devices []stateDevice `json:"devices"`
 	Pods    []statePod    `json:"pods"`
@@ -52,6 +53,21 @@ type statePod struct {
 type stateContainer struct {
 	Name    string             `json:"name"`
 	Devices []stateAssignments `json:"devices"`
+	Claims  []stateClaim       `json:"claims"`
+}
+
+// stateClaim is one ResourceClaim of a container with the devices its drivers prepared.
+type stateClaim struct {
+	Namespace string             `json:"namespace"`
+	Name      string             `json:"name"`
+	Devices   []stateClaimDevice `json:"devices"`
+}
+
+type stateClaimDevice struct {
+	Driver string   `json:"driver"`
+	Pool   string   `json:"pool"`
+	Device string   `json:"device"`
+	CDI    []string `json:"cdi"`
 }
 
 type stateAssignments struct {
@@ -64,6 +80,7 @@ type snapshot struct {
 	pods        []*v1.Pod
 	byName      map[string]*v1.Pod
 	assigned    map[string]map[string][]*podresourcesapi.ContainerDevices // pod UID -> container -> devices
+	claims      map[string]map[string][]*podresourcesapi.DynamicResource  // pod UID -> container -> claims
 	allocatable []*podresourcesapi.ContainerDevices
 }
 
@@ -109,7 +126,11 @@ func parseState(data []byte) (*snapshot, error) {
 		return nil, err
 	}
 	numa := map[string][]int64{}
-	snap := &snapshot{byName: map[string]*v1.Pod{}, assigned: map[string]map[string][]*podresourcesapi.ContainerDevices{}}
+	snap := &snapshot{
+		byName:   map[string]*v1.Pod{},
+		assigned: map[string]map[string][]*podresourcesapi.ContainerDevices{},
+		claims:   map[string]map[string][]*podresourcesapi.DynamicResource{},
+	}
 	for _, d := range f.Devices {
 		if d.Resource == "" || d.ID == "" {
 			return nil, errors.New("a device needs a resource and an id")
@@ -137,6 +158,7 @@ func parseState(data []byte) (*snapshot, error) {
 			Status:     v1.PodStatus{Phase: v1.PodRunning},
 		}
 		containers := map[string][]*podresourcesapi.ContainerDevices{}
+		claims := map[string][]*podresourcesapi.DynamicResource{}
 		for _, c := range p.Containers {
 			if c.Name == "" {
 				return nil, fmt.Errorf("pod %s: a container needs a name", uid)
@@ -150,12 +172,34 @@ func parseState(data []byte) (*snapshot, error) {
 				}
 			}
 			containers[c.Name] = devices
+			claims[c.Name] = dynamicResources(c.Claims)
 		}
 		snap.pods = append(snap.pods, pod)
 		snap.byName[uid] = pod
 		snap.assigned[uid] = containers
+		snap.claims[uid] = claims
 	}
 	return snap, nil
+}
+
+// dynamicResources is the kubelet's own conversion of a container's prepared claims
+// (containerManagerImpl.GetDynamicResources in pkg/kubelet/cm), one ClaimResource per device.
+func dynamicResources(claims []stateClaim) []*podresourcesapi.DynamicResource {
+	var out []*podresourcesapi.DynamicResource
+	for _, c := range claims {
+		resource := &podresourcesapi.DynamicResource{ClaimName: c.Name, ClaimNamespace: c.Namespace}
+		for _, d := range c.Devices {
+			var cdi []*podresourcesapi.CDIDevice
+			for _, name := range d.CDI {
+				cdi = append(cdi, &podresourcesapi.CDIDevice{Name: name})
+			}
+			resource.ClaimResources = append(resource.ClaimResources, &podresourcesapi.ClaimResource{
+				CdiDevices: cdi, DriverName: d.Driver, PoolName: d.Pool, DeviceName: d.Device,
+			})
+		}
+		out = append(out, resource)
+	}
+	return out
 }
 
 // refresh re-reads the file if it changed. A file that cannot be read or parsed (a writer caught
@@ -221,17 +265,20 @@ func (d devicesProvider) GetAllocatableDevices() []*podresourcesapi.ContainerDev
 	return d.s.refresh().allocatable
 }
 
-// No CPU manager, memory manager or DRA driver on this node: their answers are empty, as on a
-// kubelet with the `none` policies.
+type dynamicResourcesProvider struct{ s *state }
+
+func (d dynamicResourcesProvider) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+	return d.s.current().claims[string(pod.UID)][container.Name]
+}
+
+// No CPU manager or memory manager on this node: their answers are empty, as on a kubelet with
+// the `none` policies.
 type emptyProviders struct{}
 
 func (emptyProviders) GetCPUs(string, string) []int64                              { return nil }
 func (emptyProviders) GetAllocatableCPUs() []int64                                 { return nil }
 func (emptyProviders) GetMemory(string, string) []*podresourcesapi.ContainerMemory { return nil }
 func (emptyProviders) GetAllocatableMemory() []*podresourcesapi.ContainerMemory    { return nil }
-func (emptyProviders) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
-	return nil
-}
 
 func runPodResources(args []string) error {
 	fs := flag.NewFlagSet("podresources", flag.ContinueOnError)
@@ -253,7 +300,7 @@ func runPodResources(args []string) error {
 	empty := emptyProviders{}
 	providers := podresources.PodResourcesProviders{
 		Pods: podsProvider{st}, Devices: devicesProvider{st},
-		Cpus: empty, Memory: empty, DynamicResources: empty,
+		Cpus: empty, Memory: empty, DynamicResources: dynamicResourcesProvider{st},
 	}
 	// As the kubelet's ListenAndServePodResources builds it, rate limit included; only the
 	// listener is ours, so that readiness can be announced and the socket removed on exit.

@@ -29,7 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import leases, nodefeatures, nrt
+from . import devicetaintrules, leases, nodefeatures, nrt
+from .devicetaintrules import DeviceTaintRuleStore
 from .leases import LeaseStore
 from .nodefeatures import ApiStatusError, NodeFeatureStore
 from .nrt import NrtStore
@@ -259,11 +260,14 @@ class ApiServerDouble:
     """NodeResourceTopology objects; `nrt.installed = False` serves a cluster without the CRD."""
     leases: LeaseStore = field(init=False)
     """coordination.k8s.io Leases (the agents' heartbeats), with their own watch log."""
+    device_taint_rules: DeviceTaintRuleStore = field(init=False)
+    """DRA DeviceTaintRules; off (404) unless `device_taint_rules.installed = True`."""
 
     def __post_init__(self) -> None:
         self.nodefeatures = NodeFeatureStore(revision=lambda: next(self._revision))
         self.nrt = NrtStore(revision=lambda: next(self._revision))
         self.leases = LeaseStore(revision=lambda: next(self._revision))
+        self.device_taint_rules = DeviceTaintRuleStore(revision=lambda: next(self._revision))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -874,6 +878,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return owner.leases.serve(
                     method, lease_path[1], lease_path[2], body, self._label_selector(query)
                 )
+            except ApiStatusError as e:
+                raise _StatusError(e.code, e.message, details=e.details) from e
+        if path.startswith(devicetaintrules.PREFIX):
+            try:
+                return owner.device_taint_rules.serve(method, path, dict(query), body)
             except ApiStatusError as e:
                 raise _StatusError(e.code, e.message, details=e.details) from e
         if path.startswith(nrt.PREFIX):

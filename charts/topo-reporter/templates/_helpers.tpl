@@ -91,6 +91,19 @@ nrt.enabled, whatever the sink, under the same admissionPolicy.enabled switch.
 {{- end }}
 
 {{/*
+"true" when the policy confining the agent to DeviceTaintRules of its own node's pool is rendered:
+with dra.deviceTaints, under the same admissionPolicy.enabled switch.
+*/}}
+{{- define "topo-reporter.deviceTaintPolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if .Values.dra.deviceTaints }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 "true" when the agents renew heartbeat Leases and the extender judges nodes by them: with
 availability on (the Lease vouches for the availability keys) and availability.heartbeat.enabled.
 */}}
