@@ -31,6 +31,7 @@ from kubernetes import client as k8s
 from tests.consumer_fixtures import (
     DOMAIN,
     GPU,
+    HOSTNAME,
     PARTITION,
     PREFIX,
     RACKS_LABEL,
@@ -537,6 +538,26 @@ def test_yunikorn_places_a_pod_by_the_free_nvlink_label(
 def test_a_yunikorn_gang_with_partition_affinity_lands_in_one_partition(
     rack_cluster: RackCluster, real_yunikorn: Path, pods: Pods
 ) -> None:
+    # Two of rack 0's trays run a CPU-only pod that YuniKorn placed. Its default node order
+    # (`fair`: least CPU and memory allocated first) then reads r00-n00, r00-n02, then rack 1's
+    # trays: a gang placed by that order alone spans the two racks that share clique 17044. The
+    # pods' affinity on the partition keeps all four with the first.
+    for tray in (1, 3):
+        name = unique("cpu")
+        pods.create(
+            name,
+            YUNIKORN,
+            labels={APP_ID: name},
+            nodeSelector={HOSTNAME: rack_cluster.node(0, tray)},
+            containers=[
+                {
+                    "name": "cpu",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "2"}},
+                }
+            ],
+        )
+        assert pods.node_of(name, real_yunikorn) == rack_cluster.node(0, tray)
     app = unique("gang")
     affinity = {**two_racks(rack_cluster), **docs_pod_affinity(app)}
     term = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
