@@ -5,7 +5,9 @@ code on the real control plane, on Nodes the agent published from simulated GB20
 
 - Kueue v0.17.0 (its controller manager, webhooks and certificate management), with the real
   kube-controller-manager's Job controller and the real kube-scheduler, from the Topology and
-  ResourceFlavor docs/scheduling.md shows.
+  ResourceFlavor docs/scheduling.md shows: a job in one partition, never across the two racks on
+  one clique ID; one that fits no partition waits; a tray whose fabric turns unhealthy, tainted by
+  the agent (`--taint-unhealthy-fabric`), is left out until it heals.
 - Volcano v1.15.1's network topology discovery (its label discoverer, from the ConfigMap the docs
   show) finding one tier-1 HyperNode per partition and one tier-2 per rack.
 - Pod affinity and anti-affinity on the partition label with the real kube-scheduler.
@@ -41,6 +43,7 @@ from tests.consumer_fixtures import (
     RackScheduler,
     RealKueue,
     poll,
+    profile_with,
 )
 from tests.controlplane_fixtures import (
     RealApiServer,
@@ -252,6 +255,35 @@ def test_kueue_places_a_job_in_one_partition_and_never_splits_one_that_fits_none
     message = jobs.pending("five")
     assert "topology" in message.lower() or "fit" in message.lower(), message
     assert jobs.pods("five") == []
+
+
+def test_kueue_leaves_a_node_whose_fabric_is_unhealthy_and_tainted(
+    rack_cluster: RackCluster,
+    rack_scheduler: RackScheduler,
+    local_queue: str,
+    jobs: Jobs,
+    tmp_path: Path,
+) -> None:
+    hurt = [rack_cluster.rack_node(0, 0), rack_cluster.rack_node(1, 0)]
+    rack_cluster.taint_fabric = True
+    try:
+        for node in hurt:
+            labels = rack_cluster.publish(node, profile_with(node, tmp_path, health="unhealthy"))
+            assert labels[f"{PREFIX}/fabric-health"] == "unhealthy"
+        # Four pods fit racks 0 and 1 only, and each has one tray tainted: Kueue waits.
+        jobs.submit("four", TRAYS, local_queue, rack_scheduler.name)
+        message = jobs.pending("four")
+        assert "taint" in message, message
+        assert jobs.pods("four") == []
+        # Rack 1's tray heals: the agent takes its taint off and Kueue places the job there.
+        rack_cluster.publish(hurt[1])
+        nodes = jobs.bound("four", TRAYS)
+        assert set(nodes) == {rack_cluster.node(1, tray) for tray in range(TRAYS)}
+    finally:
+        for node in hurt:
+            rack_cluster.publish(node)
+        rack_cluster.taint_fabric = False
+    assert not rack_cluster.core.read_node(rack_cluster.node(0, 0)).spec.taints
 
 
 # --- Volcano ------------------------------------------------------------------------------------
