@@ -35,7 +35,7 @@ from reporter.schema import keys
 from reporter.schema import labels as projections
 from reporter.schema.codec import decode
 from reporter.schema.diff import EVENT_MESSAGE_MAX_BYTES, changes, event_message
-from reporter.schema.fabric import node_fabric
+from reporter.schema.fabric import node_fabric, taint_value
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
@@ -75,13 +75,21 @@ class SchemaProjection:
     node: str | None = None
     """The Node's name: a node without a multi-node NVLink fabric is its own domain, named after
     it (without one, those two labels are left out)."""
+    taint_unhealthy_fabric: bool = False
+    """Keep the `<prefix>/fabric-health` NoSchedule taint on the Node while its fabric is
+    degraded or unhealthy, and off otherwise; False leaves taints alone."""
 
     def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired:
         kubelet = {} if policies is None else projections.kubelet_labels(policies, self.prefix)
+        taint = None
+        if self.taint_unhealthy_fabric:
+            value = taint_value(node_fabric(topology))
+            taint = patch.OwnTaint(keys.key(self.prefix, keys.FABRIC_TAINT), value)
         return patch.desired(
             projections.labels(topology, self.prefix, self.node) | kubelet,
             projections.annotations(topology, self.prefix),
             self.prefix,
+            taint,
         )
 
     def topology(self, published: Desired) -> Topology | None:

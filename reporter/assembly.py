@@ -345,7 +345,7 @@ def build_agent(
     agent = Agent(
         scanner=scanner,
         sink=sink,
-        projection=SchemaProjection(config.prefix, node),
+        projection=SchemaProjection(config.prefix, node, config.taint_unhealthy_fabric),
         state=state,
         metrics=metrics,
         log=log,

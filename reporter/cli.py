@@ -655,6 +655,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     by_node = {
         str(node["metadata"]["name"]): doctor.examine(reader, node, args.prefix) for node in nodes
     }
+    if args.all:
+        # Racks are judged together: a partition short of its peers, a clique ID in two domains.
+        for name, findings in doctor.fabric_cluster_findings(nodes, args.prefix).items():
+            by_node[name] = sorted([*by_node[name], *findings], key=lambda f: -f.severity)
     if args.format == "json":
         terminal.write(sys.stdout, doctor.report_json(by_node))
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from reporter.publish.api import (
 from reporter.publish.client import COMPONENT, NODE_EVENT_NAMESPACE
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode
+from reporter.schema.fabric import HEALTHY, TAINTED, UNHEALTHY, gpu_health, node_fabric
 from reporter.schema.labels import gpus_per_numa
 from reporter.schema.model import Topology
 
@@ -50,6 +51,8 @@ FINDING_REASONS = {
     "kubelet-policy-unknown": "KubeletPolicyUnknown",
 }
 """Event reasons of the node-local findings the agent reports itself."""
+GFD_CLIQUE_LABEL = "nvidia.com/gpu.clique"
+"""GPU Feature Discovery's partition label, `<clusterUUID>.<cliqueId>`: ours must say the same."""
 
 
 class Severity(enum.IntEnum):
@@ -333,6 +336,8 @@ def node_findings(
     unlabelled = f"no {keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY)} label on the Node"
     findings += local_findings(topology, policies, None if policies else unlabelled)
     findings += dra_findings(node, topology, prefix, dra_seen)
+    findings += fabric_node_findings(topology)
+    findings += _partition_label_mismatch(_labels(node), prefix)
     return sorted(findings, key=lambda f: -f.severity)
 
 
@@ -465,6 +470,240 @@ def _agent_not_ready(name: str, agent: AgentObservation) -> Finding:
         evidence=(what,),
         fix="check the DaemonSet's nodeSelector and tolerations for this node and the pod's logs",
     )
+
+
+# --- The multi-node NVLink fabric ---------------------------------------------------------------
+
+_FABRIC_CHECK = (
+    "`nvidia-smi -q | grep -A12 Fabric` on the node (State, Status, ClusterUUID, CliqueId, Health)"
+)
+
+
+def fabric_node_findings(topology: Topology) -> list[Finding]:
+    """What the node's own GPUs say about its multi-node fabric: not completed, GPUs that
+    disagree (either way no partition label, so Kueue and Volcano leave the node out), a degraded
+    or unhealthy fabric, values the driver answered that could not be taken."""
+    fabric = node_fabric(topology)
+    findings: list[Finding] = []
+    problems = list(fabric.problems)
+    if fabric.withheld is not None:
+        problems.remove(fabric.withheld)
+        disagree = fabric.withheld.startswith("GPUs disagree")
+        findings.append(
+            Finding(
+                code="fabric-gpus-disagree" if disagree else "fabric-not-ready",
+                severity=Severity.ERROR if disagree else Severity.WARNING,
+                summary="no nvlink-partition label: "
+                + (
+                    "the node's GPUs name different NVLink partitions"
+                    if disagree
+                    else "the node's multi-node NVLink fabric is not up"
+                )
+                + "; topology-aware schedulers leave the node out of partition-bound jobs",
+                evidence=(fabric.withheld,),
+                fix="a tray whose GPUs disagree is cabled or configured wrong, or one GPU's "
+                f"fabric probe is stale: check {_FABRIC_CHECK} for every GPU, then the IMEX and "
+                "NVLink switch tray configuration of the rack"
+                if disagree
+                else "the GPUs join the fabric at boot (in-progress for a few minutes is normal); "
+                f"one that stays not-started or in-progress: check {_FABRIC_CHECK}, the "
+                "nvidia-imex service and the rack's NVLink switch trays",
+            )
+        )
+    if fabric.health in TAINTED:
+        worse = [
+            f"GPU{g.index}: {gpu_health(g.fabric)}"
+            + (f" ({', '.join(g.fabric.conditions)})" if g.fabric.conditions else "")
+            for g in topology.gpus
+            if g.fabric is not None and not g.lost and gpu_health(g.fabric) != HEALTHY
+        ]
+        findings.append(
+            Finding(
+                code="fabric-degraded",
+                severity=Severity.ERROR if fabric.health == UNHEALTHY else Severity.WARNING,
+                summary=f"the node's NVLink fabric is {fabric.health}: multi-node jobs on its "
+                "partition run slower" + (" or fail" if fabric.health == UNHEALTHY else ""),
+                evidence=(f"fabric-health={fabric.health}", *worse),
+                fix=f"check {_FABRIC_CHECK} and the rack's NVLink switch trays; with "
+                "`fabric.taintUnhealthy` the agent keeps new pods off the node until it is "
+                "healthy again"
+                if fabric.health == UNHEALTHY
+                else f"bandwidth is reduced or routes are recovering: check {_FABRIC_CHECK}; it "
+                "often clears by itself, a persistent one needs the rack's NVLink switch trays "
+                "checked",
+            )
+        )
+    if problems:
+        findings.append(
+            Finding(
+                code="fabric-values-invalid",
+                severity=Severity.WARNING,
+                summary="the driver answered fabric or rack values that cannot be taken: they "
+                "are left out of the labels",
+                evidence=tuple(problems),
+                fix="a driver or NVML binding that returns garbage: update the NVIDIA driver, and "
+                f"compare with {_FABRIC_CHECK}",
+            )
+        )
+    return findings
+
+
+def _partition_label_mismatch(labels: Mapping[str, str], prefix: str) -> list[Finding]:
+    ours = labels.get(keys.key(prefix, keys.NVLINK_PARTITION))
+    theirs = labels.get(GFD_CLIQUE_LABEL)
+    if ours is None or theirs is None or ours == theirs:
+        return []
+    return [
+        Finding(
+            code="partition-label-mismatch",
+            severity=Severity.ERROR,
+            summary=f"{prefix}/{keys.NVLINK_PARTITION} and {GFD_CLIQUE_LABEL} name different "
+            "NVLink partitions: a scheduler keyed on either can split a job across partitions",
+            evidence=(
+                f"{prefix}/{keys.NVLINK_PARTITION}={ours}",
+                f"{GFD_CLIQUE_LABEL}={theirs}",
+            ),
+            fix="one of the two is stale (GPU Feature Discovery relabels on its own interval, "
+            f"the agent each scan): compare {_FABRIC_CHECK}, then restart the one that is wrong",
+        )
+    ]
+
+
+def fabric_cluster_findings(
+    nodes: Sequence[Mapping[str, Any]], prefix: str
+) -> dict[str, list[Finding]]:
+    """Cluster-wide NVLink fabric findings, by node name, from the Nodes' labels alone:
+    - `partition-short`: a partition with fewer nodes than its peers, the partitions of domains
+      split the same way (a tray missing from a rack, or its node not publishing);
+    - `clique-id-shared`: one clique ID under two or more cluster UUIDs (not wrong: clique IDs
+      are per rack; wrong is keying on the ID alone).
+    Nodes that are their own domain (no multi-node fabric) take no part."""
+    domain_key = keys.key(prefix, keys.NVLINK_DOMAIN)
+    partition_key = keys.key(prefix, keys.NVLINK_PARTITION)
+    tray_key = keys.key(prefix, keys.RACK_TRAY)
+    members: dict[str, list[str]] = {}
+    domain_of: dict[str, str] = {}
+    trays: dict[str, list[int]] = {}
+    for node in nodes:
+        labels = _labels(node)
+        domain, partition = labels.get(domain_key), labels.get(partition_key)
+        if domain is None or partition is None or not partition.startswith(domain + "."):
+            continue
+        name = str((node.get("metadata") or {}).get("name", "?"))
+        members.setdefault(partition, []).append(name)
+        domain_of[partition] = domain
+        tray = labels.get(tray_key, "")
+        if tray.isdigit():
+            trays.setdefault(partition, []).append(int(tray))
+    out: dict[str, list[Finding]] = {}
+    for partition, finding in _short_partitions(members, domain_of, trays, prefix):
+        for name in members[partition]:
+            out.setdefault(name, []).append(finding)
+    for partitions, finding in _shared_cliques(members, domain_of, prefix):
+        for partition in partitions:
+            for name in members[partition]:
+                out.setdefault(name, []).append(finding)
+    return out
+
+
+def _short_partitions(
+    members: Mapping[str, list[str]],
+    domain_of: Mapping[str, str],
+    trays: Mapping[str, list[int]],
+    prefix: str,
+) -> list[tuple[str, Finding]]:
+    split: Counter[str] = Counter(domain_of.values())
+    classes: dict[int, list[str]] = {}
+    for partition, domain in domain_of.items():
+        classes.setdefault(split[domain], []).append(partition)
+    out: list[tuple[str, Finding]] = []
+    for parts, partitions in sorted(classes.items()):
+        if len(partitions) < 2:
+            continue
+        sizes = Counter(len(members[p]) for p in partitions)
+        # The size most partitions of this split have; a tie goes to the larger.
+        usual = max(sizes, key=lambda size: (sizes[size], size))
+        peers = f"{sizes[usual]} partitions" + ("" if parts == 1 else f" of racks split in {parts}")
+        for partition in sorted(partitions):
+            count = len(members[partition])
+            if count >= usual:
+                continue
+            evidence = [f"{partition}: {count} nodes", f"its peers ({peers}): {usual} nodes"]
+            present = sorted(set(trays.get(partition, ())))
+            if present:
+                gaps = sorted(set(range(present[0], present[-1] + 1)) - set(present))
+                evidence.append(
+                    f"trays present: {_ranges(present)}"
+                    + (f"; missing between them: {_ranges(gaps)}" if gaps else "")
+                )
+            out.append(
+                (
+                    partition,
+                    Finding(
+                        code="partition-short",
+                        severity=Severity.WARNING,
+                        summary=f"NVLink partition {partition} has {count} nodes where its "
+                        f"peers have {usual}: a job sized for a full partition waits",
+                        evidence=tuple(evidence),
+                        fix="a compute tray is missing from the rack, or its node has not "
+                        "joined or not published: list the partition's nodes (`kubectl get "
+                        f"nodes -l {keys.key(prefix, keys.NVLINK_PARTITION)}={partition}`), "
+                        "check the missing tray's node, its topo-reporter pod and its fabric "
+                        f"({_FABRIC_CHECK})",
+                    ),
+                )
+            )
+    return out
+
+
+def _shared_cliques(
+    members: Mapping[str, list[str]], domain_of: Mapping[str, str], prefix: str
+) -> list[tuple[list[str], Finding]]:
+    by_clique: dict[str, list[str]] = {}
+    for partition, domain in domain_of.items():
+        by_clique.setdefault(partition[len(domain) + 1 :], []).append(partition)
+    out: list[tuple[list[str], Finding]] = []
+    for clique, partitions in sorted(by_clique.items()):
+        if len(partitions) < 2:
+            continue
+        partitions.sort()
+        out.append(
+            (
+                partitions,
+                Finding(
+                    code="clique-id-shared",
+                    severity=Severity.INFO,
+                    summary=f"clique ID {clique} names partitions of {len(partitions)} "
+                    "different NVLink domains: never select or group nodes by the clique ID "
+                    "alone",
+                    evidence=tuple(
+                        f"domain {domain_of[p]}: {len(members[p])} nodes" for p in partitions
+                    ),
+                    fix="nothing to repair: clique IDs are assigned per rack. Group by "
+                    f"{keys.key(prefix, keys.NVLINK_PARTITION)} (or {GFD_CLIQUE_LABEL}), which "
+                    "include the cluster UUID; a job split across these racks has no NVLink "
+                    "between them",
+                ),
+            )
+        )
+    return out
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """`0-16,18`: sorted integers as ranges."""
+    parts: list[str] = []
+    start = prev = None
+    for n in numbers:
+        if start is None:
+            start = prev = n
+        elif prev is not None and n == prev + 1:
+            prev = n
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
 
 
 def summarize(

@@ -133,6 +133,10 @@ class Settings:
     nrt: bool = False
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
+    taint_unhealthy_fabric: bool = False
+    """Put the NoSchedule taint `<prefix>/fabric-health=<degraded|unhealthy>` on the Node while
+    its multi-node NVLink fabric is degraded or unhealthy, and take it off when healthy again;
+    needs the node sink (the chart's admission policy must allow it: fabric.taintUnhealthy)."""
     once: bool = False
     """Scan and publish once, then exit (non-zero on failure)."""
     dry_run: bool = False
@@ -190,6 +194,11 @@ class Settings:
                 "availability.enabled)"
             )
         self._validate_availability()
+        if self.taint_unhealthy_fabric and self.sink != "node":
+            raise ConfigError(
+                f"--taint-unhealthy-fabric taints the Node itself: it needs --sink node, not "
+                f"{excerpt(self.sink)}"
+            )
         if len(self.dra_drivers) > _MAX_DRA_DRIVERS:
             raise ConfigError(f"dra-drivers: give at most {_MAX_DRA_DRIVERS} driver names")
         for driver in self.dra_drivers:
@@ -304,6 +313,7 @@ _SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
     "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
     "nrt": (("TOPO_REPORTER_NRT",), "bool"),
+    "taint_unhealthy_fabric": (("TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",), "bool"),
     "dra_drivers": (("TOPO_REPORTER_DRA_DRIVERS",), "names-or-none"),
     "dra_device_taints": (("TOPO_REPORTER_DRA_DEVICE_TAINTS",), "bool"),
 }
@@ -569,6 +579,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
         "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
+    )
+    add(
+        "--taint-unhealthy-fabric",
+        dest="taint_unhealthy_fabric",
+        action="store_true",
+        default=None,
+        help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
+        "fabric is degraded or unhealthy, untaint it when healthy (default: off)",
     )
     add(
         "--dra-drivers",

@@ -182,12 +182,19 @@ def wire_agent(
     backoff: Backoff = FAST,
     stall_after_s: float = 180,
     node: str = NODE,
+    taint_unhealthy_fabric: bool = False,
 ) -> Wired:
     """An agent on `node`, built as `run` builds it, publishing through `client` to whatever
     kubeconfig names; availability off, as `run`'s default."""
     clock = clock or FakeClock()
     parts = build_agent(
-        Settings(node=node, prefix=PREFIX, interval_s=interval_s, resync_s=resync_s),
+        Settings(
+            node=node,
+            prefix=PREFIX,
+            interval_s=interval_s,
+            resync_s=resync_s,
+            taint_unhealthy_fabric=taint_unhealthy_fabric,
+        ),
         api=client(kubeconfig, request_timeout_s),
         scanner=scanner,
         kubelet=kubelet,

@@ -8,16 +8,25 @@ import pytest
 import structlog
 
 from tests.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
+from tests.consumer_fixtures import (
+    rack_cluster,
+    rack_scheduler,
+    real_controller_manager,
+    real_kueue,
+    real_yunikorn,
+)
 from tests.controlplane_fixtures import (
     build_before_tests,
     consumers_bin,
     controlplane_bin,
+    kueue_bin,
     real_apiserver,
     real_koordinator_device_crd,
     real_namespace,
     real_nfd_crds,
     real_node_factory,
     real_nrt_crd,
+    yunikorn_bin,
 )
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
@@ -35,14 +44,21 @@ __all__ = [
     "controlplane_bin",
     "kubeconfig",
     "kubeconfig_with_token",
+    "kueue_bin",
     "node_client",
+    "rack_cluster",
+    "rack_scheduler",
     "real_apiserver",
+    "real_controller_manager",
     "real_koordinator_device_crd",
+    "real_kueue",
     "real_namespace",
     "real_nfd_crds",
     "real_node_factory",
     "real_nrt_crd",
+    "real_yunikorn",
     "wire",
+    "yunikorn_bin",
 ]
 
 

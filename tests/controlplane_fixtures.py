@@ -89,7 +89,8 @@ def go_binary() -> str:
 
 
 CONSUMERS = HARNESS / "consumers"
-"""The second Go module: other projects' own code (Koordinator, ...) on a newer Kubernetes."""
+"""The second Go module: other projects' own code (Koordinator, Kueue, Volcano) on a newer
+Kubernetes."""
 LIBPFM_MISSING = (
     "the consumers module needs libpfm4-dev (Koordinator's koordlet links libpfm4 through cgo): "
     "apt-get install -y libpfm4-dev"
@@ -102,12 +103,17 @@ def _tail(text: str) -> str:
 
 @dataclass
 class GoProgram:
-    """A Go module of the tests built into one binary: `go build -o CACHE .`, once per pytest
+    """A Go program of the tests, `go build -o CACHE PACKAGE` in its module, once per pytest
     process; Go's build cache makes an unchanged build take seconds, and an up-to-date binary is
-    not even relinked."""
+    not even relinked. `package` is `.` (the module's own main) or another project's main package
+    that the module's go.mod lists as a `tool` (Kueue's controller manager, YuniKorn's
+    scheduler), built as that project builds it."""
 
     name: str
     module: Path
+    package: str = "."
+    selected_by: str = ""
+    """The fixture whose use makes `build_before_tests` build it ("": every control-plane test)."""
     _built: Path | str | None = field(default=None, repr=False)
     """The binary, or why it could not be built: one attempt per pytest process."""
 
@@ -142,7 +148,7 @@ class GoProgram:
         env = {**os.environ, "GOTOOLCHAIN": "local", "TMPDIR": str(scratch)}
         try:
             result = subprocess.run(
-                [go, "build", "-o", str(out), "."],
+                [go, "build", "-o", str(out), self.package],
                 cwd=self.module,
                 env=env,
                 capture_output=True,
@@ -152,22 +158,33 @@ class GoProgram:
             )
         except subprocess.TimeoutExpired:
             pytest.fail(
-                f"`go build` in {self.module} ran over {BUILD_TIMEOUT_S:.0f} s", pytrace=False
+                f"`go build {self.package}` in {self.module} ran over {BUILD_TIMEOUT_S:.0f} s",
+                pytrace=False,
             )
         if result.returncode != 0:
             output = result.stdout + result.stderr
             if "perfmon/pfmlib.h" in output:
                 pytest.fail(LIBPFM_MISSING, pytrace=False)
             pytest.fail(
-                f"`go build` in {self.module} failed (Go 1.26 and the Go module proxy are "
-                "needed):\n" + _tail(output),
+                f"`go build {self.package}` in {self.module} failed (Go 1.26 and the Go module "
+                "proxy are needed):\n" + _tail(output),
                 pytrace=False,
             )
         return out
 
 
 HARNESS_PROGRAM = GoProgram("controlplane", HARNESS)
-CONSUMERS_PROGRAM = GoProgram("consumers", CONSUMERS)
+CONSUMERS_PROGRAM = GoProgram("consumers", CONSUMERS, selected_by="consumers_bin")
+KUEUE_PROGRAM = GoProgram(
+    "kueue", CONSUMERS, package="sigs.k8s.io/kueue/cmd/kueue", selected_by="kueue_bin"
+)
+YUNIKORN_PROGRAM = GoProgram(
+    "yunikorn",
+    HARNESS,
+    package="github.com/apache/yunikorn-k8shim/pkg/cmd/shim",
+    selected_by="yunikorn_bin",
+)
+PROGRAMS = (HARNESS_PROGRAM, CONSUMERS_PROGRAM, KUEUE_PROGRAM, YUNIKORN_PROGRAM)
 
 
 def build_harness() -> Path:
@@ -184,18 +201,19 @@ def build_before_tests(session: pytest.Session) -> None:
     """Build the Go binaries the selected tests need after collection, so that a cold build
     (minutes) is not charged to the first test's timeout. A failure is reported by the fixture."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    wanted = [
-        (HARNESS_PROGRAM, any(item.get_closest_marker("controlplane") for item in session.items)),
-        (
-            CONSUMERS_PROGRAM,
-            any("consumers_bin" in getattr(item, "fixturenames", ()) for item in session.items),
-        ),
-    ]
-    for program, needed in wanted:
+    for program in PROGRAMS:
+        if program.selected_by:
+            needed = any(
+                program.selected_by in getattr(item, "fixturenames", ()) for item in session.items
+            )
+        else:
+            needed = any(item.get_closest_marker("controlplane") for item in session.items)
         if not needed:
             continue
         if reporter is not None:
-            reporter.write_line(f"building {program.name} in {program.module} (cached by Go)")
+            reporter.write_line(
+                f"building {program.name} ({program.package}) in {program.module} (cached by Go)"
+            )
         with contextlib.suppress(pytest.fail.Exception):
             program.build()
 
@@ -218,15 +236,21 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_
 
 
 def start_harness(
-    binary: Path, args: list[str], log: Path, stdout: int | None = None
+    binary: Path,
+    args: list[str],
+    log: Path,
+    stdout: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a harness subcommand in its own process group, stderr (and stdout) into `log`."""
+    """Start a harness subcommand (or another Go program of the tests) in its own process group,
+    stderr (and stdout) into `log`; `env` adds to the environment."""
     with log.open("ab") as sink:
         return subprocess.Popen(
             [str(binary), *args],
             stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else sink,
             stderr=sink,
+            env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no Python state touched
         )
@@ -283,8 +307,21 @@ def controlplane_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def consumers_bin() -> Path:
-    """The consumers binary (Koordinator's koordlet, ...), built (or found up to date)."""
+    """The consumers binary (Koordinator's koordlet, Volcano's discovery), built or up to date."""
     return build_consumers()
+
+
+@pytest.fixture(scope="session")
+def kueue_bin() -> Path:
+    """Kueue's controller manager, its own main package, built in the consumers module."""
+    return KUEUE_PROGRAM.build()
+
+
+@pytest.fixture(scope="session")
+def yunikorn_bin() -> Path:
+    """YuniKorn's scheduler (the k8shim with the core inside), its own main, built in the harness
+    module."""
+    return YUNIKORN_PROGRAM.build()
 
 
 @pytest.fixture(scope="session")

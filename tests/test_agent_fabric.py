@@ -131,3 +131,76 @@ def test_links_going_down_is_a_warning_that_counts_them(
     last = apiserver.events[-1]
     assert (last["type"], last["reason"]) == ("Warning", "GPUTopologyChanged")
     assert last["message"] == "GPU2 NVLinks active 18/18 → 16/18"
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+FABRIC_TAINT = f"{PREFIX}/fabric-health"
+
+
+def taints(apiserver: ApiServerDouble) -> list[dict[str, Any]]:
+    return list(apiserver.node(NODE).get("spec", {}).get("taints") or [])
+
+
+def test_opted_in_a_hurt_fabric_taints_the_node_and_a_healthy_one_untaints_it(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+) -> None:
+    apiserver.edit_node(NODE, {"spec": {"taints": [GPU_TAINT]}})
+    unhealthy = rack_scan(tmp_path, "unhealthy", health="unhealthy")
+    limited = rack_scan(tmp_path, "limited", health="limited-capacity")
+    healthy = rack_scan(tmp_path, "healthy")
+    w = wire_agent(
+        kubeconfig,
+        FakeScanner([unhealthy, unhealthy, limited, healthy, healthy]),
+        client=API_CLIENTS["lean"],
+        taint_unhealthy_fabric=True,
+    )
+    own = {"key": FABRIC_TAINT, "effect": "NoSchedule"}
+    expected = [
+        [GPU_TAINT, {**own, "value": "unhealthy"}],
+        [GPU_TAINT, {**own, "value": "unhealthy"}],
+        [GPU_TAINT, {**own, "value": "degraded"}],
+        [GPU_TAINT],
+        [GPU_TAINT],
+    ]
+    writes = []
+    for want in expected:
+        before = len(apiserver.writes())
+        assert w.agent.step()
+        assert taints(apiserver) == want
+        writes.append(len(apiserver.writes()) - before)
+    # Steady states write nothing; each change is one patch, labels and taint together.
+    assert writes == [1, 0, 1, 1, 0]
+    patches = [r.body for r in apiserver.writes() if r.method == "PATCH"]
+    assert all(p["metadata"]["resourceVersion"] for p in patches)
+    assert patches[-1]["spec"] == {"taints": [GPU_TAINT]}
+    assert ours(apiserver)["fabric-health"] == "healthy"
+
+
+def test_opted_in_the_taint_comes_back_when_someone_removes_it_at_the_next_resync(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+) -> None:
+    unhealthy = rack_scan(tmp_path, "unhealthy", health="unhealthy")
+    w = wire_agent(
+        kubeconfig,
+        FakeScanner([unhealthy] * 3),
+        client=API_CLIENTS["lean"],
+        taint_unhealthy_fabric=True,
+    )
+    assert w.agent.step()
+    apiserver.edit_node(NODE, {"spec": {"taints": None}})
+    w.clock.advance(400)  # past the resync period: the Node is read again
+    assert w.agent.step()
+    own = {"key": FABRIC_TAINT, "value": "unhealthy", "effect": "NoSchedule"}
+    assert taints(apiserver) == [own]
+
+
+def test_not_opted_in_the_agent_never_touches_taints(
+    apiserver: ApiServerDouble, kubeconfig: Path, tmp_path: Path
+) -> None:
+    apiserver.edit_node(NODE, {"spec": {"taints": [GPU_TAINT]}})
+    unhealthy = rack_scan(tmp_path, "unhealthy", health="unhealthy")
+    w = wire_agent(kubeconfig, FakeScanner([unhealthy]), client=API_CLIENTS["lean"])
+    assert w.agent.step()
+    assert ours(apiserver)["fabric-health"] == "unhealthy"
+    assert taints(apiserver) == [GPU_TAINT]
+    assert all("spec" not in r.body for r in apiserver.writes())

@@ -468,6 +468,182 @@ def test_a_prefix_that_only_ends_like_a_reserved_domain_is_not_reserved(
     assert evaluator.admit(request(old, new)).allowed
 
 
+# --- The agent's own taint (fabric.taintUnhealthy) -----------------------------------------------
+
+TAINT_VALUES = {"fabric": {"taintUnhealthy": True}}
+
+
+@pytest.fixture(scope="module", params=["default", "custom prefix"])
+def taint_rendering(request: pytest.FixtureRequest) -> Rendering:
+    """The policy with `fabric.taintUnhealthy` on: the default values, and every option on."""
+    values = TAINT_VALUES if request.param == "default" else {**ALL_ON, **TAINT_VALUES}
+    rendered = render(values, api_versions=(VAP_API,))
+    prefix = ALL_ON["agent"]["prefix"] if request.param != "default" else "gpu.topology.io"
+    account = ALL_ON["serviceAccount"]["name"] if request.param != "default" else FULLNAME
+    return Rendering(
+        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        prefix,
+        f"system:serviceaccount:{NAMESPACE}:{account}",
+    )
+
+
+def own_taint(prefix: str, value: str = "unhealthy", effect: str = "NoSchedule") -> dict[str, str]:
+    return {"key": f"{prefix}/fabric-health", "value": value, "effect": effect}
+
+
+def tainted(prefix: str) -> dict[str, Any]:
+    n = published(prefix)
+    n["spec"]["taints"].append(own_taint(prefix))
+    return n
+
+
+def set_taints(*taints: dict[str, str]) -> Change:
+    return lambda n: n["spec"].__setitem__("taints", list(taints))
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+TAINT_ALLOWED: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any]]]] = {
+    "its own taint is added after the others": lambda p: changed(
+        set_taints(GPU_TAINT, own_taint(p)), published(p)
+    ),
+    "its own taint changes value": lambda p: changed(
+        set_taints(GPU_TAINT, own_taint(p, "degraded")), tainted(p)
+    ),
+    "its own taint is removed": lambda p: changed(set_taints(GPU_TAINT), tainted(p)),
+    "its own taint is added to a node without taints": lambda p: changed(
+        set_taints(own_taint(p)), {**published(p), "spec": {}}
+    ),
+    "the last taint, its own, is removed (the field goes)": lambda p: changed(
+        lambda n: n["spec"].pop("taints"), {**tainted(p), "spec": {"taints": [own_taint(p)]}}
+    ),
+    "labels and its own taint change together": lambda p: changed(
+        lambda n: (
+            set_label(f"{p}/fabric-health", "unhealthy")(n),
+            n["spec"]["taints"].append(own_taint(p)),
+        ),
+        published(p),
+    ),
+    "a no-op update of a tainted node": lambda p: changed(lambda n: None, tainted(p)),
+}
+
+TAINT_DENIED: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any]]], str]] = {
+    "a foreign taint is added": (
+        lambda p: changed(
+            set_taints(GPU_TAINT, {"key": "x", "effect": "NoSchedule"}), published(p)
+        ),
+        "only its own taint",
+    ),
+    "a foreign taint is removed": (
+        lambda p: changed(set_taints(), published(p)),
+        "only its own taint",
+    ),
+    "a foreign taint changes value": (
+        lambda p: changed(set_taints({**GPU_TAINT, "value": "gone"}), published(p)),
+        "only its own taint",
+    ),
+    "a foreign taint is replaced by its own": (
+        lambda p: changed(set_taints(own_taint(p)), published(p)),
+        "only its own taint",
+    ),
+    "its own key with NoExecute (evicting pods)": (
+        lambda p: changed(set_taints(GPU_TAINT, own_taint(p, effect="NoExecute")), published(p)),
+        "only its own taint",
+    ),
+    "its own key twice, the second NoExecute": (
+        lambda p: changed(
+            set_taints(GPU_TAINT, own_taint(p), own_taint(p, effect="NoExecute")), published(p)
+        ),
+        "only its own taint",
+    ),
+    "a look-alike key under another prefix": (
+        lambda p: changed(
+            set_taints(GPU_TAINT, {**own_taint(p), "key": f"{p}x/fabric-health"}), published(p)
+        ),
+        "only its own taint",
+    ),
+    "another key under its own prefix": (
+        lambda p: changed(
+            set_taints(GPU_TAINT, {**own_taint(p), "key": f"{p}/evict"}), published(p)
+        ),
+        "only its own taint",
+    ),
+    "the node is cordoned with its taint": (
+        lambda p: changed(
+            lambda n: (
+                n["spec"]["taints"].append(own_taint(p)),
+                n["spec"].__setitem__("unschedulable", True),
+            ),
+            published(p),
+        ),
+        "spec",
+    ),
+    "the podCIDR is changed": (
+        lambda p: changed(lambda n: n["spec"].__setitem__("podCIDR", "10.0.0.0/8"), published(p)),
+        "spec",
+    ),
+    "the providerID is removed": (
+        lambda p: changed(lambda n: n["spec"].pop("providerID"), published(p)),
+        "spec",
+    ),
+    "the spec goes entirely": (lambda p: changed(lambda n: n.pop("spec"), published(p)), "spec"),
+    "a foreign label with its taint": (
+        lambda p: changed(
+            lambda n: (set_label("team", "x")(n), n["spec"]["taints"].append(own_taint(p))),
+            published(p),
+        ),
+        "only labels under",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TAINT_ALLOWED.keys())
+def test_opted_in_the_agent_may_set_and_clear_its_own_taint(
+    taint_rendering: Rendering, case: str
+) -> None:
+    old, new = TAINT_ALLOWED[case](taint_rendering.prefix)
+    decision = taint_rendering.policy.admit(request(old, new, username=taint_rendering.agent))
+    assert decision == Decision(allowed=True, applies=True)
+
+
+@pytest.mark.parametrize("case", TAINT_DENIED.keys())
+def test_opted_in_the_agent_may_touch_no_other_taint_nor_spec(
+    taint_rendering: Rendering, case: str
+) -> None:
+    make, reason = TAINT_DENIED[case]
+    old, new = make(taint_rendering.prefix)
+    decision = taint_rendering.policy.admit(request(old, new, username=taint_rendering.agent))
+    assert not decision.allowed
+    assert reason in decision.message
+
+
+def test_opted_in_its_own_taint_on_another_node_is_denied(taint_rendering: Rendering) -> None:
+    old, new = TAINT_ALLOWED["its own taint is added after the others"](taint_rendering.prefix)
+    extra = {NODE_CLAIM: ["gpu-node-2"]}
+    decision = taint_rendering.policy.admit(
+        request(old, new, username=taint_rendering.agent, extra=extra)
+    )
+    assert not decision.allowed
+    assert "only the Node its pod runs on" in decision.message
+
+
+def test_not_opted_in_its_own_taint_is_denied(rendering: Rendering) -> None:
+    old, new = TAINT_ALLOWED["its own taint is added after the others"](rendering.prefix)
+    decision = rendering.policy.admit(request(old, new, username=rendering.agent))
+    assert not decision.allowed
+    assert "may not change a Node's spec" in decision.message
+
+
+def test_fabric_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
+    taint_rendering: Rendering,
+) -> None:
+    env = celpy.Environment()
+    for expression in taint_rendering.policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
 # --- The NodeResourceTopology policy (nrt.enabled) ----------------------------------------------
 
 NRT_VALUES = {"availability": {"enabled": True}, "nrt": {"enabled": True}}

@@ -208,3 +208,109 @@ def test_annotation_budget_allows_exactly_the_limit() -> None:
     assert body is not None
     assert p.annotation_bytes(p.apply(current, body).annotations) == p.ANNOTATION_BUDGET_BYTES
     p.check_annotation_budget(current, body, PREFIX)
+
+
+# --- The agent's own taint (opt-in) -------------------------------------------------------------
+
+TAINT_KEY = f"{PREFIX}/fabric-health"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+EVICTING = {"key": "x", "effect": "NoExecute", "timeAdded": "2026-01-02T03:04:05Z"}
+
+
+def tainted(*taints: dict[str, str], rv: str | None = "7") -> NodeMetadata:
+    return NodeMetadata("n1", {}, {OWNED: ""}, rv, "uid-1", tuple(taints))
+
+
+def taint_want(value: str | None) -> Desired:
+    return Desired({}, {OWNED: ""}, p.OwnTaint(TAINT_KEY, value))
+
+
+def own(value: str) -> dict[str, str]:
+    return {"key": TAINT_KEY, "value": value, "effect": "NoSchedule"}
+
+
+TAINT_CASES: list[tuple[str, NodeMetadata, Desired, dict[str, Any] | None]] = [
+    (
+        "its taint goes after the others, which are sent back as read (timeAdded included)",
+        tainted(GPU_TAINT, EVICTING),
+        taint_want("unhealthy"),
+        {
+            "metadata": {"resourceVersion": "7"},
+            "spec": {"taints": [GPU_TAINT, EVICTING, own("unhealthy")]},
+        },
+    ),
+    (
+        "its taint changes value in place of the old one",
+        tainted(own("unhealthy"), GPU_TAINT),
+        taint_want("degraded"),
+        {"metadata": {"resourceVersion": "7"}, "spec": {"taints": [GPU_TAINT, own("degraded")]}},
+    ),
+    (
+        "its taint is removed, the others stay",
+        tainted(GPU_TAINT, own("degraded")),
+        taint_want(None),
+        {"metadata": {"resourceVersion": "7"}, "spec": {"taints": [GPU_TAINT]}},
+    ),
+    (
+        "removing the last taint removes the field",
+        tainted(own("degraded")),
+        taint_want(None),
+        {"metadata": {"resourceVersion": "7"}, "spec": {"taints": None}},
+    ),
+    ("its taint as wanted: nothing to send", tainted(GPU_TAINT, own("x")), taint_want("x"), None),
+    ("no taint wanted, none there: nothing to send", tainted(GPU_TAINT), taint_want(None), None),
+    (
+        "not opted in: a taint of its key is left alone",
+        tainted(own("unhealthy")),
+        Desired({}, {OWNED: ""}),
+        None,
+    ),
+    (
+        "its key with another effect (set by someone else) is replaced by its own",
+        tainted({**own("unhealthy"), "effect": "NoExecute"}),
+        taint_want("unhealthy"),
+        {"metadata": {"resourceVersion": "7"}, "spec": {"taints": [own("unhealthy")]}},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "expected"),
+    [c[1:] for c in TAINT_CASES],
+    ids=[c[0] for c in TAINT_CASES],
+)
+def test_the_agents_own_taint(
+    current: NodeMetadata, desired: Desired, expected: dict[str, Any] | None
+) -> None:
+    assert p.minimal_patch(current, desired, PREFIX) == expected
+
+
+def test_labels_and_the_taint_change_in_one_patch() -> None:
+    current = tainted(GPU_TAINT)
+    desired = p.desired(
+        {f"{PREFIX}/fabric-health": "unhealthy"}, {}, PREFIX, p.OwnTaint(TAINT_KEY, "unhealthy")
+    )
+    body = p.minimal_patch(current, desired, PREFIX)
+    assert body is not None
+    assert body["metadata"]["labels"] == {f"{PREFIX}/fabric-health": "unhealthy"}
+    assert body["metadata"]["resourceVersion"] == "7"
+    assert body["spec"] == {"taints": [GPU_TAINT, own("unhealthy")]}
+    assert p.apply(current, body).taints == (GPU_TAINT, own("unhealthy"))
+
+
+def test_the_taint_is_read_from_the_node_object() -> None:
+    read = p.node_metadata(
+        {"metadata": {"name": "n1"}, "spec": {"taints": [GPU_TAINT, "not a taint", own("x")]}}
+    )
+    assert read.taints == (GPU_TAINT, own("x"))
+    assert p.node_metadata({"metadata": {"name": "n1"}, "spec": {"taints": None}}).taints == ()
+
+
+@pytest.mark.parametrize(
+    "key", ["example.com/fabric-health", f"{PREFIX}x/fabric-health", "kubernetes.io/x"]
+)
+def test_a_taint_outside_the_prefix_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="taint"):
+        p.desired({}, {}, PREFIX, p.OwnTaint(key, "unhealthy"))
+    with pytest.raises(ValueError, match="taint"):
+        p.minimal_patch(tainted(), Desired({}, {}, p.OwnTaint(key, "x")), PREFIX)

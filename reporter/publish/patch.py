@@ -5,8 +5,11 @@ when nothing differs) out. It sets only desired keys (all under the prefix), del
 the previous `<prefix>/owned` annotation lists and that are under the prefix, never a key in the
 Kubernetes-reserved namespaces (`kubernetes.io`, `k8s.io`, their subdomains), and never names any
 other key, so a foreign label or annotation cannot be changed or removed by construction.
+Opted in, it also keeps one taint of ours (`<prefix>/fabric-health`) on or off the Node: a merge
+patch replaces the whole `spec.taints` list, so the patch carries every other taint as it was read,
+in its order, and changes only ours.
 The patch carries `metadata.resourceVersion`: the apiserver answers 409 if the Node changed since
-it was read, and the caller re-reads and recomputes.
+it was read (another writer's taints included), and the caller re-reads and recomputes.
 """
 
 from __future__ import annotations
@@ -25,33 +28,54 @@ ANNOTATION_BUDGET_BYTES = 256 * 1024
 
 @dataclass(frozen=True, slots=True)
 class NodeMetadata:
-    """The part of a Node the publisher reads: its labels, annotations and version."""
+    """The part of a Node the publisher reads: its labels, annotations, taints and version."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str | None = None
     uid: str | None = None
+    taints: tuple[Mapping[str, Any], ...] = ()
+    """`spec.taints` as the API returned them, in order: others' are sent back unchanged."""
 
 
 def node_metadata(node: Mapping[str, Any]) -> NodeMetadata:
     """The part of a Node object the publisher reads."""
     meta = node.get("metadata") or {}
+    taints = (node.get("spec") or {}).get("taints") or ()
     return NodeMetadata(
         name=str(meta.get("name", "")),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
         resource_version=meta.get("resourceVersion"),
         uid=meta.get("uid"),
+        taints=tuple(dict(t) for t in taints if isinstance(t, Mapping)),
     )
 
 
 @dataclass(frozen=True, slots=True)
+class OwnTaint:
+    """The one taint the agent manages on its Node: present with `value`, or absent (None)."""
+
+    key: str
+    value: str | None
+    effect: str = keys.FABRIC_TAINT_EFFECT
+
+    def wanted(self) -> list[dict[str, str]]:
+        """The taint as `spec.taints` holds it; empty when it should be absent."""
+        if self.value is None:
+            return []
+        return [{"key": self.key, "value": self.value, "effect": self.effect}]
+
+
+@dataclass(frozen=True, slots=True)
 class Desired:
-    """The labels and annotations the agent wants on its Node, `owned` included."""
+    """The labels and annotations the agent wants on its Node, `owned` included, and its taint."""
 
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+    taint: OwnTaint | None = None
+    """Opted in: the agent's taint, on or off; None leaves the Node's taints alone."""
 
 
 def under_prefix(key: str, prefix: str) -> bool:
@@ -63,10 +87,16 @@ def under_prefix(key: str, prefix: str) -> bool:
     return key.startswith(prefix + "/") and keys.reserved_domain(key.partition("/")[0]) is None
 
 
-def desired(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str) -> Desired:
+def desired(
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    prefix: str,
+    taint: OwnTaint | None = None,
+) -> Desired:
     """Desired metadata with the `owned` annotation listing every other key it carries.
 
-    Raises ValueError for a key outside the prefix: the agent never writes one.
+    Raises ValueError for a key outside the prefix (a label, an annotation or the taint's): the
+    agent never writes one.
     """
     owned_key = keys.key(prefix, keys.OWNED)
     foreign = sorted(k for k in (*labels, *annotations) if not under_prefix(k, prefix))
@@ -75,7 +105,9 @@ def desired(labels: Mapping[str, str], annotations: Mapping[str, str], prefix: s
     # Names without the prefix: every owned key is under it, and the prefix written once per key
     # cost a DGX H100 Node 208 bytes sent to every Node watcher on every update.
     owned = ",".join(sorted(k[len(prefix) + 1 :] for k in {*labels, *annotations}))
-    return Desired(dict(labels), {**annotations, owned_key: owned})
+    if taint is not None and not under_prefix(taint.key, prefix):
+        raise ValueError(f"refusing a taint outside {prefix}/: {excerpt(taint.key)}")
+    return Desired(dict(labels), {**annotations, owned_key: owned}, taint)
 
 
 def owned(annotations: Mapping[str, str], prefix: str) -> frozenset[str]:
@@ -127,17 +159,48 @@ def metadata_patch(
     return {"metadata": metadata}
 
 
+def _taint_fields(taint: Mapping[str, Any]) -> tuple[object, object, object]:
+    # timeAdded is the server's (set for NoExecute only): not ours to compare.
+    return (taint.get("key"), taint.get("value"), taint.get("effect"))
+
+
+def taints_change(current: NodeMetadata, want: OwnTaint | None) -> list[dict[str, Any]] | None:
+    """The Node's whole new `spec.taints` when the agent's own taint must change: every other
+    taint as read, in order, then ours if it should be there. None when ours is already as
+    wanted, or when the agent manages no taint (`want` None)."""
+    if want is None:
+        return None
+    mine = [_taint_fields(t) for t in current.taints if t.get("key") == want.key]
+    if mine == [_taint_fields(t) for t in want.wanted()]:
+        return None
+    others = [dict(t) for t in current.taints if t.get("key") != want.key]
+    return [*others, *want.wanted()]
+
+
 def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str, Any] | None:
     """The JSON merge patch bringing `current` to `want`; None when nothing differs."""
     for k in (*want.labels, *want.annotations):
         if not under_prefix(k, prefix):
             raise ValueError(f"desired key {excerpt(k)} is outside the prefix {excerpt(prefix)}")
+    if want.taint is not None and not under_prefix(want.taint.key, prefix):
+        raise ValueError(f"desired taint {excerpt(want.taint.key)} is outside {excerpt(prefix)}")
     deletable = owned(current.annotations, prefix)
-    return metadata_patch(
+    body = metadata_patch(
         section_changes(current.labels, want.labels, deletable),
         section_changes(current.annotations, want.annotations, deletable),
         current.resource_version,
     )
+    taints = taints_change(current, want.taint)
+    if taints is None:
+        return body
+    if body is None:
+        # The whole list is sent: only a Node unchanged since it was read may take it.
+        body = {"metadata": {}}
+        if current.resource_version is not None:
+            body["metadata"]["resourceVersion"] = current.resource_version
+    # An empty list is sent as null: merge patch removes the field, as `kubectl taint ... -` does.
+    body["spec"] = {"taints": taints or None}
+    return body
 
 
 def apply(current: NodeMetadata, patch: Mapping[str, Any]) -> NodeMetadata:
@@ -153,12 +216,14 @@ def apply(current: NodeMetadata, patch: Mapping[str, Any]) -> NodeMetadata:
                 out[k] = v
         return out
 
+    spec = patch.get("spec") or {}
     return NodeMetadata(
         current.name,
         merged(current.labels, metadata.get("labels", {})),
         merged(current.annotations, metadata.get("annotations", {})),
         current.resource_version,
         current.uid,
+        tuple(spec.get("taints") or ()) if "taints" in spec else current.taints,
     )
 
 

@@ -116,6 +116,13 @@ class NodePatchSink:
                 annotations=sorted(body["metadata"].get("annotations", {})),
                 resource_version=self._known.resource_version,
             )
+            taint = want.taint
+            if "spec" in body and taint is not None:
+                # The taint, unlike a label, keeps pods off the Node: said on its own line.
+                if taint.value is not None:
+                    self._log.warning("node_tainted", taint=f"{taint.key}={taint.value}")
+                else:
+                    self._log.info("node_untainted", taint=taint.key)
             return True
 
         try:

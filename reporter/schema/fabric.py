@@ -233,6 +233,16 @@ def _position(with_fabric: Sequence[Gpu]) -> tuple[RackPosition | None, list[str
     return position, problems
 
 
+TAINTED = (DEGRADED, UNHEALTHY)
+"""The fabric-health words that taint the Node, opted in: a fabric that is up but hurt. One
+that is not up yet has no partition label, which already keeps partition-bound jobs off."""
+
+
+def taint_value(fabric: NodeFabric) -> str | None:
+    """The value of the agent's `fabric-health` taint for this fabric; None: no taint."""
+    return fabric.health if fabric.health in TAINTED else None
+
+
 def domain_labels(fabric: NodeFabric, node: str | None) -> dict[str, str]:
     """`nvlink-domain` and `nvlink-partition` values (names, not keys).
 

@@ -1,4 +1,4 @@
-"""Every label and annotation name topo-reporter writes, in one place.
+"""Every label, annotation and taint name topo-reporter writes, in one place.
 
 A full key is `<prefix>/<name>`; the prefix is configurable (default `gpu.topology.io`). Labels are
 stable derivations of the topology (counts and classes), never timestamps.
@@ -35,6 +35,11 @@ RACK_TRAY = "rack-tray"
 RACK_HOST = "rack-host"
 # The GPUs' NVLinks against their own link counts: ok, degraded, down.
 NVLINK_HEALTH = "nvlink-health"
+
+# Taint (opt-in, `--taint-unhealthy-fabric`): `<prefix>/fabric-health=<degraded|unhealthy>` with
+# effect NoSchedule, on the agent's own Node while its multi-node fabric is degraded or unhealthy.
+FABRIC_TAINT = "fabric-health"
+FABRIC_TAINT_EFFECT = "NoSchedule"
 
 # The label of the agent's heartbeat Lease (reporter.publish.lease), not of the Node: the
 # extender selects the Leases with `<prefix>/heartbeat=availability`.

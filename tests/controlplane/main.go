@@ -1,6 +1,6 @@
 // Command controlplane hosts Kubernetes' own server code for topo-reporter's tests: the real
-// kube-apiserver on an embedded etcd, the real kube-scheduler, and the kubelet's PodResources
-// gRPC server. The product is Python; this module exists only so the tests meet the real thing.
+// kube-apiserver on an embedded etcd, the real kube-scheduler and kube-controller-manager, and the
+// kubelet's PodResources gRPC server. The product is Python; this module exists only so the tests meet the real thing.
 package main
 
 import (
@@ -14,6 +14,7 @@ commands:
   apiserver --kubeconfig FILE                  kube-apiserver on an embedded etcd; writes an admin kubeconfig once /readyz answers
   scheduler --config FILE [--kubeconfig FILE]  kube-scheduler from a KubeSchedulerConfiguration
   podresources --socket PATH --state FILE      the kubelet's PodResources v1 server, fed from a JSON file
+  controller-manager --kubeconfig FILE         kube-controller-manager with the named controllers (default: job)
 `
 
 func main() {
@@ -29,6 +30,8 @@ func main() {
 		err = runScheduler(os.Args[2:])
 	case "podresources":
 		err = runPodResources(os.Args[2:])
+	case "controller-manager":
+		err = runControllerManager(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -3,6 +3,9 @@
 // module from the harness beside it (tests/controlplane/) because these consumers need a newer
 // Kubernetes than the harness's API server; it talks to that API server as a client only.
 // One subcommand per consumer, each in its own file.
+//
+// Kueue's controller manager is not a subcommand: it is Kueue's own main package
+// (sigs.k8s.io/kueue/cmd/kueue), listed as a `tool` in go.mod and built beside this binary.
 package main
 
 import (
@@ -14,6 +17,7 @@ const usage = `usage: consumers COMMAND [FLAGS]
 
 commands:
   koordlet --dir DIR --kubeconfig FILE --node NAME   koordlet's device reporting (Koordinator v1.8.0) on a device-info directory
+  volcano-hypernodes --kubeconfig FILE               Volcano's network topology discovery (HyperNodes from node labels), one JSON line per batch
 `
 
 func main() {
@@ -25,6 +29,8 @@ func main() {
 	switch os.Args[1] {
 	case "koordlet":
 		err = runKoordlet(os.Args[2:])
+	case "volcano-hypernodes":
+		err = runVolcanoHyperNodes(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
