@@ -66,10 +66,13 @@ Metrics, over the pods that arrive after the warm-up:
   its searches, so its rate is not reported).
 Over several seeds each row reports the mean, the minimum and the spread (maximum minus minimum)
 of `nvlink`, and the upper reference of each seed: the best `nvlink` any row reached on that seed
-and load. A seed fixes the trace; the random tie-breaks (equal node totals, the kubelet's order)
-follow it too, and a run diverges from its neighbour row at the first different decision, so two
-rows of one seed differ by chance as well as by policy: `--repeats R` runs each seed R times with
-other tie-breaks (`tie_seed`) and averages them. No bound is computed: the best over the whole
+and load. The rows of one seed are paired (common random numbers): the same trace (arrivals,
+sizes, durations) and the same tie-break draws, each pod drawing its own from a stream seeded by
+the seed and its id (`TieBreaks`), so a pod meets the same draws in every row whatever the row
+decided before it. Rows still diverge after their first different decision (the cluster differs
+from then on), so one seed's rows differ by the trajectory their policies lead to as well as by
+the policies themselves: `--repeats R` runs each seed R times with other tie-breaks (`tie_seed`)
+and averages them. No bound is computed: the best over the whole
 trace is an online bin-packing problem with no tractable exact solution at this size, and the
 trivial bounds (100% connected, link ratio 1.00) say nothing.
 
@@ -287,10 +290,35 @@ def node_totals(
     return [(n, plugin(n, k)) for n in nodes if len(n.free) >= k]
 
 
+@dataclass(frozen=True, slots=True)
+class TieBreaks:
+    """The random tie-breaks of a run, common to every row of a seed (common random numbers).
+
+    Each pod draws from its own stream, seeded by the tie seed and the pod's id alone, so a pod
+    meets the same draws in every row whatever the row decided before it: a random priority per
+    node (equal totals go to the node of the lowest, a uniform pick among them, as kube-scheduler's
+    selectHost makes) and, per node, a random order of its GPUs (the kubelet's Go map order).
+    With one stream for the whole run, as before, a row that made one decision more or fewer
+    shifted every later draw, and two rows differed by chance at every tie after that.
+    """
+
+    seed: int
+
+    def node_priority(self, pod: Pod, nodes: Sequence[Node]) -> dict[str, float]:
+        rng = random.Random(f"{self.seed}/{pod.id}")
+        return {n.name: rng.random() for n in nodes}
+
+    def kubelet_order(self, pod: Pod, node: Node) -> list[int]:
+        rng = random.Random(f"{self.seed}/{pod.id}/{node.name}")
+        keys = [rng.random() for _ in range(node.capacity)]
+        return sorted(node.free, key=keys.__getitem__)
+
+
 def choose_node(
-    policy: str, nodes: list[Node], k: int, rng: random.Random, ranking: str = "fit"
+    policy: str, nodes: list[Node], pod: Pod, ties: TieBreaks, ranking: str = "fit"
 ) -> Node | None:
-    """The node the scheduler binds a k-GPU pod to, or None when none fits."""
+    """The node the scheduler binds a pod to, or None when none fits."""
+    k = pod.k
     if policy == "greedy-best":
         fits = [n for n in nodes if len(n.free) >= k]
         if not fits:
@@ -303,16 +331,20 @@ def choose_node(
     if not totals:
         return None
     top = max(t for _, t in totals)
-    return rng.choice([n for n, t in totals if t == top])
+    tied = [n for n, t in totals if t == top]
+    if len(tied) == 1:
+        return tied[0]
+    priority = ties.node_priority(pod, nodes)
+    return min(tied, key=lambda n: priority[n.name])
 
 
-def choose_gpus(policy: str, node: Node, k: int, rng: random.Random) -> tuple[int, ...]:
+def choose_gpus(policy: str, node: Node, pod: Pod, ties: TieBreaks) -> tuple[int, ...]:
     """The GPUs the device plugin hands the pod on its node."""
+    k = pod.k
     if policy == "lowest-index":
         return tuple(sorted(node.free)[:k])
     if policy == "nvidia-besteffort":
-        order = sorted(node.free)
-        rng.shuffle(order)  # the kubelet's Go map order
+        order = ties.kubelet_order(pod, node)
         return best_gpu_set(node.topology, k, order, policy=Policy.NVIDIA_BESTEFFORT).gpus
     chosen = Policy.PACKING if policy == "packing" else Policy.BEST
     return best_gpu_set(node.topology, k, node.free, policy=chosen).gpus
@@ -383,7 +415,7 @@ def simulate(
     change, the nodes); the time it takes is not counted in decisions per second. `ranking` `v1`
     ranks nodes as the extender did before best fit, its agents describing the best set.
     """
-    rng = random.Random(seed)
+    ties = TieBreaks(seed)
     nodes = cluster(layout, AGENT_POLICY[on_node] if ranking == "fit" else Policy.BEST)
     extender = node_policy.startswith("extender")
     if extender:
@@ -429,9 +461,9 @@ def simulate(
                 still.append(waiting)
                 continue
             start = time.perf_counter()
-            node = choose_node(node_policy, nodes, waiting.k, rng, ranking)
+            node = choose_node(node_policy, nodes, waiting, ties, ranking)
             assert node is not None  # some node holds k free GPUs
-            gpus = choose_gpus(on_node, node, waiting.k, rng)
+            gpus = choose_gpus(on_node, node, waiting, ties)
             decide_s += time.perf_counter() - start
             decisions += 1
             if observe is not None:
