@@ -1,12 +1,13 @@
 """What topology-aware scheduling buys: a GPU cluster simulator that runs the real placement code.
 
-    python -m bench.placement [--seeds 20] [--pods 3000] [--loads 50,80,95] [--jobs 2]
-        [--repeats 1] [--plot bench/placement.png]
-                                              every combination on seeds 1..N: mean, min, spread
+    python -m bench.placement [--seeds 20] [--first-seed 1] [--pods 3000] [--loads 50,80,95]
+        [--jobs 2] [--repeats 1] [--bound] [--plot bench/placement.png]
+                                              every combination on N seeds: mean, min, spread
     python -m bench.placement --seed S        one seed: one summary line per row, then its tables
     python -m bench.placement --seed S --trace FILE [--loads 80]
                                               one seed, the target row: every lost connected set
     ... --ranking v1                          the same with the extender's ranking before best fit
+    ... --ranking whole                       the same ranked by the whole-node fit (not shipped)
 
 Cluster (default, 236 GPUs): 32 nodes of the shipped simulated profiles, each scanned as the agent
 scans it (`--simulate`): 8 dgx-a100, 8 dgx-h100, 6 dgx-1-v100, 6 pcie-8x and 4
@@ -72,9 +73,17 @@ the seed and its id (`TieBreaks`), so a pod meets the same draws in every row wh
 decided before it. Rows still diverge after their first different decision (the cluster differs
 from then on), so one seed's rows differ by the trajectory their policies lead to as well as by
 the policies themselves: `--repeats R` runs each seed R times with other tie-breaks (`tie_seed`)
-and averages them. No bound is computed: the best over the whole
-trace is an online bin-packing problem with no tractable exact solution at this size, and the
-trivial bounds (100% connected, link ratio 1.00) say nothing.
+and averages them.
+
+`--bound` adds, per seed, the target row's schedule bound (`schedule_bound`): a linear program's
+upper bound on the connected share of any placement that starts and ends every pod when that row
+did (the same waits and occupancy), relaxing which node of a profile and which GPUs (a pod may
+move at every start). The best over the whole trace without that relaxation is an online
+bin-packing problem with no tractable exact solution at this size.
+
+`--ranking whole` ranks by the whole-node fit (`node_score_whole`): `node_score`'s table with the
+largest connected set of the whole node (free or not) that the set cuts into in place of the free
+one. The extender cannot rank so today: the availability annotation carries the free fit only.
 
 `--trace FILE` (one seed, `extender+most` beside every on-node choice, default load 80%) writes
 one JSON line per k >= 2 pod that got no connected set: the pod, the node, its free GPUs, the
@@ -93,6 +102,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -102,7 +112,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -120,11 +130,13 @@ from reporter.availability import (
     node_score,
 )
 from reporter.collect import build_scanner
+from reporter.errors import PlacementError
 from reporter.placement import (
     PCIE_POINTS,
     GpuSet,
     Policy,
     best_gpu_set,
+    nvlink_reach,
     pair_link,
     score_gpu_set,
 )
@@ -184,7 +196,7 @@ def trace(pods: int, gpus: int, load: float, seed: int) -> list[Pod]:
     rng = random.Random(seed)
     rate = load * gpus / (MEAN_GPUS * MEAN_MINUTES)  # pods per minute
     out, now = [], 0.0
-    sizes, weights = zip(*SIZES, strict=True)
+    sizes, weights = [k for k, _ in SIZES], [w for _, w in SIZES]
     for i in range(pods):
         now += rng.expovariate(rate)
         k = rng.choices(sizes, weights)[0]
@@ -270,11 +282,51 @@ def node_score_v1(a: Availability | None, k: int) -> int:
     return 1 + one_numa + close_nic
 
 
-RANKINGS: dict[str, Callable[[Availability | None, int], int]] = {
-    "fit": node_score,
-    "v1": node_score_v1,
+@cache
+def whole_reach(profile: str) -> tuple[int, ...]:
+    """Per GPU of the profile, the largest NVLink-connected set of the whole node (every GPU, free
+    or not) that holds it: what the GPU could ever serve connected."""
+    topology = profile_topology(profile)
+    reach = nvlink_reach(topology, range(len(topology.gpus)))[0]
+    return tuple(reach.get(i, 1) for i in range(len(topology.gpus)))
+
+
+@cache
+def whole_fit(profile: str, free: frozenset[int], policy: Policy, k: int) -> int:
+    """The largest whole-node reach among the GPUs of the k-set the agent describes for `policy`
+    (the set `compute_availability` summarises; for a request NVIDIA's policy fails, the best)."""
+    topology = profile_topology(profile)
+    if policy is Policy.NVIDIA_BESTEFFORT and k == 1:
+        reach = nvlink_reach(topology, free)[0]
+        gpus: tuple[int, ...] = (min(free, key=lambda i: (-reach[i], i)),)
+    else:
+        try:
+            gpus = best_gpu_set(topology, k, free, policy=policy).gpus
+        except PlacementError:
+            gpus = best_gpu_set(topology, k, free).gpus
+    return max(whole_reach(profile)[g] for g in gpus)
+
+
+def node_score_whole(node: Node, k: int) -> int:
+    """`node_score`'s table with the whole-node fit in place of the free one: a set's fit is the
+    largest connected set of the whole node, free or not, that it cuts into. The extender cannot
+    rank so today: the annotation carries the free fit only (bench/README.md)."""
+    a = node.availability
+    if a is None or k < 1 or not can_fit(a, k) or a.best[k - 1].fit == 0:
+        return node_score(a, k)
+    whole = whole_fit(node.profile, frozenset(node.free), node.policy, k)
+    best = list(a.best)
+    best[k - 1] = replace(best[k - 1], fit=whole)
+    return node_score(replace(a, best=tuple(best)), k)
+
+
+RANKINGS: dict[str, Callable[[Node, int], int]] = {
+    "fit": lambda node, k: node_score(node.availability, k),
+    "v1": lambda node, k: node_score_v1(node.availability, k),
+    "whole": node_score_whole,
 }
-"""The extender's node score: `fit` (reporter.availability.node_score) or the one it replaced."""
+"""The extender's node score: `fit` (reporter.availability.node_score, what it ranks by), `v1`
+(the one it replaced) or `whole` (a ranking it cannot make today: `node_score_whole`)."""
 
 
 def node_totals(
@@ -285,7 +337,7 @@ def node_totals(
         fits = [n for n in nodes if can_fit(n.availability, k) and len(n.free) >= k]
         plugin = most_allocated if policy == "extender+most" else least_allocated
         score = RANKINGS[ranking]
-        return [(n, EXTENDER_WEIGHT * score(n.availability, k) * 10 + plugin(n, k)) for n in fits]
+        return [(n, EXTENDER_WEIGHT * score(n, k) * 10 + plugin(n, k)) for n in fits]
     plugin = most_allocated if policy == "most-allocated" else least_allocated
     return [(n, plugin(n, k)) for n in nodes if len(n.free) >= k]
 
@@ -378,6 +430,8 @@ class Result:
     """k -> (NVLink-connected, placed) over the measured pods of k GPUs."""
     sets: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
     """pod id -> (node, GPUs, start, end): every placement, for the invariants the test checks."""
+    bound: float | None = None
+    """`schedule_bound` of this run (`--bound`, the target row only), else None."""
 
     @property
     def eight(self) -> float | None:
@@ -413,10 +467,11 @@ def simulate(
 
     `observe`, when given, sees every placement before the GPUs are taken (it may read, never
     change, the nodes); the time it takes is not counted in decisions per second. `ranking` `v1`
-    ranks nodes as the extender did before best fit, its agents describing the best set.
+    ranks nodes as the extender did before best fit, its agents describing the best set; `whole`
+    by the whole-node fit (`node_score_whole`).
     """
     ties = TieBreaks(seed)
-    nodes = cluster(layout, AGENT_POLICY[on_node] if ranking == "fit" else Policy.BEST)
+    nodes = cluster(layout, Policy.BEST if ranking == "v1" else AGENT_POLICY[on_node])
     extender = node_policy.startswith("extender")
     if extender:
         for node in nodes:
@@ -461,8 +516,9 @@ def simulate(
                 still.append(waiting)
                 continue
             start = time.perf_counter()
-            node = choose_node(node_policy, nodes, waiting, ties, ranking)
-            assert node is not None  # some node holds k free GPUs
+            chosen = choose_node(node_policy, nodes, waiting, ties, ranking)
+            assert chosen is not None  # some node holds k free GPUs
+            node = chosen
             gpus = choose_gpus(on_node, node, waiting, ties)
             decide_s += time.perf_counter() - start
             decisions += 1
@@ -521,6 +577,109 @@ def cluster_gpus(layout: Sequence[tuple[str, int]]) -> int:
     return sum(len(profile_topology(p).gpus) * count for p, count in layout)
 
 
+@cache
+def disjoint_connected_sets(profile: str, k: int) -> int:
+    """How many disjoint NVLink-connected k-sets an empty node of the profile holds at most."""
+    topology = profile_topology(profile)
+    gpus = range(len(topology.gpus))
+    sets = [
+        frozenset(c)
+        for c in itertools.combinations(gpus, k)
+        if connected(topology, c) and not any(topology.gpus[g].lost for g in c)
+    ]
+
+    def most(start: int, used: frozenset[int]) -> int:
+        return max(
+            (1 + most(i + 1, used | s) for i, s in enumerate(sets[start:], start) if not s & used),
+            default=0,
+        )
+
+    return most(0, frozenset())
+
+
+def schedule_bound(layout: Sequence[tuple[str, int]], pods: Sequence[Pod], run: Result) -> float:
+    """An upper bound on the NVLink-connected share of the measured k >= 2 pods for any placement
+    that starts and ends every pod when `run` did (its waits and occupancy): a linear program.
+
+    Each pod is assigned to the node profiles, fractionally, connected or not; at every start from
+    the first measured one on, the pods running on a profile hold at most its GPUs, and its
+    connected k-pods number at most its nodes times `disjoint_connected_sets` (where that is
+    tighter than the GPUs); a connected k-pod goes only where an empty node has a connected k-set.
+    It relaxes which node and which GPUs (a pod may move at every start) and integrality; every
+    real placement with these times is a feasible point, so the optimum is an upper bound. It
+    needs scipy (the `bench` extra).
+    """
+    # Only --bound needs scipy (the `bench` extra); it ships no type information.
+    from scipy.optimize import linprog  # type: ignore[import-untyped]  # noqa: PLC0415
+    from scipy.sparse import coo_array  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    warmup = pods[len(pods) // 4].arrival
+    span = {pod_id: (start, end) for pod_id, (_, _, start, end) in run.sets.items()}
+    first = min(span[p.id][0] for p in pods if p.arrival >= warmup)
+    profiles = [(name, count, len(profile_topology(name).gpus)) for name, count in layout]
+    columns: list[tuple[Pod, str, bool]] = []  # (pod, profile, connected there)
+    by_pod: dict[int, list[int]] = {}
+    for pod in pods:
+        if span[pod.id][1] <= first:
+            continue  # it never runs beside a measured pod
+        for name, _, capacity in profiles:
+            for joined in (False, True):
+                if pod.k > capacity or (joined and disjoint_connected_sets(name, pod.k) == 0):
+                    continue
+                if joined and pod.k < 2:
+                    continue
+                by_pod.setdefault(pod.id, []).append(len(columns))
+                columns.append((pod, name, joined))
+    rows: list[list[tuple[int, float]]] = []
+    upper: list[float] = []
+    starts = sorted({span[i][0] for i in by_pod if span[i][0] >= first})
+    ends = sorted((span[i][1], i) for i in by_pod)
+    began = sorted((span[i][0], i) for i in by_pod if span[i][0] >= first)
+    running: set[int] = {i for i in by_pod if span[i][0] < first}
+    b = e = 0
+    for n, now in enumerate(starts):
+        while e < len(ends) and ends[e][0] <= now:
+            running.discard(ends[e][1])
+            e += 1
+        while b < len(began) and began[b][0] <= now:
+            running.add(began[b][1])
+            b += 1
+        later = starts[n + 1] if n + 1 < len(starts) else math.inf
+        if all(span[i][1] > later for i in running):
+            continue  # the next start's running pods hold these: its constraints are tighter
+        for name, count, capacity in profiles:
+            held = [j for i in running for j in by_pod[i] if columns[j][1] == name]
+            rows.append([(j, float(columns[j][0].k)) for j in held])
+            upper.append(float(count * capacity))
+            for k in sorted({columns[j][0].k for j in held if columns[j][2]}):
+                most = disjoint_connected_sets(name, k)
+                if most * k < capacity:
+                    rows.append([(j, 1.0) for j in held if columns[j][2] and columns[j][0].k == k])
+                    upper.append(float(count * most))
+
+    def matrix(entries: list[list[tuple[int, float]]]) -> Any:
+        cells = [(r, j, v) for r, row in enumerate(entries) for j, v in row]
+        rows_, cols_, values_ = zip(*cells, strict=True)
+        return coo_array((values_, (rows_, cols_)), shape=(len(entries), len(columns))).tocsr()
+
+    measured = [j for j, (pod, _, joined) in enumerate(columns) if joined and pod.arrival >= warmup]
+    cost = [0.0] * len(columns)
+    for j in measured:
+        cost[j] = -1.0
+    solved = linprog(
+        cost,
+        A_ub=matrix(rows),
+        b_ub=upper,
+        A_eq=matrix([[(j, 1.0) for j in js] for js in by_pod.values()]),
+        b_eq=[1.0] * len(by_pod),
+        bounds=(0, 1),
+        method="highs",
+    )
+    assert solved.status == 0, solved.message  # feasible: the run itself is a solution
+    k2 = sum(1 for p in pods if p.arrival >= warmup and p.k >= 2)
+    return sum(solved.x[j] for j in measured) / k2 if k2 else 1.0
+
+
 def tie_seed(seed: int, repeat: int) -> int:
     """The seed of the random tie-breaks (node choice, the kubelet's order) of a repeat."""
     return seed + 100_003 * repeat
@@ -536,8 +695,10 @@ def run_all(
     progress: Callable[[Result], None] | None = None,
     repeats: int = 1,
     ranking: str = "fit",
+    bound: bool = False,
 ) -> list[Result]:
-    """Every combination on the same trace per load, `repeats` times with other tie-breaks."""
+    """Every combination on the same trace per load, `repeats` times with other tie-breaks; with
+    `bound`, the target row's `schedule_bound` too."""
     gpus = cluster_gpus(layout)
     results = []
     for load in loads:
@@ -555,6 +716,8 @@ def run_all(
                         ranking=ranking,
                     )
                     result.seed, result.repeat = seed, repeat
+                    if bound and (node_policy, on_node) == TARGET[1:]:
+                        result.bound = schedule_bound(layout, pod_trace, result)
                     result.sets.clear()  # only the test reads them; 20 seeds would hold millions
                     results.append(result)
                     if progress is not None:
@@ -564,12 +727,14 @@ def run_all(
 
 def _one_seed(
     args: tuple[
-        tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str, tuple[str, ...]
+        tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str, tuple[str, ...], bool
     ],
 ) -> list[Result]:
-    layout, pods, seed, loads, repeats, ranking, node_policies = args
+    layout, pods, seed, loads, repeats, ranking, node_policies, bound = args
     quiet()
-    return run_all(layout, pods, seed, loads, node_policies, repeats=repeats, ranking=ranking)
+    return run_all(
+        layout, pods, seed, loads, node_policies, repeats=repeats, ranking=ranking, bound=bound
+    )
 
 
 def run_seeds(
@@ -582,10 +747,11 @@ def run_seeds(
     repeats: int = 1,
     ranking: str = "fit",
     node_policies: Sequence[str] = NODE_POLICIES,
+    bound: bool = False,
 ) -> list[Result]:
     """Every combination on every seed, `jobs` seeds at a time in worker processes."""
     work = [
-        (tuple(layout), pods, seed, tuple(loads), repeats, ranking, tuple(node_policies))
+        (tuple(layout), pods, seed, tuple(loads), repeats, ranking, tuple(node_policies), bound)
         for seed in seeds
     ]
     runs: Iterator[list[Result]]
@@ -658,6 +824,8 @@ class SeedFigures:
     occupancy: float
     wait: float
     frag: float
+    bound: float | None = None
+    """The mean `schedule_bound` of its repeats, where computed."""
 
 
 def per_seed(results: Sequence[Result]) -> list[SeedFigures]:
@@ -668,6 +836,7 @@ def per_seed(results: Sequence[Result]) -> list[SeedFigures]:
     out = []
     for (load, node_policy, on_node, seed), runs in groups.items():
         eights = [r.eight for r in runs if r.eight is not None]
+        bounds = [r.bound for r in runs if r.bound is not None]
         out.append(
             SeedFigures(
                 load,
@@ -680,6 +849,7 @@ def per_seed(results: Sequence[Result]) -> list[SeedFigures]:
                 statistics.mean(r.occupancy for r in runs),
                 statistics.mean(r.wait for r in runs),
                 statistics.mean(r.frag for r in runs),
+                statistics.mean(bounds) if bounds else None,
             )
         )
     return out
@@ -737,18 +907,21 @@ def target_table(results: Sequence[Result], target: tuple[float, str, str] = TAR
     reference = upper_reference(results)
     ours = {r.seed: r for r in rows.get(target, [])}
     count_only = {r.seed: r for r in rows.get((load, "most-allocated", "best"), [])}
+    bounds = any(r.bound is not None for r in ours.values())
     lines = [
         f"| seed | occupancy | {node_policy} / {on_node}: nvlink | 8-GPU | wait (min) "
-        "| most-allocated / best: nvlink | wait (min) | upper reference: nvlink (row) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| most-allocated / best: nvlink | wait (min) | upper reference: nvlink (row) |"
+        + (" schedule bound |" if bounds else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if bounds else ""),
     ]
     for seed in sorted(ours):
         r, c, ref = ours[seed], count_only.get(seed), reference[(load, seed)]
         eight = "—" if r.eight is None else f"{r.eight:.1%}"
         count = "— | —" if c is None else f"{c.nvlink:.1%} | {c.wait:,.0f}"
+        bound = "" if not bounds else " — |" if r.bound is None else f" {r.bound:.1%} |"
         lines.append(
             f"| {seed} | {r.occupancy:.1%} | {r.nvlink:.1%} | {eight} | {r.wait:,.0f} | {count} "
-            f"| {ref.nvlink:.1%} ({ref.node_policy} / {ref.on_node}) |"
+            f"| {ref.nvlink:.1%} ({ref.node_policy} / {ref.on_node}) |{bound}"
         )
     return "\n".join(lines)
 
@@ -817,6 +990,15 @@ def plot(results: Sequence[Result], path: Path) -> None:
             color="black",
             label="upper reference (best any row)",
         )
+        bounded = [r for r in ours if r.bound is not None]
+        if bounded:
+            ax.plot(
+                [r.seed for r in bounded],
+                [(r.bound or 0.0) * 100 for r in bounded],
+                "v-.",
+                color="C4",
+                label="schedule bound (extender+most / packing's times)",
+            )
         count_only = rows.get((0.80, "most-allocated", "best"), [])
         ax.plot(
             [r.seed for r in count_only],
@@ -975,8 +1157,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3000, help="pods per run (default 3000)")
     parser.add_argument("--seed", type=int, help="run this one seed (tables for it alone)")
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="run N seeds (default 20)")
     parser.add_argument(
-        "--seeds", type=int, default=DEFAULT_SEEDS, help="run seeds 1..N (default 20)"
+        "--first-seed", type=int, default=1, help="the first of the N seeds (default 1)"
+    )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="compute the target row's schedule bound per seed (a linear program: highspy)",
     )
     parser.add_argument(
         "--loads", type=_loads, default=LOADS, help="offered loads in %% (default 50,80,95)"
@@ -1011,7 +1199,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--ranking",
         choices=sorted(RANKINGS),
         default="fit",
-        help="the extender's node score: fit (default) or v1, the one best fit replaced",
+        help="the extender's node score: fit (default), v1 (the one best fit replaced) or whole "
+        "(the whole-node fit, which the extender cannot read today)",
     )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.node_choices) - set(NODE_POLICIES))
@@ -1054,13 +1243,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = run_seeds(
             DEFAULT_CLUSTER,
             args.pods,
-            range(1, args.seeds + 1),
+            range(args.first_seed, args.first_seed + args.seeds),
             args.loads,
             args.jobs,
             progress=lambda r: print(f"seed {r.seed}.{r.repeat}: {summary_line(r)}", flush=True),
             repeats=args.repeats,
             ranking=args.ranking,
             node_policies=args.node_choices,
+            bound=args.bound,
         )
         print(seeds_table(results))
         print()

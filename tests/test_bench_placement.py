@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import placement
-from reporter.placement import score_gpu_set
+from reporter.placement import Policy, score_gpu_set
 
 TINY = (("dgx-h100", 1), ("pcie-8x", 1), ("workstation-nvlink-bridge", 1))
 
@@ -135,3 +135,46 @@ def test_the_loss_trace_explains_each_lost_connected_set(tmp_path: Path) -> None
         if loss["class"] == "cluster":
             assert loss["connected_elsewhere"] == []
             assert loss["holders"]["free GPUs on nodes without NVLink"] >= 0
+
+
+def test_every_row_of_a_seed_meets_the_same_tie_breaks() -> None:
+    # Common random numbers: a pod's draws depend on the seed and its id, not on what the row
+    # decided (or drew) before it, so two rows of one seed differ by policy, not by draw order.
+    nodes = placement.cluster(TINY)
+    pod, other = placement.Pod(5, 2, 0.0, 1.0), placement.Pod(4, 1, 0.0, 1.0)
+    ties = placement.TieBreaks(3)
+    priority, order = ties.node_priority(pod, nodes), ties.kubelet_order(pod, nodes[0])
+    ties.node_priority(other, nodes)
+    ties.kubelet_order(other, nodes[0])
+    assert ties.node_priority(pod, nodes) == priority
+    assert ties.kubelet_order(pod, nodes[0]) == order
+    assert sorted(order) == sorted(nodes[0].free)
+    assert placement.TieBreaks(4).node_priority(pod, nodes) != priority
+
+
+def test_the_schedule_bound_holds_every_run_and_binds_where_capacity_does() -> None:
+    pods = placement.trace(60, gpus=19, load=0.9, seed=7)
+    for on_node in ("lowest-index", "packing"):
+        run = placement.simulate(TINY, pods, "extender+most", on_node, load=0.9, seed=3)
+        assert run.nvlink - 1e-9 <= placement.schedule_bound(TINY, pods, run) <= 1 + 1e-9
+    # Two 8-GPU pods at once on a cluster with one NVSwitch node: one of them, at best.
+    overlap = [
+        placement.Pod(0, 1, 0.0, 5.0),
+        placement.Pod(1, 8, 1.0, 100.0),
+        placement.Pod(2, 8, 2.0, 100.0),
+        placement.Pod(3, 1, 3.0, 5.0),
+    ]
+    run = placement.simulate(TINY, overlap, "extender+most", "packing", load=0.9, seed=3)
+    assert run.nvlink == 0.5
+    assert placement.schedule_bound(TINY, overlap, run) == pytest.approx(0.5)
+
+
+def test_the_whole_node_ranking_keeps_one_gpu_pods_off_nvswitch_nodes() -> None:
+    h100, pcie = placement.cluster((("dgx-h100", 1), ("pcie-8x", 1)), Policy.PACKING)
+    h100.free = {7}  # its last free GPU: the free fit is 1, as on a PCIe node
+    for node in (h100, pcie):
+        node.refresh()
+    fit, whole = placement.RANKINGS["fit"], placement.RANKINGS["whole"]
+    assert fit(h100, 1) == fit(pcie, 1)
+    assert whole(h100, 1) < whole(pcie, 1) == fit(pcie, 1)
+    assert whole(h100, 1) == placement.node_score_whole(h100, 1)
