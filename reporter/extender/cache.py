@@ -16,20 +16,16 @@ errors. It never writes anything.
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections.abc import Callable, Iterable
 
 import structlog
 
 from reporter.availability import AVAILABILITY_KEY
-from reporter.errors import ApiTransientError, PublishError
+from reporter.errors import PublishError
 from reporter.extender.protocol import DEFAULT_RESOURCE, NodeRank, RankTable, rank
-from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent, WatchExpired
-
-QUICK_END_S = 1.0
-"""A watch that ends this soon with nothing in it counts as a failure (backoff), not progress."""
+from reporter.extender.reflector import Reflector
+from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
 
 
 class NodeCache:
@@ -112,8 +108,10 @@ class NodeCache:
             return len(ranks), sum(a is None for a in ranks.values())
 
 
-class NodeWatcher:
+class NodeWatcher(Reflector[WatchEvent]):
     """Keeps a NodeCache current: list, then watch from its resourceVersion, relist on 410."""
+
+    what = "nodes"
 
     def __init__(
         self,
@@ -126,61 +124,25 @@ class NodeWatcher:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
     ) -> None:
+        super().__init__(
+            stop=stop,
+            log=log,
+            on_error=on_error,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            thread_name="topo-reporter-watch",
+        )
         self._client = client
         self._cache = cache
-        self._stop = stop
-        self._log = log
-        self._on_error = on_error
-        self._initial_s = backoff_initial_s
-        self._max_s = backoff_max_s
-        self._thread = threading.Thread(target=self.run, name="topo-reporter-watch", daemon=True)
-        self._problem: str | None = "no list of Nodes yet"
 
-    def start(self) -> NodeWatcher:
-        self._thread.start()
-        return self
+    def _list(self) -> str:
+        snapshot = self._client.list_nodes(self._cache.annotation)
+        self._cache.replace(snapshot.nodes)
+        self._log.info("nodes_listed", nodes=len(snapshot.nodes))
+        return snapshot.resource_version
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+    def _watch_from(self, resource_version: str) -> Iterable[WatchEvent]:
+        return self._client.watch_nodes(self._cache.annotation, resource_version, self._stop)
 
-    @property
-    def problem(self) -> str | None:
-        """Why the view of the Nodes may be stale (the last list or watch failed), or None."""
-        return self._problem
-
-    def run(self) -> None:
-        """List and watch until `stop` is set; errors are logged, counted and waited out."""
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                snapshot = self._client.list_nodes(self._cache.annotation)
-                self._cache.replace(snapshot.nodes)
-                self._log.info("nodes_listed", nodes=len(snapshot.nodes))
-                failures = 0
-                self._watch(snapshot.resource_version)
-            except WatchExpired:
-                self._log.info("watch_expired")
-            except PublishError as e:
-                self._problem = str(e)
-                self._on_error(e)
-                failures += 1
-                # Full jitter, so that replicas restarted together do not relist together.
-                wait = random.uniform(0, min(self._max_s, self._initial_s * 2 ** min(failures, 16)))
-                self._log.warning("watch_failed", error=str(e), wait_s=round(wait, 3))
-                self._stop.wait(wait)
-
-    def _watch(self, resource_version: str) -> None:
-        while not self._stop.is_set():
-            started, events = time.monotonic(), 0
-            watch = self._client.watch_nodes(self._cache.annotation, resource_version, self._stop)
-            # Listed and watching: the view is current (a list alone would flap with a refused
-            # watch).
-            self._problem = None
-            for event in watch:
-                self._cache.apply(event)
-                resource_version = event.resource_version or resource_version
-                events += 1
-            if not events and time.monotonic() - started < QUICK_END_S:
-                # A server that ends every watch at once would otherwise be asked in a loop.
-                raise ApiTransientError("watch nodes: the API server ended the watch at once")
+    def _apply(self, event: WatchEvent) -> None:
+        self._cache.apply(event)

@@ -19,7 +19,6 @@ expires Leases as their time passes, on a thread of its own. It never writes any
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,14 +26,12 @@ from collections.abc import Callable, Iterable
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
-from reporter.errors import ApiTransientError, PublishError
-from reporter.publish.api import WatchExpired
+from reporter.errors import PublishError
+from reporter.extender.reflector import Reflector
 from reporter.publish.lease import Beat, BeatEvent, LeaseWatch
 
 SWEEP_S = 1.0
 """How often expiries are looked for: a Lease is judged expired at most this late."""
-QUICK_END_S = 1.0
-"""A watch that ends this soon with nothing in it counts as a failure (backoff), not progress."""
 
 
 class Heartbeats:
@@ -150,9 +147,12 @@ def heartbeat_metrics(registry: CollectorRegistry, heartbeats: Heartbeats) -> No
     gauge.labels(state="expired").set_function(lambda: heartbeats.counts()[1])
 
 
-class HeartbeatWatcher:
+class HeartbeatWatcher(Reflector[BeatEvent]):
     """Keeps Heartbeats current (list, watch from its resourceVersion, relist on 410) on one
     thread, and expires Leases every SWEEP_S on another."""
+
+    what = "leases"
+    log_prefix = "lease_"
 
     def __init__(
         self,
@@ -165,67 +165,35 @@ class HeartbeatWatcher:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
     ) -> None:
+        super().__init__(
+            stop=stop,
+            log=log,
+            on_error=on_error,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            thread_name="topo-reporter-heartbeats",
+        )
         self._client = client
         self._heartbeats = heartbeats
-        self._stop = stop
-        self._log = log
-        self._on_error = on_error
-        self._initial_s = backoff_initial_s
-        self._max_s = backoff_max_s
-        self._threads = (
-            threading.Thread(target=self.run, name="topo-reporter-heartbeats", daemon=True),
-            threading.Thread(target=self._expire, name="topo-reporter-expiry", daemon=True),
+        self._threads.append(
+            threading.Thread(target=self._expire, name="topo-reporter-expiry", daemon=True)
         )
-        self._problem: str | None = "no list of heartbeat Leases yet"
+        self._problem = "no list of heartbeat Leases yet"
 
-    def start(self) -> HeartbeatWatcher:
-        for thread in self._threads:
-            thread.start()
-        return self
+    def _list(self) -> str:
+        snapshot = self._client.list_beats()
+        self._heartbeats.replace(snapshot.beats)
+        self._log.info("leases_listed", leases=len(snapshot.beats))
+        return snapshot.resource_version
 
-    @property
-    def alive(self) -> bool:
-        return all(thread.is_alive() for thread in self._threads)
+    def _watch_from(self, resource_version: str) -> Iterable[BeatEvent]:
+        return self._client.watch_beats(resource_version, self._stop)
 
-    @property
-    def problem(self) -> str | None:
-        """Why the view of the Leases may be stale (the last list or watch failed), or None."""
-        return self._problem
+    def _apply(self, event: BeatEvent) -> None:
+        self._heartbeats.apply(event)
 
-    def run(self) -> None:
-        """List and watch until `stop` is set; errors are logged, counted and waited out."""
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                snapshot = self._client.list_beats()
-                self._heartbeats.replace(snapshot.beats)
-                self._log.info("leases_listed", leases=len(snapshot.beats))
-                failures = 0
-                self._watch(snapshot.resource_version)
-            except WatchExpired:
-                self._log.info("lease_watch_expired")
-            except PublishError as e:
-                self._problem = f"heartbeat Leases in {self._client.namespace}: {e}"
-                self._on_error(e)
-                failures += 1
-                # Full jitter, so that replicas restarted together do not relist together.
-                wait = random.uniform(0, min(self._max_s, self._initial_s * 2 ** min(failures, 16)))
-                self._log.warning("lease_watch_failed", error=str(e), wait_s=round(wait, 3))
-                self._stop.wait(wait)
-
-    def _watch(self, resource_version: str) -> None:
-        while not self._stop.is_set():
-            started, events = time.monotonic(), 0
-            watch = self._client.watch_beats(resource_version, self._stop)
-            self._problem = None
-            for event in watch:
-                self._heartbeats.apply(event)
-                resource_version = event.resource_version or resource_version
-                events += 1
-            if self._stop.is_set():
-                return
-            if not events and time.monotonic() - started < QUICK_END_S:
-                raise ApiTransientError("watch leases: the API server ended the watch at once")
+    def _describe(self, error: PublishError) -> str:
+        return f"heartbeat Leases in {self._client.namespace}: {error}"
 
     def _expire(self) -> None:
         while not self._stop.wait(SWEEP_S):
