@@ -6,8 +6,9 @@
     python -m bench.placement --seed S        one seed: one summary line per row, then its tables
     python -m bench.placement --seed S --trace FILE [--loads 80]
                                               one seed, the target row: every lost connected set
+    ... --ranking v2                          the same with the extender's ranking before the
+                                              whole-node fit (availability version 2)
     ... --ranking v1                          the same with the extender's ranking before best fit
-    ... --ranking whole                       the same ranked by the whole-node fit (not shipped)
 
 Cluster (default, 236 GPUs): 32 nodes of the shipped simulated profiles, each scanned as the agent
 scans it (`--simulate`): 8 dgx-a100, 8 dgx-h100, 6 dgx-1-v100, 6 pcie-8x and 4
@@ -81,9 +82,10 @@ did (the same waits and occupancy), relaxing which node of a profile and which G
 move at every start). The best over the whole trace without that relaxation is an online
 bin-packing problem with no tractable exact solution at this size.
 
-`--ranking whole` ranks by the whole-node fit (`node_score_whole`): `node_score`'s table with the
-largest connected set of the whole node (free or not) that the set cuts into in place of the free
-one. The extender cannot rank so today: the availability annotation carries the free fit only.
+The extender ranks by the whole-node fit (availability version 3, `node_score`): the largest
+connected set of the whole node (free or not) that the set cuts into. `--ranking v2` ranks by the
+free fit instead (`node_score_v2`: the free GPUs' largest connected set the set cuts into), as the
+extender did before version 3; `--ranking v1` as it did before best fit.
 
 `--trace FILE` (one seed, `extender+most` beside every on-node choice, default load 80%) writes
 one JSON line per k >= 2 pod that got no connected set: the pod, the node, its free GPUs, the
@@ -130,13 +132,11 @@ from reporter.availability import (
     node_score,
 )
 from reporter.collect import build_scanner
-from reporter.errors import PlacementError
 from reporter.placement import (
     PCIE_POINTS,
     GpuSet,
     Policy,
     best_gpu_set,
-    nvlink_reach,
     pair_link,
     score_gpu_set,
 )
@@ -282,51 +282,24 @@ def node_score_v1(a: Availability | None, k: int) -> int:
     return 1 + one_numa + close_nic
 
 
-@cache
-def whole_reach(profile: str) -> tuple[int, ...]:
-    """Per GPU of the profile, the largest NVLink-connected set of the whole node (every GPU, free
-    or not) that holds it: what the GPU could ever serve connected."""
-    topology = profile_topology(profile)
-    reach = nvlink_reach(topology, range(len(topology.gpus)))[0]
-    return tuple(reach.get(i, 1) for i in range(len(topology.gpus)))
-
-
-@cache
-def whole_fit(profile: str, free: frozenset[int], policy: Policy, k: int) -> int:
-    """The largest whole-node reach among the GPUs of the k-set the agent describes for `policy`
-    (the set `compute_availability` summarises; for a request NVIDIA's policy fails, the best)."""
-    topology = profile_topology(profile)
-    if policy is Policy.NVIDIA_BESTEFFORT and k == 1:
-        reach = nvlink_reach(topology, free)[0]
-        gpus: tuple[int, ...] = (min(free, key=lambda i: (-reach[i], i)),)
-    else:
-        try:
-            gpus = best_gpu_set(topology, k, free, policy=policy).gpus
-        except PlacementError:
-            gpus = best_gpu_set(topology, k, free).gpus
-    return max(whole_reach(profile)[g] for g in gpus)
-
-
-def node_score_whole(node: Node, k: int) -> int:
-    """`node_score`'s table with the whole-node fit in place of the free one: a set's fit is the
-    largest connected set of the whole node, free or not, that it cuts into. The extender cannot
-    rank so today: the annotation carries the free fit only (bench/README.md)."""
-    a = node.availability
-    if a is None or k < 1 or not can_fit(a, k) or a.best[k - 1].fit == 0:
+def node_score_v2(a: Availability | None, k: int) -> int:
+    """The extender's ranking before availability version 3: `node_score` by the free fit alone
+    (each set's whole-node fit dropped, as a version-2 value carries none)."""
+    if a is None or k < 1 or not can_fit(a, k):
         return node_score(a, k)
-    whole = whole_fit(node.profile, frozenset(node.free), node.policy, k)
     best = list(a.best)
-    best[k - 1] = replace(best[k - 1], fit=whole)
+    best[k - 1] = replace(best[k - 1], whole=None)
     return node_score(replace(a, best=tuple(best)), k)
 
 
 RANKINGS: dict[str, Callable[[Node, int], int]] = {
     "fit": lambda node, k: node_score(node.availability, k),
+    "v2": lambda node, k: node_score_v2(node.availability, k),
     "v1": lambda node, k: node_score_v1(node.availability, k),
-    "whole": node_score_whole,
 }
-"""The extender's node score: `fit` (reporter.availability.node_score, what it ranks by), `v1`
-(the one it replaced) or `whole` (a ranking it cannot make today: `node_score_whole`)."""
+"""The extender's node score: `fit` (reporter.availability.node_score, what it ranks by: the
+whole-node fit of availability version 3), `v2` (by the free fit, before version 3) or `v1` (the
+ranking before best fit)."""
 
 
 def node_totals(
@@ -467,8 +440,8 @@ def simulate(
 
     `observe`, when given, sees every placement before the GPUs are taken (it may read, never
     change, the nodes); the time it takes is not counted in decisions per second. `ranking` `v1`
-    ranks nodes as the extender did before best fit, its agents describing the best set; `whole`
-    by the whole-node fit (`node_score_whole`).
+    ranks nodes as the extender did before best fit, its agents describing the best set; `v2` by
+    the free fit (`node_score_v2`), as before availability version 3.
     """
     ties = TieBreaks(seed)
     nodes = cluster(layout, Policy.BEST if ranking == "v1" else AGENT_POLICY[on_node])
@@ -1199,8 +1172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--ranking",
         choices=sorted(RANKINGS),
         default="fit",
-        help="the extender's node score: fit (default), v1 (the one best fit replaced) or whole "
-        "(the whole-node fit, which the extender cannot read today)",
+        help="the extender's node score: fit (default: node_score, by the whole-node fit), v2 (by "
+        "the free fit, before availability version 3) or v1 (the one best fit replaced)",
     )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.node_choices) - set(NODE_POLICIES))

@@ -6,30 +6,36 @@ the node will hand out (the on-node policy: the device plugin's choice, `reporte
 and publishes the result as one small annotation, so that a scheduler extender ranks a node with a
 table lookup (`node_score`, `can_fit`) instead of a search.
 
-The annotation value (`encode_availability`), version 2, in ASCII:
+The annotation value (`encode_availability`), version 3, in ASCII:
 
-    2;<free>;<k=1>/<k=2>/.../<k=len(free)>
+    3;<free>;<k=1>/<k=2>/.../<k=len(free)>
 
 - `<free>`: the free GPU indexes as a canonical Linux list string (`0-3,6`); empty for none.
-- each `<k>`: `links.connected.numa.nic.island.fit`, six decimal integers about the k-set the
-  on-node policy takes: its link points, 1 if every pair of it is NVLink-connected at full bond
+- each `<k>`: `links.connected.numa.nic.island.fit.whole`, seven decimal integers about the k-set
+  the on-node policy takes: its link points, 1 if every pair of it is NVLink-connected at full bond
   (no GPU of it has an NVLink down) else 0, the NUMA nodes it spans, its NIC points (0 without
   RDMA NICs), the size of the free NVLink island it is taken from, and its fit: the largest
   reach among its GPUs, a GPU's reach being the size of the largest set of free GPUs, all
   pairwise NVLink-connected, that holds it (1 without a free NVLink peer). A connected set of fit
   k uses a connected set whole, or takes GPUs nobody else could use connected; a larger fit cuts
-  into a larger connected set. Fit 0: the on-node policy fails a k-GPU request here
-  (go-gpuallocator's padded answer, `reporter.gpuallocator`); the other fields then describe the
-  best set.
+  into a larger connected set. Then `whole`: the same largest reach among its GPUs, the reach
+  taken over every GPU of the node, free or not (lost ones aside; `whole_reach`), so the largest
+  connected set of the whole node the set cuts into; never below the fit (where a search budget
+  ran out, the island stands in for a reach, never smaller). Fit and whole 0: the on-node policy
+  fails a k-GPU request here (go-gpuallocator's padded answer, `reporter.gpuallocator`); the other
+  fields then describe the best set.
 
-Version 1 (`1;<free>;links.connected.numa.nic.island`, the best k-set, no fit) is still read:
-`FreeSet.fit` is None, and `node_score` takes the island, never smaller, for the fit.
+Versions 1 (`1;<free>;links.connected.numa.nic.island`, the best k-set, no fit) and 2
+(`2;<free>;links.connected.numa.nic.island.fit`, no whole) are still read: `FreeSet.fit` (version
+1) and `FreeSet.whole` (versions 1 and 2) are None, and `node_score` takes the fit for the whole,
+the island, never smaller, for the fit.
 
 Example (a DGX A100 with GPUs 0-3 and 6 free, policy `best`):
-`2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/...`. A DGX H100 with all 8 free encodes in about
-120 characters; 256 GPUs (the schema's limit) in about 7 KB. `decode_availability` accepts only
-what `encode_availability` writes (either version), byte for byte, and bounds every number, so a
-value someone edited either reads back exactly or raises SchemaError.
+`3;0-3,6;0.1.1.4.5.5.8/120.1.1.4.5.5.8/360.1.2.1.5.5.8/...`. A DGX H100 with all 8 free encodes in
+136 characters; 256 GPUs (the schema's limit) in under 7.1 KB, every number at its largest.
+`decode_availability` accepts only what `encode_availability` writes (any of the three versions),
+byte for byte, and bounds every number, so a value someone edited either reads back exactly or
+raises SchemaError.
 
 It must never do I/O or import kubernetes: the agent, the extender and `bench/placement.py`
 share it.
@@ -78,6 +84,7 @@ __all__ = [
     "encode_availability",
     "free_set",
     "node_score",
+    "whole_reach",
 ]
 
 AVAILABILITY_KEY = "availability"
@@ -87,8 +94,8 @@ ALLOCATION_KEY = "allocation"
 GPU_FREE_LABEL = "gpu-free"
 GPU_FREE_NVLINK_MAX_LABEL = "gpu-free-nvlink-max"
 
-FORMAT_VERSION = 2
-"""The version `encode_availability` writes; `decode_availability` reads it and version 1."""
+FORMAT_VERSION = 3
+"""The version `encode_availability` writes; `decode_availability` reads it and versions 1 and 2."""
 NEUTRAL_SCORE = 5
 """`node_score` of a node whose availability is missing or damaged: neither for nor against."""
 MAX_SCORE = 10
@@ -98,10 +105,14 @@ AVAILABILITY_BUDGET = 4_000_000
 """Search work units for all k of one node together (a few seconds of one core at worst)."""
 
 MAX_TEXT_CHARS = 8192
-"""Longer than any value `encode_availability` writes for MAX_GPUS GPUs (about 6 KB)."""
+"""Longer than any value `encode_availability` writes for MAX_GPUS GPUs (under 7.1 KB)."""
 _MAX_PAIR_POINTS = NVLINK_POINTS * MAX_NVLINKS
 
-_ENTRY = re.compile(r"([0-9]{1,8})\.([01])\.([0-9]{1,3})\.([0-9])\.([0-9]{1,3})(?:\.([0-9]{1,3}))?")
+_ENTRY = re.compile(
+    r"([0-9]{1,8})\.([01])\.([0-9]{1,3})\.([0-9])\.([0-9]{1,3})(?:\.([0-9]{1,3}))?(?:\.([0-9]{1,3}))?"
+)
+_FORMS = {1: "links.c.numa.nic.island", 2: "links.c.numa.nic.island.fit"}
+_FORMS[3] = _FORMS[2] + ".whole"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,10 @@ class FreeSet:
     fit: int | None = None
     """The largest reach among the set's GPUs (see the module docstring; 1..island); 0 where the
     on-node policy fails a request of this size; None when read from a version-1 value."""
+    whole: int | None = None
+    """The largest whole-node reach among the set's GPUs (`whole_reach`; fit..MAX_GPUS): the
+    largest connected set of the node, free or not, the set cuts into; 0 with fit 0; None when
+    read from a version-1 or version-2 value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +157,24 @@ def nvlink_degraded(topology: Topology, index: int) -> bool:
     return health is not None and health.state != "ok"
 
 
+def whole_reach(topology: Topology, *, budget: int = AVAILABILITY_BUDGET) -> dict[int, int]:
+    """Per GPU of `topology` (lost ones dropped), its whole-node reach: the size of the largest
+    set of the node's GPUs, free or not, all pairwise NVLink-connected, that holds it; what the GPU
+    could ever serve connected (`nvlink_reach` over every GPU: where `budget` runs out, the GPU's
+    NVLink island stands in, never smaller)."""
+    return nvlink_reach(topology, range(len(topology.gpus)), budget=budget)[0]
+
+
 def free_set(
     topology: Topology,
     chosen: GpuSet,
     free: Iterable[int],
     reach: Mapping[int, int] | None = None,
+    whole: Mapping[int, int] | None = None,
 ) -> FreeSet:
     """Summarise `chosen` (a set of free GPUs) against the free GPUs of `topology`; `reach` is
-    `nvlink_reach` of those free GPUs (computed here when not given)."""
+    `nvlink_reach` of those free GPUs and `whole` is `whole_reach` of the topology (each computed
+    here when not given)."""
     pool = set(free)
     gpus = chosen.gpus
     # A degraded GPU still shows NV<k> to its peers, with a lower bond: the set is not whole.
@@ -168,13 +193,19 @@ def free_set(
                 stack.append(b)
     if reach is None:
         reach = nvlink_reach(topology, pool)[0]
+    if whole is None:
+        whole = whole_reach(topology)
+    fit = max(reach[g] for g in gpus)
     return FreeSet(
         links=chosen.score.links,
         connected=connected,
         numa=len(chosen.numa_nodes),
         nic=chosen.score.nic,
         island=len(reached),
-        fit=max(reach[g] for g in gpus),
+        fit=fit,
+        # Exact reaches over a superset are never smaller; only a free reach whose budget ran out
+        # (its island standing in) can exceed the whole one, and the fit bounds the whole below.
+        whole=max(fit, *(whole[g] for g in gpus)),
     )
 
 
@@ -188,14 +219,15 @@ def compute_availability(
     """For every k, the free k-set of `topology` that `policy` takes out of the `free` GPU indexes
     (by default what NVIDIA's device plugin takes, as on most GPU nodes).
 
-    Lost GPUs are dropped from `free`. The k searches and the reach of the free GPUs share
-    `budget` work units equally (a real 8- or 16-GPU machine needs a few thousand per k, far below
-    its share); where a share runs out, that k is summarised from the best set found, not proven
-    optimal. `nvidia-besteffort` is asked with the free GPUs in index order; on a node the kubelet
-    lists them in Go map order and go-gpuallocator breaks its ties by that order, so for k = 1,
-    where every GPU ties, the entry describes the GPU of the largest reach (any may be taken);
-    where go-gpuallocator answers a padded set the entry says fit 0 (the device plugin fails that
-    request) and describes the best set. Raises PlacementError for an index that is not
+    Lost GPUs are dropped from `free`. The k searches, the reach of the free GPUs and the
+    whole-node reach of every GPU share `budget` work units equally (a real 8- or 16-GPU machine
+    needs a few thousand per k, far below its share); where a share runs out, that k is
+    summarised from the best set found, not proven optimal. `nvidia-besteffort` is asked with the
+    free GPUs in index order; on a node the kubelet lists them in Go map order and go-gpuallocator
+    breaks its ties by that order, so for k = 1, where every GPU ties, the entry describes the GPU
+    of the largest reach (any may be taken); where go-gpuallocator answers a padded set the entry
+    says fit and whole 0 (the device plugin fails that request) and describes the best set. Raises
+    PlacementError for an index that is not
     a GPU of the topology, or for more than MAX_GPUS free GPUs.
     """
     pool = sorted(set(free))
@@ -206,12 +238,13 @@ def compute_availability(
     usable = tuple(i for i in pool if not topology.gpus[i].lost)
     if len(usable) > MAX_GPUS:
         raise PlacementError(f"{len(usable)} free GPUs is more than a node has (limit {MAX_GPUS})")
-    share = max(budget // (len(usable) + 1), 1)
+    share = max(budget // (len(usable) + 2), 1)
     reach = nvlink_reach(topology, usable, budget=share)[0]
+    whole = whole_reach(topology, budget=share)
     return Availability(
         free=usable,
         best=tuple(
-            _policy_set(topology, k, usable, reach, policy, share)
+            _policy_set(topology, k, usable, (reach, whole), policy, share)
             for k in range(1, len(usable) + 1)
         ),
     )
@@ -221,33 +254,37 @@ def _policy_set(
     topology: Topology,
     k: int,
     usable: tuple[int, ...],
-    reach: Mapping[int, int],
+    reaches: tuple[Mapping[int, int], Mapping[int, int]],
     policy: Policy,
     budget: int,
 ) -> FreeSet:
+    reach, whole = reaches
     try:
         chosen = best_gpu_set(topology, k, usable, policy=policy, budget=budget)
     except PlacementError:
         if policy is not Policy.NVIDIA_BESTEFFORT:
             raise
         best = best_gpu_set(topology, k, usable, budget=budget)
-        return replace(free_set(topology, best, usable, reach), fit=0)
+        return replace(free_set(topology, best, usable, reach, whole), fit=0, whole=0)
     if policy is Policy.NVIDIA_BESTEFFORT and k == 1:
         # Every GPU ties for go-gpuallocator: the kubelet's map order picks one.
         chosen = score_gpu_set(topology, [min(usable, key=lambda i: (-reach[i], i))])
-    return free_set(topology, chosen, usable, reach)
+    return free_set(topology, chosen, usable, reach, whole)
 
 
 def encode_availability(a: Availability) -> str:
-    """The annotation value: compact ASCII, version 2 (see the module docstring); an Availability
-    read from a version-1 value (no fit) is written back in version 1."""
-    return _encode(a, 1 if any(s.fit is None for s in a.best) else FORMAT_VERSION)
+    """The annotation value: compact ASCII, version 3 (see the module docstring); an Availability
+    read from an older value is written back in its version: 1 without a fit, 2 without a whole."""
+    if any(s.fit is None for s in a.best):
+        return _encode(a, 1)
+    return _encode(a, 2 if any(s.whole is None for s in a.best) else FORMAT_VERSION)
 
 
 def _encode(a: Availability, version: int) -> str:
     entries = "/".join(
         f"{s.links}.{int(s.connected)}.{s.numa}.{s.nic}.{s.island}"
         + ("" if version == 1 else f".{s.fit}")
+        + ("" if version < 3 else f".{s.whole}")
         for s in a.best
     )
     return f"{version};{format_cpulist(a.free)};{entries}"
@@ -270,10 +307,10 @@ def decode_availability(text: str) -> Availability:
     if len(parts) != 3:
         raise SchemaError(AVAILABILITY_KEY, "is not version;free;best (two ';' separators)")
     version, free_text, best_text = parts
-    if version not in ("1", str(FORMAT_VERSION)):
+    if version not in ("1", "2", str(FORMAT_VERSION)):
         raise SchemaError(
             AVAILABILITY_KEY,
-            f"version {version[:16]!r} is not 1 or {FORMAT_VERSION}: upgrade the reader or the "
+            f"version {version[:16]!r} is not 1, 2 or {FORMAT_VERSION}: upgrade the reader or the "
             "agent",
         )
     try:
@@ -288,8 +325,7 @@ def decode_availability(text: str) -> Availability:
             AVAILABILITY_KEY, f"{len(entries)} best sets for {len(free)} free GPUs (one per k)"
         )
     best = tuple(
-        _decode_entry(entry, k, len(free), version == "1")
-        for k, entry in enumerate(entries, start=1)
+        _decode_entry(entry, k, len(free), int(version)) for k, entry in enumerate(entries, start=1)
     )
     decoded = Availability(free=free, best=best)
     if _encode(decoded, int(version)) != text:
@@ -297,16 +333,18 @@ def decode_availability(text: str) -> Availability:
     return decoded
 
 
-def _decode_entry(entry: str, k: int, free: int, version_1: bool) -> FreeSet:
+def _decode_entry(entry: str, k: int, free: int, version: int) -> FreeSet:
     match = _ENTRY.fullmatch(entry)
-    if match is None or (match.group(6) is None) != version_1:
-        form = "links.c.numa.nic.island" + ("" if version_1 else ".fit")
-        raise SchemaError(AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not {form}")
+    fields = None if match is None else [g for g in match.groups() if g is not None]
+    if fields is None or len(fields) != 4 + version:
+        raise SchemaError(
+            AVAILABILITY_KEY, f"best set for k={k} {entry[:32]!r} is not {_FORMS[version]}"
+        )
     # The pattern admits only short ASCII digit runs: parse_decimal cannot refuse them.
-    links, connected, numa, nic, island = (
-        parse_decimal(g, field=AVAILABILITY_KEY) for g in match.groups()[:5]
-    )
-    fit = None if version_1 else parse_decimal(match.group(6), field=AVAILABILITY_KEY)
+    values = [parse_decimal(g, field=AVAILABILITY_KEY) for g in fields]
+    links, connected, numa, nic, island = values[:5]
+    fit = values[5] if version >= 2 else None
+    whole = values[6] if version >= 3 else None
     pairs = k * (k - 1) // 2
     problem = None
     if not pairs <= links <= pairs * _MAX_PAIR_POINTS:
@@ -325,10 +363,22 @@ def _decode_entry(entry: str, k: int, free: int, version_1: bool) -> FreeSet:
         problem = f"a fit of {fit} is beyond its island of {island}"
     elif fit is not None and connected and 0 < fit < k:
         problem = f"a fit of {fit} is impossible for {k} connected GPUs"
+    elif whole is not None and whole > MAX_GPUS:
+        problem = f"a whole-node reach of {whole} is beyond the limit of {MAX_GPUS} GPUs"
+    elif whole is not None and fit == 0 and whole != 0:
+        problem = f"a whole-node reach of {whole} where the on-node policy fails (fit 0) is not 0"
+    elif whole is not None and fit is not None and whole < fit:
+        problem = f"a whole-node reach of {whole} is below its fit of {fit}"
     if problem is not None:
         raise SchemaError(AVAILABILITY_KEY, f"best set for k={k}: {problem}")
     return FreeSet(
-        links=links, connected=bool(connected), numa=numa, nic=nic, island=island, fit=fit
+        links=links,
+        connected=bool(connected),
+        numa=numa,
+        nic=nic,
+        island=island,
+        fit=fit,
+        whole=whole,
     )
 
 
@@ -356,31 +406,37 @@ def node_score(a: Availability | None, k: int) -> int:
     """kube-scheduler extender score 0..10 of a node for a pod of k GPUs; larger is better.
 
     None (no or damaged annotation) and k < 1 give NEUTRAL_SCORE; a node that cannot fit k gives 0.
-    Otherwise, by the k-set the node's on-node policy takes (`Availability.best[k-1]`):
+    Otherwise, by the k-set the node's on-node policy takes (`Availability.best[k-1]`) and its
+    whole-node fit `whole` (the largest connected set of the node, free or not, that it cuts into):
 
-    | the set                                                 | score                          |
-    |---------------------------------------------------------|--------------------------------|
-    | NVLink-connected, fit k (a connected set used whole)    | 10 on one NUMA node, else 9    |
-    | NVLink-connected, fit up to 2k                          | 7 on one NUMA node, else 6     |
-    | NVLink-connected, larger fit                            | 4                              |
-    | not connected, cutting into no connected set (fit 1)    | 2                              |
-    | not connected otherwise; the on-node policy fails (0)   | 1                              |
+    | the set                                                   | score                        |
+    |-----------------------------------------------------------|------------------------------|
+    | NVLink-connected, whole k (a connected set used whole)    | 10 on one NUMA node, else 9  |
+    | NVLink-connected, whole up to 2k                          | 7 on one NUMA node, else 6   |
+    | NVLink-connected, larger whole                            | 4                            |
+    | not connected, cutting into no connected set (whole 1)    | 2                            |
+    | not connected otherwise; the on-node policy fails (0)     | 1                            |
 
     Connected means at full bond: a set with a GPU whose NVLinks are down is not connected.
 
-    Fit first: the pod takes from the node where it leaves the largest connected sets whole for
-    the pods that need them (best fit), and so the policy that will run matters. Neighbouring
-    classes stand two points apart, 100 of kube-scheduler's points at the extender weight 5 of the
-    documented configuration, more than NodeResourcesFit's spread between two nodes, so the
-    resource strategy only orders nodes within a class. A version-1 value has no fit: its island,
-    never smaller, stands in.
+    Fit first: the pod takes from the node where it cuts into the smallest connected sets of the
+    node's wiring (best fit), so that the nodes whose GPUs can form large connected sets stay for
+    the pods that need them, and so the policy that will run matters. Judged against the whole
+    node rather than its free GPUs alone, a GPU of an NVSwitch node is never a snug fit for one GPU
+    while a lone PCIe GPU is, however few GPUs each node has free (bench/README.md measures both).
+    Neighbouring classes stand two points apart, 100 of kube-scheduler's points at the extender
+    weight 5 of the documented configuration, more than NodeResourcesFit's spread between two
+    nodes, so the resource strategy only orders nodes within a class. Older values stand in: a
+    version-2 value has no whole, its free fit does (the ranking before version 3); a version-1
+    value has no fit either, its island, never smaller, does.
     """
     if a is None or k < 1:
         return NEUTRAL_SCORE
     if not can_fit(a, k):
         return 0
     chosen = a.best[k - 1]
-    fit = chosen.island if chosen.fit is None else chosen.fit
+    free_fit = chosen.island if chosen.fit is None else chosen.fit
+    fit = free_fit if chosen.whole is None else chosen.whole
     if fit == 0:
         return 1
     if not chosen.connected:

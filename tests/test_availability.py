@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from reporter import availability
 from reporter.availability import (
+    MAX_GPUS,
     MAX_TEXT_CHARS,
     NEUTRAL_SCORE,
     Availability,
@@ -59,11 +60,14 @@ def test_each_k_summarises_the_exhaustive_best_free_set(name: str, topology: Top
 def test_a_dgx_a100_with_five_free_gpus() -> None:
     a = compute_availability(DGX_A100, [6, 0, 1, 2, 3], policy=Policy.BEST)
     assert a.free == (0, 1, 2, 3, 6)
-    assert a.best[0] == FreeSet(links=0, connected=True, numa=1, nic=4, island=5, fit=5)
-    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5, fit=5)
+    # Five free GPUs of an NVSwitch node: a free fit of 5, a whole-node fit of all 8.
+    assert a.best[0] == FreeSet(links=0, connected=True, numa=1, nic=4, island=5, fit=5, whole=8)
+    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5, fit=5, whole=8)
     assert a.best[4].links == 10 * 120
     text = encode_availability(a)
-    assert text == "2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/720.1.2.1.5.5/1200.1.3.1.5.5"
+    assert text == (
+        "3;0-3,6;0.1.1.4.5.5.8/120.1.1.4.5.5.8/360.1.2.1.5.5.8/720.1.2.1.5.5.8/1200.1.3.1.5.5.8"
+    )
     assert decode_availability(text) == a
     assert availability_labels(a, PREFIX) == {
         "gpu.topology.io/gpu-free": "5",
@@ -94,10 +98,10 @@ def test_the_island_is_the_free_nvlink_component_the_set_was_taken_from() -> Non
     )
     a = compute_availability(topology, range(6), policy=Policy.BEST)
     # The best pair is in the chain: an island of 3, but no three of it are all joined (fit 2).
-    assert a.best[1] == FreeSet(links=40, connected=True, numa=1, nic=0, island=3, fit=2)
+    assert a.best[1] == FreeSet(links=40, connected=True, numa=1, nic=0, island=3, fit=2, whole=2)
     # With GPU 3 taken the chain breaks: the pair left on NVLink is 0-1, an island of exactly 2.
     b = compute_availability(topology, [0, 1, 2, 4, 5], policy=Policy.BEST)
-    assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2, fit=2)
+    assert b.best[1] == FreeSet(links=20, connected=True, numa=1, nic=0, island=2, fit=2, whole=2)
     assert availability_labels(b, PREFIX)["gpu.topology.io/gpu-free-nvlink-max"] == "2"
 
 
@@ -128,8 +132,10 @@ def test_lost_gpus_are_not_free_and_unknown_ones_are_an_error() -> None:
 def test_no_free_gpu_encodes_and_decodes() -> None:
     a = compute_availability(DGX_A100, [])
     assert a == Availability(free=(), best=())
-    assert encode_availability(a) == "2;;"
-    assert decode_availability("2;;") == decode_availability("1;;") == a
+    assert encode_availability(a) == "3;;"
+    assert (
+        decode_availability("3;;") == decode_availability("2;;") == decode_availability("1;;") == a
+    )
     assert availability_labels(a, PREFIX) == {
         "gpu.topology.io/gpu-free": "0",
         "gpu.topology.io/gpu-free-nvlink-max": "0",
@@ -151,7 +157,7 @@ def test_computed_availability_round_trips(data: st.DataObject, topology: Topolo
 def availabilities(draw: st.DrawFn) -> Availability:
     """Any availability `decode_availability` must accept: consistent values, any sizes."""
     free = tuple(sorted(draw(st.sets(st.integers(0, 255), max_size=24))))
-    version_1 = draw(st.booleans())  # a version-1 value carries no fit
+    version = draw(st.integers(1, 3))  # no fit before version 2, no whole before version 3
     best = []
     for k in range(1, len(free) + 1):
         pairs = k * (k - 1) // 2
@@ -164,9 +170,12 @@ def availabilities(draw: st.DrawFn) -> Availability:
                 numa=draw(st.integers(1, k)),
                 nic=draw(st.integers(0, 5)),
                 island=(island := draw(st.integers(k, len(free)))),
-                fit=None
-                if version_1
-                else draw(st.integers(k, island) if connected else st.integers(0, island)),
+                fit=(
+                    fit := None
+                    if version == 1
+                    else draw(st.integers(k, island) if connected else st.integers(0, island))
+                ),
+                whole=None if version < 3 else (draw(st.integers(fit, MAX_GPUS)) if fit else 0),
             )
         )
     return Availability(free=free, best=tuple(best))
@@ -215,8 +224,36 @@ def test_edited_values_decode_back_exactly_or_raise_schema_error(
     ("text", "message"),
     [
         pytest.param("", "is not version;free;best", id="empty"),
-        pytest.param("3;0;0.1.1.0.1.1", "version '3' is not 1 or 2", id="a future version"),
+        pytest.param("4;0;0.1.1.0.1.1.1", "version '4' is not 1, 2 or 3", id="a future version"),
         pytest.param("2;0;0.1.1.0.1", "is not links.c.numa.nic.island.fit", id="2 without fit"),
+        pytest.param(
+            "2;0;0.1.1.0.1.1.1", "1.1.1' is not links.c.numa.nic.island.fit", id="2 w/ whole"
+        ),
+        pytest.param("3;0;0.1.1.0.1.1", "is not links.c.numa.nic.island.fit.whole", id="no whole"),
+        pytest.param("3;0;0.1.1.0.1", "is not links.c.numa.nic.island.fit.whole", id="3, 5 fields"),
+        pytest.param(
+            "3;0-1;0.1.1.0.2.2.2/10.1.1.0.2.2.1", "reach of 1 is below its fit of 2", id="whole<fit"
+        ),
+        pytest.param(
+            "3;0-1;0.1.1.0.2.2.2/5.0.1.0.2.0.8",
+            "reach of 8 where the on-node policy fails",
+            id="whole without fit",
+        ),
+        pytest.param(
+            "3;0;0.1.1.0.1.1.257", "reach of 257 is beyond the limit of 256", id="whole>MAX_GPUS"
+        ),
+        pytest.param("3;0;0.1.1.0.1.1.999", "reach of 999 is beyond the limit", id="whole 999"),
+        pytest.param(
+            "3;0;0.1.1.0.1.1.1000",
+            "is not links.c.numa.nic.island.fit.whole",
+            id="whole of four digits",
+        ),
+        pytest.param(
+            "3;0;0.1.1.0.1.1." + "9" * 40,
+            "is not links.c.numa.nic.island.fit.whole",
+            id="a huge whole",
+        ),
+        pytest.param("3;0;0.1.1.0.1.1.01", "canonical form", id="whole with a leading zero"),
         pytest.param("1;0;0.1.1.0.1.1", "is not links.c.numa.nic.island", id="1 with a fit"),
         pytest.param("2;0-1;0.1.1.0.1.1/10.1.1.0.2.3", "beyond its island of 2", id="fit"),
         pytest.param("2;0-1;0.1.1.0.1.1/10.1.1.0.2.1", "impossible for 2 connected", id="fit<k"),
@@ -252,16 +289,36 @@ def test_a_value_that_is_no_string_raises_schema_error() -> None:
 
 
 def summary(
-    links: int = 120, connected: bool = True, numa: int = 1, island: int = 2, fit: int | None = 2
+    links: int = 120,
+    connected: bool = True,
+    numa: int = 1,
+    island: int = 2,
+    fit: int | None = 2,
+    whole: int | None = None,
 ) -> Availability:
     """A node whose chosen pair is the one given (k=1 is a plain GPU), of `island` free GPUs."""
-    single = FreeSet(links=0, connected=True, numa=1, nic=0, island=1, fit=1)
-    pair = FreeSet(links, connected, numa, nic=0, island=island, fit=fit)
+    single = FreeSet(
+        links=0, connected=True, numa=1, nic=0, island=1, fit=1, whole=None if whole is None else 1
+    )
+    pair = FreeSet(links, connected, numa, nic=0, island=island, fit=fit, whole=whole)
     return Availability(free=tuple(range(max(island, 2))), best=(single, pair))
 
 
-# Each row is better than the next for a 2-GPU pod, by the rule its id names.
+# Each row is better than the next for a 2-GPU pod, by the rule its id names: the whole-node fit
+# decides, whatever the free fit (version 3).
 RANKED = [
+    pytest.param(summary(numa=1, whole=2), 10, id="connected, whole exactly k, one NUMA node"),
+    pytest.param(summary(numa=2, whole=2), 9, id="two NUMA nodes lose to one"),
+    pytest.param(summary(numa=1, whole=4), 7, id="a whole up to 2k loses to k, free fit k too"),
+    pytest.param(summary(numa=2, whole=3), 6, id="up to 2k, two NUMA nodes"),
+    pytest.param(summary(numa=1, whole=8), 4, id="a larger whole, on one NUMA node too"),
+    pytest.param(summary(links=5, connected=False, fit=1, whole=1), 2, id="cuts nothing"),
+    pytest.param(summary(links=5, connected=False, fit=1, whole=2), 1, id="cuts a node's pair"),
+    pytest.param(summary(links=5, connected=False, fit=0, whole=0), 1, id="the policy fails"),
+]
+
+# The same rows in version 2 (no whole): ranked by the free fit, as before version 3.
+RANKED_V2 = [
     pytest.param(summary(numa=1, fit=2), 10, id="connected, fit exactly k, one NUMA node"),
     pytest.param(summary(numa=2, fit=2), 9, id="two NUMA nodes lose to one"),
     pytest.param(summary(numa=1, island=4, fit=4), 7, id="a fit up to 2k loses to k"),
@@ -275,7 +332,37 @@ RANKED = [
 
 @pytest.mark.parametrize(("a", "score"), RANKED)
 def test_node_score_ranks_as_documented(a: Availability, score: int) -> None:
+    text = encode_availability(a)
+    assert text.startswith("3;")
+    assert node_score(decode_availability(text), 2) == node_score(a, 2) == score
+
+
+@pytest.mark.parametrize(("a", "score"), RANKED_V2)
+def test_a_version_2_availability_ranks_by_its_free_fit(a: Availability, score: int) -> None:
+    assert all(s.whole is None for s in a.best)
     assert node_score(a, 2) == score
+
+
+def test_a_version_2_value_written_by_an_older_agent_reads_and_ranks_as_before() -> None:
+    old = "2;0-3,6;0.1.1.4.5.5/120.1.1.4.5.5/360.1.2.1.5.5/720.1.2.1.5.5/1200.1.3.1.5.5"
+    a = decode_availability(old)
+    assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5, fit=5)
+    assert encode_availability(a) == old
+    assert [node_score(a, k) for k in range(1, 6)] == [4, 4, 6, 6, 9]
+    # The same free GPUs in version 3: the node's connected 8 counts against every k below 4.
+    v3 = compute_availability(DGX_A100, [6, 0, 1, 2, 3], policy=Policy.BEST)
+    assert [node_score(v3, k) for k in range(1, 6)] == [4, 4, 4, 6, 6]
+
+
+def test_a_one_gpu_pod_ranks_an_nvswitch_gpu_below_a_lone_pcie_gpu() -> None:
+    # One GPU free on each: the NVSwitch node's GPU cuts into the node's connected 8 (whole 8),
+    # the PCIe node's GPU into nothing (whole 1). By the free fit alone (version 2) both were a
+    # snug fit of 1 and tied, and 1-GPU pods spread over the NVSwitch nodes (bench/README.md).
+    h100 = decode_availability(encode_availability(compute_availability(H100, [5])))
+    pcie = decode_availability(encode_availability(compute_availability(PCIE, [3])))
+    assert (h100.best[0].fit, h100.best[0].whole) == (1, 8)
+    assert (pcie.best[0].fit, pcie.best[0].whole) == (1, 1)
+    assert node_score(h100, 1) < node_score(pcie, 1)
 
 
 def test_a_version_1_value_ranks_by_its_island() -> None:
@@ -288,6 +375,8 @@ def test_a_version_1_value_ranks_by_its_island() -> None:
 
 WORKSTATION = dict(SIMULATED)["simulated-workstation-nvlink-bridge"]
 A100 = dict(SIMULATED)["simulated-dgx-a100"]
+H100 = dict(SIMULATED)["simulated-dgx-h100"]
+PCIE = dict(SIMULATED)["simulated-pcie-8x"]
 
 
 def test_the_entries_describe_the_set_the_on_node_policy_takes() -> None:
@@ -305,7 +394,7 @@ def test_the_entries_describe_the_set_the_on_node_policy_takes() -> None:
     # Where go-gpuallocator answers a padded set, the device plugin fails: fit 0, the best set.
     nvidia = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.NVIDIA_BESTEFFORT)
     best = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.BEST)
-    assert nvidia.best[2] == replace(best.best[2], fit=0)
+    assert nvidia.best[2] == replace(best.best[2], fit=0, whole=0)
     assert node_score(nvidia, 3) == 1
     assert decode_availability(encode_availability(nvidia)) == nvidia
 

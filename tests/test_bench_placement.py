@@ -174,7 +174,8 @@ def test_the_whole_node_ranking_keeps_one_gpu_pods_off_nvswitch_nodes() -> None:
     h100.free = {7}  # its last free GPU: the free fit is 1, as on a PCIe node
     for node in (h100, pcie):
         node.refresh()
-    fit, whole = placement.RANKINGS["fit"], placement.RANKINGS["whole"]
-    assert fit(h100, 1) == fit(pcie, 1)
-    assert whole(h100, 1) < whole(pcie, 1) == fit(pcie, 1)
-    assert whole(h100, 1) == placement.node_score_whole(h100, 1)
+    # The product's ranking (availability version 3) against the free fit (version 2).
+    fit, v2 = placement.RANKINGS["fit"], placement.RANKINGS["v2"]
+    assert v2(h100, 1) == v2(pcie, 1)
+    assert fit(h100, 1) < fit(pcie, 1) == v2(pcie, 1)
+    assert v2(h100, 1) == placement.node_score_v2(h100.availability, 1)

@@ -81,7 +81,7 @@ def test_availability_lands_changes_and_goes_on_the_real_node(
     run_agent(kubeconfig, node, "--availability", "--simulate-used", "0,1,2,3,4,5,6")
     labels, annotations = metadata(real_apiserver, node)
     assert (labels[FREE], labels[NVLINK_MAX]) == ("1", "0")
-    assert annotations[AVAILABILITY].startswith("2;7;")
+    assert annotations[AVAILABILITY].startswith("3;7;")
 
     run_agent(kubeconfig, node)
     labels, annotations = metadata(real_apiserver, node)

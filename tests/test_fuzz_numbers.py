@@ -87,6 +87,7 @@ READERS: list[tuple[str, Callable[[str], object], str, type[Exception]]] = [
     ("PCI address", normalize_pci_address, "{}:18:00.0", ParseError),
     ("availability free", decode_availability, "1;{};0.1.1.0.1", SchemaError),
     ("availability entry", decode_availability, "1;0;{}.1.1.0.1", SchemaError),
+    ("availability whole", decode_availability, "3;0;0.1.1.0.1.1.{}", SchemaError),
     ("GPU request", lambda t: gpus_requested(_pod(t)), "{}", BadRequestError),
     ("listen port", listen_address, "0.0.0.0:{}", ConfigError),
     ("GPU indexes", lambda t: parse_indexes(t, name="--simulate-used"), "0,{}", ConfigError),
