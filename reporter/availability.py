@@ -406,37 +406,48 @@ def node_score(a: Availability | None, k: int) -> int:
     """kube-scheduler extender score 0..10 of a node for a pod of k GPUs; larger is better.
 
     None (no or damaged annotation) and k < 1 give NEUTRAL_SCORE; a node that cannot fit k gives 0.
-    Otherwise, by the k-set the node's on-node policy takes (`Availability.best[k-1]`) and its
-    whole-node fit `whole` (the largest connected set of the node, free or not, that it cuts into):
+    Otherwise, by the k-set the node's on-node policy takes (`Availability.best[k-1]`), read twice
+    in this table: with its whole-node fit `whole` (the largest connected set of the node, free or
+    not, that it cuts into) and with its free fit `fit` (the same among the free GPUs alone):
 
-    | the set                                                   | score                        |
-    |-----------------------------------------------------------|------------------------------|
-    | NVLink-connected, whole k (a connected set used whole)    | 10 on one NUMA node, else 9  |
-    | NVLink-connected, whole up to 2k                          | 7 on one NUMA node, else 6   |
-    | NVLink-connected, larger whole                            | 4                            |
-    | not connected, cutting into no connected set (whole 1)    | 2                            |
-    | not connected otherwise; the on-node policy fails (0)     | 1                            |
+    | the set                                               | class                        |
+    |-------------------------------------------------------|------------------------------|
+    | NVLink-connected, fit k (a connected set used whole)  | 10 on one NUMA node, else 9  |
+    | NVLink-connected, fit up to 2k                        | 7 on one NUMA node, else 6   |
+    | NVLink-connected, a larger fit                        | 4                            |
+    | not connected, cutting into no connected set (fit 1)  | 2                            |
+    | not connected otherwise; the on-node policy fails (0) | 1                            |
 
-    Connected means at full bond: a set with a GPU whose NVLinks are down is not connected.
+    The score is two parts the whole-node class and one part the free class, rounded up:
+    ceil((2 * whole class + free class) / 3). Connected means at full bond: a set with a GPU whose
+    NVLinks are down is not connected.
 
-    Fit first: the pod takes from the node where it cuts into the smallest connected sets of the
-    node's wiring (best fit), so that the nodes whose GPUs can form large connected sets stay for
-    the pods that need them, and so the policy that will run matters. Judged against the whole
-    node rather than its free GPUs alone, a GPU of an NVSwitch node is never a snug fit for one GPU
-    while a lone PCIe GPU is, however few GPUs each node has free (bench/README.md measures both).
-    Neighbouring classes stand two points apart, 100 of kube-scheduler's points at the extender
-    weight 5 of the documented configuration, more than NodeResourcesFit's spread between two
-    nodes, so the resource strategy only orders nodes within a class. Older values stand in: a
-    version-2 value has no whole, its free fit does (the ranking before version 3); a version-1
-    value has no fit either, its island, never smaller, does.
+    Fit first: the pod takes from the node where it cuts into the smallest connected sets (best
+    fit), so that the nodes whose GPUs can form large connected sets stay for the pods that need
+    them, and so the policy that will run matters. The whole-node fit keeps small pods off the
+    NVSwitch nodes: one GPU of an NVSwitch node, however full, scores 6 or less for a 1-GPU pod, a
+    lone PCIe GPU 10. The free fit still prefers, among nodes of one wiring, the one whose free
+    GPUs the set uses up (a pair on a DGX with 2 free: 6, on an empty one: 4), which the
+    kube-scheduler's default LeastAllocated would otherwise undo (bench/README.md measures the
+    weights against each fit alone). Older values stand in: a version-2 value has no whole and
+    scores its free class (the ranking before version 3); a version-1 value has no fit either,
+    its island, never smaller, stands in.
     """
     if a is None or k < 1:
         return NEUTRAL_SCORE
     if not can_fit(a, k):
         return 0
     chosen = a.best[k - 1]
-    free_fit = chosen.island if chosen.fit is None else chosen.fit
-    fit = free_fit if chosen.whole is None else chosen.whole
+    free = _fit_class(chosen, k, chosen.island if chosen.fit is None else chosen.fit)
+    if chosen.whole is None:
+        return free
+    # Two parts the whole-node fit, one part the free fit, rounded up (bench/README.md measures
+    # the weights against each alone, beside MostAllocated and LeastAllocated).
+    return (2 * _fit_class(chosen, k, chosen.whole) + free + 2) // 3
+
+
+def _fit_class(chosen: FreeSet, k: int, fit: int) -> int:
+    """`node_score`'s table, read with one fit."""
     if fit == 0:
         return 1
     if not chosen.connected:

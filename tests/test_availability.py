@@ -304,16 +304,17 @@ def summary(
     return Availability(free=tuple(range(max(island, 2))), best=(single, pair))
 
 
-# Each row is better than the next for a 2-GPU pod, by the rule its id names: the whole-node fit
-# decides, whatever the free fit (version 3).
+# Each row is at least as good as the next for a 2-GPU pod, by the rule its id names (version 3):
+# two parts the whole-node class, one part the free class (a free fit of 2 here unless set), rounded
+# up.
 RANKED = [
     pytest.param(summary(numa=1, whole=2), 10, id="connected, whole exactly k, one NUMA node"),
     pytest.param(summary(numa=2, whole=2), 9, id="two NUMA nodes lose to one"),
-    pytest.param(summary(numa=1, whole=4), 7, id="a whole up to 2k loses to k, free fit k too"),
-    pytest.param(summary(numa=2, whole=3), 6, id="up to 2k, two NUMA nodes"),
-    pytest.param(summary(numa=1, whole=8), 4, id="a larger whole, on one NUMA node too"),
+    pytest.param(summary(numa=1, whole=4), 8, id="a whole up to 2k loses to k, free fit k too"),
+    pytest.param(summary(numa=2, whole=3), 7, id="up to 2k, two NUMA nodes"),
+    pytest.param(summary(numa=1, whole=8), 6, id="a larger whole, the free fit k"),
     pytest.param(summary(links=5, connected=False, fit=1, whole=1), 2, id="cuts nothing"),
-    pytest.param(summary(links=5, connected=False, fit=1, whole=2), 1, id="cuts a node's pair"),
+    pytest.param(summary(links=5, connected=False, fit=1, whole=2), 2, id="cuts a node's pair"),
     pytest.param(summary(links=5, connected=False, fit=0, whole=0), 1, id="the policy fails"),
 ]
 
@@ -349,9 +350,10 @@ def test_a_version_2_value_written_by_an_older_agent_reads_and_ranks_as_before()
     assert a.best[1] == FreeSet(links=120, connected=True, numa=1, nic=4, island=5, fit=5)
     assert encode_availability(a) == old
     assert [node_score(a, k) for k in range(1, 6)] == [4, 4, 6, 6, 9]
-    # The same free GPUs in version 3: the node's connected 8 counts against every k below 4.
+    # The same free GPUs in version 3: the node's connected 8 counts against every k below 4, two
+    # parts to the free fit's one.
     v3 = compute_availability(DGX_A100, [6, 0, 1, 2, 3], policy=Policy.BEST)
-    assert [node_score(v3, k) for k in range(1, 6)] == [4, 4, 4, 6, 6]
+    assert [node_score(v3, k) for k in range(1, 6)] == [4, 4, 5, 6, 7]
 
 
 def test_a_one_gpu_pod_ranks_an_nvswitch_gpu_below_a_lone_pcie_gpu() -> None:
