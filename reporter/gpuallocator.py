@@ -12,8 +12,8 @@ How it decides:
   GPUs, plus their PCIe path (`GetTopologyCommonAncestor`): PIX 50 (NVML's SINGLE; its INTERNAL,
   two GPUs on one board, scores 60 there but reads as PIX in the topology), PXB 40, PHB 30, NODE
   20, SYS 10. Through an NVSwitch, NVML names the switch and not the peer GPU as the far end of
-  each NVLink, and go-gpuallocator counts no NVLink at all ("TODO(klueska): Handle NVSwitch
-  semantics"): on an NVSwitch machine only the PCIe points remain. Where the topology does not
+  each NVLink, and go-gpuallocator counts no NVLink at all (its source leaves NVSwitch semantics
+  as a to-do): on an NVSwitch machine only the PCIe points remain. Where the topology does not
   know the PCIe path beneath an NVLink (parsed `nvidia-smi topo -m` text), that part is 0.
 - The available GPUs, padded with empty places to a multiple of k, are split into sets of k in
   go-gpuallocator's order (the first GPU left starts a set, its partners in combination order of

@@ -179,6 +179,9 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
         check=True,
     )
     assert printed.stdout == readme_command() + "\n"
+    # The line .ci/run executes is that command as a line of its own, once.
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert script.count(readme_command()) == 1
     links = readme_command().split(" && ")
     assert links[0] == "sh tests/prereqs.sh"
     assert links[-1] == "pytest"
