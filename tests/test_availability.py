@@ -23,9 +23,12 @@ from reporter.availability import (
     availability_labels,
     can_fit,
     compute_availability,
+    connected_capacity,
+    connected_now,
     decode_availability,
     encode_availability,
     free_set,
+    holds_for_connected,
     node_score,
 )
 from reporter.errors import PlacementError, SchemaError
@@ -411,6 +414,57 @@ def test_node_score_and_can_fit_at_the_edges() -> None:
     alone = Availability(free=(0,), best=(FreeSet(0, True, 1, 0, 1, 1),))
     in_island = Availability(free=(0, 1), best=(FreeSet(0, True, 1, 0, 2, 2), a.best[1]))
     assert node_score(alone, 1) > node_score(in_island, 1)
+
+
+# --- holding a pod for a connected set (issue 23) ---
+
+DGX1 = dict(SIMULATED)["simulated-dgx-1-v100"]
+
+
+def test_connected_now_is_the_set_the_policy_takes() -> None:
+    # A DGX-1 with GPUs 0, 1 and 4 to 7 free: a connected quad (4-7) for `packing`.
+    a = compute_availability(DGX1, [0, 1, 4, 5, 6, 7], policy=Policy.PACKING)
+    assert [connected_now(a, k) for k in range(1, 7)] == [True, True, True, True, False, False]
+    assert not connected_now(a, 7)  # 7 do not fit
+    assert not connected_now(None, 2)  # unread: we know nothing to wait for
+    pcie = compute_availability(PCIE, range(8), policy=Policy.PACKING)
+    assert [connected_now(pcie, k) for k in (1, 2)] == [True, False]
+    # The device plugin fails k = 3 here (a padded answer): nothing is handed out, connected or not.
+    nvidia = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.NVIDIA_BESTEFFORT)
+    assert nvidia.best[2].connected and not connected_now(nvidia, 3)
+
+
+def test_connected_capacity_is_the_largest_connected_set_a_free_gpu_belongs_to() -> None:
+    # Free or not: one free GPU of an NVSwitch node belongs to its connected 8.
+    assert connected_capacity(compute_availability(H100, [5])) == 8
+    assert connected_capacity(compute_availability(DGX1, [2])) == 4  # a quad of the cube mesh
+    assert connected_capacity(compute_availability(PCIE, range(8))) == 1
+    assert connected_capacity(compute_availability(WORKSTATION, [0])) == 2
+    assert connected_capacity(compute_availability(WORKSTATION, [2])) == 1
+    assert connected_capacity(compute_availability(H100, [])) == 0
+    assert connected_capacity(None) == 0
+    # A version-1 value: its island stands in, never smaller.
+    old = decode_availability("1;0-3;0.1.1.4.4/120.1.1.4.4/360.1.2.1.4/720.1.2.1.4")
+    assert connected_capacity(old) == 4
+
+
+@pytest.mark.parametrize(
+    ("k", "waited", "limit", "connected", "capable", "held"),
+    [
+        (4, 60.0, 7200.0, False, True, True),
+        (4, 7200.0, 7200.0, False, True, False),  # waited the limit: take what there is
+        (4, 60.0, 7200.0, True, True, False),  # a connected set is free: no reason to wait
+        (4, 60.0, 7200.0, False, False, False),  # no node could ever give one: never wait
+        (1, 60.0, 7200.0, False, True, False),  # one GPU needs no link
+        (2, 60.0, 0.0, False, True, False),  # turned off
+        (2, -30.0, 7200.0, False, True, True),  # created "in the future": the clocks' skew
+        (2, -7200.0, 7200.0, False, True, False),  # a skew past the limit holds nothing
+    ],
+)
+def test_holds_for_connected(
+    k: int, waited: float, limit: float, connected: bool, capable: bool, held: bool
+) -> None:
+    assert holds_for_connected(k, waited, limit, connected=connected, capable=capable) is held
 
 
 # --- degraded NVLinks (issue 22 item 2): a set with such a GPU is not connected at full bond ---
