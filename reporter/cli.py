@@ -29,6 +29,7 @@ from parsers.integers import parse_decimal
 from parsers.nvsmi import parse_topo
 from reporter import assembly, doctor, logs, settings, terminal
 from reporter.agent import run_until_signalled
+from reporter.availability import CONNECTED_WAIT_S
 from reporter.collect import BACKENDS, build_scanner, list_profiles
 from reporter.errors import (
     CollectError,
@@ -38,7 +39,7 @@ from reporter.errors import (
     SchemaError,
     TopoReporterError,
 )
-from reporter.extender.protocol import MAX_REQUEST_BYTES
+from reporter.extender.protocol import MAX_REQUEST_BYTES, duration_text
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
 from reporter.inputs import read_bounded, size_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
@@ -478,6 +479,11 @@ def _cmd_extender(args: argparse.Namespace) -> int:
         raise ConfigError("the extender needs --listen HOST:PORT (e.g. 0.0.0.0:8888)")
     if args.max_request_bytes < 1:
         raise ConfigError("--max-request-bytes must be at least 1")
+    connected_wait_s = settings.check_duration(
+        settings.parse_duration(args.connected_wait, name="--connected-wait"),
+        name="--connected-wait",
+        minimum=0.0,
+    )
     protocol.check_resource_name(args.resource)
     if args.heartbeat_namespace and not settings.is_namespace(args.heartbeat_namespace):
         raise ConfigError(
@@ -530,6 +536,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
             cache=nodes,
             metrics=metrics,
             resource=args.resource,
+            connected_wait_s=connected_wait_s,
             limits=limits,
             tls=tls,
             watching=lambda: watcher.alive and (leases is None or leases.alive),
@@ -546,6 +553,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
         "serving",
         address=f"{http.address[0]}:{http.address[1]}",
         resource=args.resource,
+        connected_wait_s=connected_wait_s,
         tls=tls is not None,
         # What the memory limit must hold with these bounds (the chart's 256 MiB, by default).
         memory_needed_mib=round(server.peak_bytes(limits) / 2**20),
@@ -588,6 +596,15 @@ def _extender_command(commands: Commands) -> None:
         default=os.environ.get("TOPO_REPORTER_GPU_RESOURCE", "nvidia.com/gpu"),
         help="the extended resource whose pods it judges (default: nvidia.com/gpu; env "
         "TOPO_REPORTER_GPU_RESOURCE); other pods pass with every node and score 0",
+    )
+    extender.add_argument(
+        "--connected-wait",
+        default=os.environ.get("TOPO_REPORTER_CONNECTED_WAIT", duration_text(CONNECTED_WAIT_S)),
+        metavar="DURATION",
+        help="hold a pod of 2 or more GPUs up to this long from its creation for an "
+        "NVLink-connected set, while no candidate node gives one and some node could (default: "
+        f"{duration_text(CONNECTED_WAIT_S)}; 0: never; at most 24h; env "
+        "TOPO_REPORTER_CONNECTED_WAIT); a pod's own PREFIX/connected-wait annotation replaces it",
     )
     extender.add_argument(
         "--heartbeat-namespace",

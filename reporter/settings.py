@@ -253,11 +253,13 @@ def parse_duration(text: str, *, name: str) -> float:
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
-def check_duration(seconds: float, *, name: str) -> float:
-    """`seconds`, or ConfigError when it is not a finite duration from 1 s to a day."""
-    if not math.isfinite(seconds) or not DURATION_MIN_S <= seconds <= DURATION_MAX_S:
+def check_duration(seconds: float, *, name: str, minimum: float = DURATION_MIN_S) -> float:
+    """`seconds`, or ConfigError when it is not a finite duration from `minimum` (1 s unless
+    said) to a day."""
+    if not math.isfinite(seconds) or not minimum <= seconds <= DURATION_MAX_S:
         raise ConfigError(
-            f"{name} must be a duration from 1s to 24h (e.g. 60s, 5m), not {seconds:g} seconds"
+            f"{name} must be a duration from {minimum:g}s to 24h (e.g. 60s, 5m), not "
+            f"{seconds:g} seconds"
         )
     return seconds
 

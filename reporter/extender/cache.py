@@ -39,6 +39,7 @@ class NodeCache:
         vouched: Callable[[str], bool] = lambda node: True,
     ) -> None:
         """`vouched(node)`: whether the node's availability is to be trusted now (heartbeats)."""
+        self.prefix = prefix
         self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
         self.vouched = vouched
         self._resource = resource

@@ -9,18 +9,25 @@ list would filter every node out); otherwise it sends a whole `NodeList` and tak
 What it decides, and never more: a pod that requests no managed GPU passes with every node and
 score 0 (no opinion); a node that cannot give the pod k free GPUs is filtered out; the others are
 ranked by `reporter.availability.node_score`. A node whose availability is missing or damaged is
-never filtered and scores `NEUTRAL_SCORE`. A request that does not read raises BadRequestError
-with one line.
+never filtered and scores `NEUTRAL_SCORE`. A pod of k >= 2 GPUs that no candidate node gives an
+NVLink-connected set now, while some known node could once its pods end, is held for one up to a
+limit from its creation (`hold_reason`, `reporter.availability.holds_for_connected`): the
+candidates that would give it a set that is not connected are filtered out too. What the pod
+itself carries for that (its creation time, its `connected-wait` annotation) never makes a
+request fail: unreadable, it is as if absent, and a pod whose creation time does not read is
+never held. A request that does not read raises BadRequestError with one line.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from itertools import compress
 from json.encoder import encode_basestring_ascii
 from operator import not_
@@ -28,8 +35,18 @@ from typing import Any, cast
 
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
-from reporter.availability import NEUTRAL_SCORE, Availability, decode_availability, node_score
+from reporter.availability import (
+    NEUTRAL_SCORE,
+    Availability,
+    connected_capacity,
+    connected_now,
+    decode_availability,
+    holds_for_connected,
+    node_score,
+)
 from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.schema.keys import CONNECTED_WAIT, DEFAULT_PREFIX
+from reporter.settings import DURATION_MAX_S, parse_duration
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_GPUS_PER_POD = 1 << 20
@@ -46,6 +63,17 @@ KEPT_SIZES = 16
 RANKS_KEPT = 4096
 """Distinct valid annotation values whose rank is remembered (at most 6 KB each: 24 MB at worst,
 about 100 bytes each for 8-GPU nodes)."""
+MAX_WAIT_CHARS = 32
+"""Longer than any duration up to a day (`86400`, `23h59m59s`): a longer annotation is not one."""
+_CREATED = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
+    r"(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+"""RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
+a fraction as Go's time.RFC3339 reads them; ASCII digits only."""
+_HELD = "\x00"
+"""Stands for the hold reason in a pre-encoded FailedNodes member until a call fills it in: no
+JSON string that `encode_basestring_ascii` writes holds a raw control character."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -60,11 +88,22 @@ class NodeRank:
     """Free GPUs."""
     scores: tuple[int, ...]
     """scores[k-1] = node_score(availability, k), for k = 1..free."""
+    connected: tuple[bool, ...] = ()
+    """connected[k-1] = connected_now(availability, k), for k = 1..free: the node hands a pod of
+    k GPUs an NVLink-connected set now."""
+    capacity: int = 0
+    """connected_capacity(availability): the largest connected set one of its free GPUs belongs
+    to, free or not."""
 
     @classmethod
     def of(cls, availability: Availability) -> NodeRank:
-        free = len(availability.free)
-        return cls(free, tuple(node_score(availability, k) for k in range(1, free + 1)))
+        sizes = range(1, len(availability.free) + 1)
+        return cls(
+            len(availability.free),
+            tuple(node_score(availability, k) for k in sizes),
+            tuple(connected_now(availability, k) for k in sizes),
+            connected_capacity(availability),
+        )
 
 
 class BadRequestError(InputError):
@@ -89,10 +128,22 @@ class ExtenderArgs:
     """The candidate nodes, in the order the scheduler sent them."""
     node_list: Mapping[str, Any] | None
     """The `Nodes` NodeList when the scheduler sent whole Nodes; None for the NodeNames form."""
+    created_s: float | None = None
+    """The pod's `metadata.creationTimestamp` in POSIX seconds; None when absent or unreadable
+    (such a pod is never held)."""
+    connected_wait_s: float | None = None
+    """The pod's own hold limit (its `connected-wait` annotation), 0..24h; None when absent or
+    unreadable (the extender's limit applies)."""
 
 
-def parse_args(body: bytes, resource: str = DEFAULT_RESOURCE) -> ExtenderArgs:
-    """Read an ExtenderArgs JSON body. Raises BadRequestError naming what is wrong."""
+def parse_args(
+    body: bytes,
+    resource: str = DEFAULT_RESOURCE,
+    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+) -> ExtenderArgs:
+    """Read an ExtenderArgs JSON body; `wait_key` is the pod annotation that sets its own hold
+    limit. Raises BadRequestError naming what is wrong (never for the pod's metadata: what the
+    extender reads there is only ever a reason to hold, and unreadable means absent)."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:
@@ -103,6 +154,10 @@ def parse_args(body: bytes, resource: str = DEFAULT_RESOURCE) -> ExtenderArgs:
     if not isinstance(pod, dict):
         raise BadRequestError("Pod is missing or not an object")
     gpus = gpus_requested(pod, resource)
+    meta = pod.get("metadata")
+    created, wait = (
+        (None, None) if gpus < 2 or not isinstance(meta, dict) else _hold_facts(meta, wait_key)
+    )
     nodes, names = doc.get("Nodes"), doc.get("NodeNames")
     if (nodes is None) == (names is None):
         raise BadRequestError(
@@ -111,12 +166,55 @@ def parse_args(body: bytes, resource: str = DEFAULT_RESOURCE) -> ExtenderArgs:
     if names is not None:
         if not isinstance(names, list):
             raise BadRequestError("NodeNames is not a list of node names")
-        return ExtenderArgs(gpus, _node_names(names, "NodeNames"), None)
+        return ExtenderArgs(gpus, _node_names(names, "NodeNames"), None, created, wait)
     if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
         raise BadRequestError("Nodes is not a NodeList ({items: [...]})")
     items = nodes.get("items") or []
     named = [_item_name(item, i) for i, item in enumerate(items)]
-    return ExtenderArgs(gpus, _node_names(named, "Nodes.items"), nodes)
+    return ExtenderArgs(gpus, _node_names(named, "Nodes.items"), nodes, created, wait)
+
+
+def _hold_facts(meta: Mapping[str, Any], wait_key: str) -> tuple[float | None, float | None]:
+    """The pod's creation in POSIX seconds and its own hold limit; each None when unreadable."""
+    annotations = meta.get("annotations")
+    wait = annotations.get(wait_key) if isinstance(annotations, dict) else None
+    return created_seconds(meta.get("creationTimestamp")), hold_limit(wait)
+
+
+def created_seconds(value: Any) -> float | None:
+    """A `creationTimestamp` (RFC 3339, `2026-12-02T08:00:00Z`) in POSIX seconds; None for
+    anything else: another type, another form, a date that does not exist."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    match = _CREATED.fullmatch(value)
+    if match is None:
+        return None
+    *fields, fraction, zone = match.groups()
+    zone_info = UTC
+    if zone != "Z":
+        hours, minutes = int(zone[1:3]), int(zone[4:6])
+        if hours > 23 or minutes > 59:
+            return None
+        sign = 1 if zone[0] == "+" else -1
+        zone_info = timezone(sign * timedelta(hours=hours, minutes=minutes))
+    try:
+        year, month, day, hour, minute, second = map(int, fields)
+        moment = datetime(year, month, day, hour, minute, second, tzinfo=zone_info)
+    except ValueError:
+        return None  # month 13, February 30, second 60, year 0
+    return moment.timestamp() + (float("0." + fraction) if fraction else 0.0)
+
+
+def hold_limit(value: Any) -> float | None:
+    """A pod's `connected-wait` annotation in seconds: `0` (never hold) or a duration such as
+    `30m`, at most 24h; None for anything else (the extender's own limit then applies)."""
+    if not isinstance(value, str) or len(value) > MAX_WAIT_CHARS or not value.isascii():
+        return None
+    try:
+        seconds = parse_duration(value, name="connected-wait")
+    except ConfigError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds <= DURATION_MAX_S else None
 
 
 def _first_line(e: BaseException) -> str:
@@ -256,9 +354,11 @@ class Verdicts:
 
     A scheduling call at k then costs dictionary lookups and one join per node list, with no
     Python code per node (at 5,000 nodes, building and encoding per call was most of its time).
+    So does deciding whether to hold a pod for a connected set: two sets kept as nodes change,
+    read with one set operation per call (`hold_reason`).
     """
 
-    __slots__ = ("entries", "failed", "k", "resource")
+    __slots__ = ("capable", "connected", "entries", "failed", "held", "k", "resource")
 
     def __init__(self, k: int, resource: str) -> None:
         self.k = k
@@ -268,6 +368,13 @@ class Verdicts:
         self.failed: dict[str, str] = {}
         """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
         cannot give k free GPUs (and only those)."""
+        self.held: dict[str, str] = {}
+        """For k >= 2, the FailedNodes members while a pod is held: `failed`'s, and for the nodes
+        known to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
+        self.connected: set[str] = set()
+        """For k >= 2, the nodes that give a pod of k GPUs an NVLink-connected set now."""
+        self.capable: set[str] = set()
+        """For k >= 2, the nodes whose connected capacity is k or more: worth waiting for."""
 
     def set(self, name: str, quoted: str, r: NodeRank | None) -> None:
         k = self.k
@@ -285,10 +392,29 @@ class Verdicts:
             self.failed[name] = f"{quoted}:{encode_basestring_ascii(reason)}"
         else:
             self.failed.pop(name, None)
+        if k < 2 or r is None:
+            # An unknown or unreadable node is never filtered, nor waited for.
+            self._forget(name)
+            return
+        connected = k <= r.free and r.connected[k - 1]
+        (self.connected.add if connected else self.connected.discard)(name)
+        (self.capable.add if r.capacity >= k else self.capable.discard)(name)
+        if r.free < k:
+            self.held[name] = self.failed[name]
+        elif connected:
+            self.held.pop(name, None)
+        else:
+            self.held[name] = f"{quoted}:{_HELD}"
 
     def drop(self, name: str) -> None:
         self.entries.pop(name, None)
         self.failed.pop(name, None)
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self.held.pop(name, None)
+        self.connected.discard(name)
+        self.capable.discard(name)
 
     def entry(self, name: str) -> str:
         """The HostPriority of a node the table does not know: neutral, or 0 for no opinion."""
@@ -361,12 +487,46 @@ class RankTable:
             return found
 
 
-def filter_answer(args: ExtenderArgs, verdicts: Verdicts) -> tuple[bytes, int]:
+def hold_reason(
+    args: ExtenderArgs, verdicts: Verdicts, *, now: float, limit_s: float
+) -> str | None:
+    """The reason filter gives the nodes it fails while it holds the pod for an NVLink-connected
+    set, or None when it does not hold it (`holds_for_connected`): `now` in POSIX seconds, by the
+    extender's clock; `limit_s` the extender's limit, which the pod's own annotation replaces."""
+    k = args.gpus
+    if k < 2 or args.created_s is None:
+        return None  # nothing to wait for, or nothing we can read: never withhold blindly
+    limit = limit_s if args.connected_wait_s is None else args.connected_wait_s
+    waited = now - args.created_s
+    # Both sets are kept as nodes change: C-level reads, no Python per node.
+    connected = not verdicts.connected.isdisjoint(args.node_names)
+    if not holds_for_connected(
+        k, waited, limit, connected=connected, capable=bool(verdicts.capable)
+    ):
+        return None
+    return (
+        f"topo-reporter: no NVLink-connected set of {k} {verdicts.resource} free here; holding "
+        f"the pod for one up to {duration_text(limit)} (waited {duration_text(waited)})"
+    )
+
+
+def duration_text(seconds: float) -> str:
+    """`2h`, `1h30m`, `12m`, `45s`, `0s` (negative counts as none; whole seconds)."""
+    left = int(max(seconds, 0.0))
+    parts = [(left // 3600, "h"), (left // 60 % 60, "m"), (left % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
+
+
+def filter_answer(
+    args: ExtenderArgs, verdicts: Verdicts, held: str | None = None
+) -> tuple[bytes, int]:
     """The ExtenderFilterResult as JSON, in the form of the request (NodeNames or Nodes), and
-    how many nodes it filtered out."""
+    how many nodes it filtered out; `held`, the `hold_reason` of a pod held for a connected set,
+    also fails the nodes known to give it a set that is not connected, with that reason."""
     names = args.node_names
     # One snapshot of the verdicts: a node updated during the call is read once.
-    failed = list(map(verdicts.failed.get, names)) if args.gpus else []
+    members = verdicts.failed if held is None else verdicts.held
+    failed = list(map(members.get, names)) if args.gpus else []
     dropped = len(failed) - failed.count(None)
     kept = list(compress(names, map(not_, failed))) if dropped else list(names)
     if args.node_list is None:
@@ -376,9 +536,11 @@ def filter_answer(args: ExtenderArgs, verdicts: Verdicts) -> tuple[bytes, int]:
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
         nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
         node_names = "null"
-    members = ",".join(filter(None, failed))
+    joined = ",".join(filter(None, failed))
+    if held is not None:
+        joined = joined.replace(_HELD, encode_basestring_ascii(held))
     return (
-        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{members}}},'
+        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
         '"FailedAndUnresolvableNodes":{},"Error":""}'
     ).encode(), dropped
 

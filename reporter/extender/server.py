@@ -23,8 +23,10 @@ from prometheus_client import (
     generate_latest,
 )
 
+from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
 from reporter.extender.cache import NodeCache
+from reporter.schema.keys import CONNECTED_WAIT
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
 LIMITS = Limits(
@@ -86,6 +88,11 @@ class ExtenderMetrics:
             "Nodes filter removed because they cannot give the pod its GPUs.",
             registry=r,
         )
+        self.holds = Counter(
+            "topo_reporter_extender_holds",
+            "Filter calls that held a pod back for an NVLink-connected set (--connected-wait).",
+            registry=r,
+        )
         self.api_errors = Counter(
             "topo_reporter_api_errors",
             "Failed Kubernetes API calls (list and watch of Nodes) by kind.",
@@ -122,16 +129,20 @@ class ExtenderServer:
         cache: NodeCache,
         metrics: ExtenderMetrics,
         resource: str = protocol.DEFAULT_RESOURCE,
+        connected_wait_s: float = CONNECTED_WAIT_S,
         limits: Limits = LIMITS,
         tls: ssl.SSLContext | None = None,
         watching: Callable[[], bool] = lambda: True,
         problem: Callable[[], str | None] = lambda: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
-        """Raises OSError when the address cannot be bound."""
+        """`connected_wait_s`: how long from its creation a pod of k >= 2 GPUs may be held for
+        an NVLink-connected set (0: never). Raises OSError when the address cannot be bound."""
         self._cache = cache
         self._metrics = metrics
         self._resource = resource
+        self._connected_wait_s = connected_wait_s
+        self._wait_key = f"{cache.prefix}/{CONNECTED_WAIT}"
         self._watching = watching
         self._problem = problem
         server = self._server = HttpServer(
@@ -163,7 +174,7 @@ class ExtenderServer:
 
     def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
-        args = protocol.parse_args(body, self._resource)
+        args = protocol.parse_args(body, self._resource, self._wait_key)
         table = (
             self._cache.table()
             if args.node_list is None
@@ -173,8 +184,13 @@ class ExtenderServer:
         )
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":
-            answer, filtered = protocol.filter_answer(args, verdicts)
+            held = protocol.hold_reason(
+                args, verdicts, now=time.time(), limit_s=self._connected_wait_s
+            )
+            answer, filtered = protocol.filter_answer(args, verdicts, held)
             self._metrics.filtered.inc(filtered)
+            if held is not None:
+                self._metrics.holds.inc()
             return answer
         return protocol.prioritize_answer(args, verdicts)
 

@@ -55,6 +55,9 @@ DEVICE_TAINT_NODE = "node"
 TOPOLOGY = "topology"
 MATRIX = "matrix"
 OWNED = "owned"
+# A pod's annotation, read by the extender: how long that pod may be held for an NVLink-connected
+# set (`0`: never; a duration up to 24h), in place of the extender's --connected-wait.
+CONNECTED_WAIT = "connected-wait"
 
 
 RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")
