@@ -7,6 +7,7 @@ import json
 import tracemalloc
 from collections.abc import Mapping
 from functools import cache
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +16,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reporter.availability import (
+    CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
     Availability,
     can_fit,
     compute_availability,
+    connected_capacity,
+    connected_now,
+    decode_availability,
     encode_availability,
     node_score,
 )
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
+from reporter.extender.cache import NodeCache
 from reporter.extender.protocol import (
     DEFAULT_RESOURCE,
     KEPT_SIZES,
@@ -31,12 +37,16 @@ from reporter.extender.protocol import (
     NodeRank,
     RankTable,
     check_resource_name,
+    created_seconds,
+    duration_text,
     filter_answer,
     gpus_requested,
+    hold_reason,
     parse_args,
     prioritize_answer,
     rank,
 )
+from reporter.publish.watch import NodeAnnotation, WatchEvent
 from reporter.schema.model import Topology
 
 KEY = "gpu.topology.io/availability"
@@ -336,3 +346,216 @@ def test_values_refused_are_not_remembered() -> None:
     finally:
         tracemalloc.stop()
     assert kept < 1 << 20, f"{kept} bytes kept after 16 refused values of 1 MiB"
+
+
+# -- Holding a pod of k >= 2 GPUs for an NVLink-connected set ------------------------------------
+
+CREATED = "2026-12-02T08:00:00Z"
+CREATED_S = 1796198400.0
+WAIT_KEY = "gpu.topology.io/connected-wait"
+HOLDING = {
+    # short name: (profile, free GPUs), the facts the hold rule reads for a pod of 4
+    "pcie": ("pcie-8x", tuple(range(8))),  # 4 free, never connected: capacity 1
+    "busy": ("dgx-a100", (0, 1)),  # 2 free, too few; capacity 8: could give 4 once pods end
+    "quad": ("dgx-h100", (0, 1, 2, 3)),  # a connected 4-set now
+}
+HOLD_REASON = (
+    "topo-reporter: no NVLink-connected set of 4 nvidia.com/gpu free here; holding the pod for "
+    "one up to {limit} (waited {waited})"
+)
+
+
+def waiting_pod(gpus: int, created: Any = CREATED, wait: Any = None) -> dict[str, Any]:
+    """pod(gpus) created at `created` (absent when None), with a connected-wait annotation."""
+    made = pod(gpus)
+    made["metadata"] |= {} if created is None else {"creationTimestamp": created}
+    made["metadata"] |= {} if wait is None else {"annotations": {WAIT_KEY: wait}}
+    return made
+
+
+def hold_filter(
+    spec: dict[str, Any],
+    candidates: list[str],
+    known: list[str] | None = None,
+    *,
+    waited_s: float = 720.0,
+    limit_s: float = CONNECTED_WAIT_S,
+    form: str = "NodeNames",
+) -> Any:
+    """The filter answer at `waited_s` after CREATED; `known`: the nodes the extender's cache
+    holds in the NodeNames form (by default all of HOLDING); in the Nodes form the request's own
+    nodes are all it knows."""
+    texts = {n: encode_availability(availability(*HOLDING[n])) for n in HOLDING}
+    if form == "NodeNames":
+        raw = body(Pod=spec, NodeNames=candidates)
+        ranks = table({n: rank(texts[n]) for n in (list(HOLDING) if known is None else known)})
+    else:
+        nodes = {"items": [node(n, texts.get(n)) for n in candidates]}
+        raw = body(Pod=spec, Nodes=nodes)
+        ranks = RankTable.of_nodes(nodes, KEY, GPU)
+    args = parse_args(raw, GPU)
+    verdicts = ranks.verdicts(args.gpus)
+    held = hold_reason(args, verdicts, now=CREATED_S + waited_s, limit_s=limit_s)
+    answer = json.loads(filter_answer(args, verdicts, held)[0])
+    if answer["Nodes"] is not None:
+        answer["NodeNames"] = [i["metadata"]["name"] for i in answer["Nodes"]["items"]]
+    return answer
+
+
+@pytest.mark.parametrize("form", ["NodeNames", "Nodes"])
+def test_a_pod_of_4_is_held_off_a_node_whose_4_free_are_not_connected(form: str) -> None:
+    answer = hold_filter(waiting_pod(4), ["pcie", "busy", "unseen"], form=form)
+    # An unknown node is never filtered, held or not (in the Nodes form: no annotation).
+    assert answer["NodeNames"] == ["unseen"]
+    assert answer["FailedNodes"] == {
+        "pcie": HOLD_REASON.format(limit="2h", waited="12m"),
+        "busy": "topo-reporter: 2 free nvidia.com/gpu, the pod needs 4",  # its own reason
+    }
+    assert answer["FailedAndUnresolvableNodes"] == {}
+
+
+def test_a_busy_node_the_cache_knows_is_worth_waiting_for_though_no_candidate() -> None:
+    # kube-scheduler does not send a node its own count calls full: the cache still knows it.
+    answer = hold_filter(waiting_pod(4), ["pcie"], waited_s=5400)
+    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit="2h", waited="1h30m")}
+    assert answer["NodeNames"] == []
+
+
+# Each case changes one thing of the first test's pod or cluster, which holds the pod.
+NOT_HELD = {
+    "one GPU needs no link": ({"spec": waiting_pod(1)}, ["pcie", "busy"]),
+    "waited past the limit": ({"spec": waiting_pod(4), "waited_s": 7201.0}, ["pcie", "busy"]),
+    "a candidate gives a connected set now": ({"spec": waiting_pod(4)}, ["pcie", "quad"]),
+    "no node could ever give one": ({"spec": waiting_pod(4), "known": ["pcie"]}, ["pcie"]),
+    "the extender's limit is 0": ({"spec": waiting_pod(4), "limit_s": 0.0}, ["pcie", "busy"]),
+    "the pod's annotation is 0": ({"spec": waiting_pod(4, wait="0")}, ["pcie", "busy"]),
+    "the pod's annotation is shorter than its wait": (
+        {"spec": waiting_pod(4, wait="10m")},
+        ["pcie", "busy"],
+    ),
+    "no creationTimestamp": ({"spec": waiting_pod(4, created=None)}, ["pcie", "busy"]),
+    "an unreadable creationTimestamp": (
+        {"spec": waiting_pod(4, created="2026-12-02 08:00:00")},
+        ["pcie", "busy"],
+    ),
+    "a creationTimestamp from the future beyond the limit (clock skew)": (
+        {"spec": waiting_pod(4), "waited_s": -7300.0},
+        ["pcie", "busy"],
+    ),
+}
+
+
+@pytest.mark.parametrize("form", ["NodeNames", "Nodes"])
+@pytest.mark.parametrize("case", list(NOT_HELD))
+def test_a_pod_is_not_held_when(case: str, form: str) -> None:
+    given_args, candidates = NOT_HELD[case]
+    kwargs = dict(given_args)
+    spec = kwargs.pop("spec")
+    if form == "Nodes" and "known" in kwargs:
+        kwargs.pop("known")  # the request's nodes are what it knows: the same here
+    answer = hold_filter(spec, candidates, form=form, **kwargs)
+    assert "pcie" in answer["NodeNames"]
+    assert all("holding" not in reason for reason in answer["FailedNodes"].values())
+
+
+@pytest.mark.parametrize(
+    ("wait", "waited_s", "limit"),
+    [("3h", 9000.0, "3h"), ("soon", 720.0, "2h"), (7200, 720.0, "2h"), ("25h", 720.0, "2h")],
+    ids=[
+        "the pod's annotation lengthens its own hold",
+        "an unreadable annotation leaves the extender's limit",
+        "a number, not a string, is unreadable",
+        "beyond 24h is unreadable",
+    ],
+)
+def test_the_pod_annotation_sets_its_own_limit_or_is_ignored(
+    wait: Any, waited_s: float, limit: str
+) -> None:
+    answer = hold_filter(waiting_pod(4, wait=wait), ["pcie"], waited_s=waited_s)
+    waited = duration_text(waited_s)
+    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit=limit, waited=waited)}
+
+
+def test_a_skewed_clock_within_the_limit_holds_and_says_waited_0s() -> None:
+    answer = hold_filter(waiting_pod(4), ["pcie"], waited_s=-60.0)
+    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit="2h", waited="0s")}
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2026-12-02T08:00:00Z", CREATED_S),
+        ("2026-12-02T09:00:00.5+01:00", CREATED_S + 0.5),
+        ("2026-12-02T07:30:00-00:30", CREATED_S),
+        ("2026-12-02T08:00:00", None),
+        ("2026-12-02t08:00:00z", None),
+        ("2026-02-30T08:00:00Z", None),
+        ("2026-12-02T08:00:60Z", None),
+        ("2026-12-02T08:00:00+24:00", None),
+        ("2026-12-02T08:00:00.1234567890Z", None),
+        ("\u0662026-12-02T08:00:00Z", None),
+        (1796198400, None),
+    ],
+)
+def test_creation_timestamps_read_as_rfc_3339_or_not_at_all(text: Any, seconds: float) -> None:
+    assert created_seconds(text) == seconds
+
+
+# The kept sets against a from-scratch computation, across watch events and relists.
+POOL = [
+    *(
+        encode_availability(availability(machine, free))
+        for machine, free in [
+            ("pcie-8x", tuple(range(8))),
+            ("pcie-8x", (0, 1)),
+            ("dgx-a100", (0, 1)),
+            ("dgx-a100", tuple(range(8))),
+            ("dgx-h100", (0, 1, 2, 3)),
+            ("dgx-h100", (0, 1, 4, 5)),
+            ("dgx-1-v100", tuple(range(8))),
+        ]
+    ),
+    None,
+    "1;0-3;damaged",
+]
+NAMES = ["a", "b", "c", "d"]
+EVENTS = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(NAMES), st.sampled_from(POOL)),
+    st.tuples(st.just("drop"), st.sampled_from(NAMES), st.none()),
+    st.tuples(
+        st.just("relist"),
+        st.dictionaries(st.sampled_from(NAMES), st.sampled_from(POOL)),
+        st.none(),
+    ),
+    st.tuples(st.just("ask"), st.sampled_from([1, 2, 4, 8]), st.none()),
+)
+
+
+@given(st.lists(EVENTS, max_size=24))
+def test_the_connected_and_capable_sets_follow_every_change(events: list[Any]) -> None:
+    cache = NodeCache("gpu.topology.io", GPU)
+    cache.replace([])
+    nodes: dict[str, str | None] = {}
+    for kind, what, text in events:
+        if kind == "set":
+            nodes[what] = text
+            cache.apply(WatchEvent("MODIFIED", NodeAnnotation(what, text), "1"))
+        elif kind == "drop":
+            nodes.pop(what, None)
+            cache.apply(WatchEvent("DELETED", NodeAnnotation(what, None), "1"))
+        elif kind == "relist":
+            nodes = dict(what)
+            cache.replace([NodeAnnotation(n, t) for n, t in nodes.items()])
+        else:
+            cache.table().verdicts(what)
+        decoded = {n: None if t is None else rank(t) for n, t in nodes.items()}
+        for k in cache.table().sizes():
+            verdicts = cache.table().verdicts(k)
+            fresh = {n: r for n, r in decoded.items() if r is not None and k >= 2}
+            a = {n: decode_availability(t) for n, t in nodes.items() if n in fresh and t}
+            assert verdicts.connected == {n for n in a if connected_now(a[n], k)}
+            assert verdicts.capable == {n for n in a if connected_capacity(a[n]) >= k}
+            assert set(verdicts.held) == {n for n in a if not connected_now(a[n], k)}
+            for n in verdicts.held:
+                member = verdicts.held[n]
+                assert member == verdicts.failed.get(n, f"{encode_basestring_ascii(n)}:\x00")
