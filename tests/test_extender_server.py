@@ -7,9 +7,11 @@ import dataclasses
 import functools
 import http.client
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +438,24 @@ def test_readyz_is_503_whenever_the_watch_is_not_running(
     eventually(lambda: not extender.watcher.alive, "the watch thread to end")
     assert extender.call("GET", "/healthz") == (503, b"the Node watch stopped\n")
     assert extender.call("GET", "/readyz") == (503, b"the Node watch stopped\n")
+
+
+def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_frees_it(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("pcie", annotations={KEY: annotation("pcie-8x", tuple(range(8)))})
+    apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (5,))})
+    extender = extender_factory(connected_wait_s=600.0)
+    eventually(lambda: extender.cache.synced, "the first list")
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = pod(4) | {"metadata": {"name": "p", "creationTimestamp": created}}
+    answer = extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})
+    assert answer["NodeNames"] == []
+    # Whole seconds since a creation time truncated to seconds: 0s, or more on a loaded machine.
+    reason = answer["FailedNodes"]["pcie"]
+    assert re.search(r"holding the pod for one up to 10m \(waited [0-9]+s\)$", reason), reason
+
+    # The key is the extender's prefix's: the pod says never, and it passes.
+    held["metadata"]["annotations"] = {"gpu.topology.io/connected-wait": "0"}
+    assert extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})["NodeNames"] == ["pcie"]
+    assert b"topo_reporter_extender_holds_total 1.0" in extender.call("GET", "/metrics")[1]

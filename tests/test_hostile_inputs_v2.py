@@ -20,6 +20,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,13 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from reporter import doctor
-from reporter.availability import Allocation, decode_allocation, encode_allocation
+from reporter.availability import (
+    Allocation,
+    compute_availability,
+    decode_allocation,
+    encode_allocation,
+    encode_availability,
+)
 from reporter.cli import main
 from reporter.collect import SourceState
 from reporter.collect import simulate as simulated
@@ -42,11 +49,13 @@ from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.collect.sysfs import SysfsCollector, SysfsView
 from reporter.errors import ApiTransientError, PublishError, SchemaError
+from reporter.extender.cache import NodeCache
+from reporter.extender.server import ExtenderMetrics, ExtenderServer
 from reporter.hostfs import DirHostFS
 from reporter.kubectl_plugin import main as plugin_main
 from reporter.publish.devicetaints import DeviceTaintSink
 from reporter.publish.lease import LeaseWatch, beat
-from reporter.publish.watch import NodeWatch
+from reporter.publish.watch import NodeAnnotation, NodeWatch
 from reporter.publish.wire import WireClient
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, encode, from_document, to_document
@@ -59,11 +68,13 @@ from reporter.schema.model import (
     Topology,
 )
 from reporter.schema.nrt import MANAGED_BY, MANAGER
+from reporter.serve.httpserver import Request
 from tests.agent_support import API_CLIENTS, NODE, PREFIX, FakeScanner, ok, topology, wire_agent
 from tests.fuzz import fuzz, outcome
 from tests.hostile_text import controls
 from tests.kube_double import ApiServerDouble, Fault
 from tests.strategies import topologies
+from tests.test_extender_protocol import profile as scanned
 from tests.test_fuzz_codec import JSON_VALUES, _rehash
 
 TOPOLOGY_KEY = f"{PREFIX}/topology"
@@ -658,3 +669,118 @@ def test_an_allocation_annotation_reads_back_exactly_or_is_a_schema_error(text: 
     found = outcome(lambda: decode_allocation(text), SchemaError)
     if not isinstance(found, SchemaError):
         assert encode_allocation(found) == text
+
+
+# -- 8. Held: what a pod carries for the hold (its creation, its connected-wait) never fails a call
+
+
+@pytest.fixture(scope="module")
+def holding_extender() -> Iterator[ExtenderServer]:
+    """An extender (not listening: called as its HTTP server calls it) whose cache holds a PCIe
+    node with 8 free (never connected) and an NVSwitch node with 2 free (worth waiting for)."""
+    cache = NodeCache(PREFIX)
+    cache.replace(
+        [
+            NodeAnnotation(
+                "pcie", encode_availability(compute_availability(scanned("pcie-8x"), range(8)))
+            ),
+            NodeAnnotation(
+                "dgx", encode_availability(compute_availability(scanned("dgx-a100"), (0, 1)))
+            ),
+        ]
+    )
+    server = ExtenderServer(("127.0.0.1", 0), cache=cache, metrics=ExtenderMetrics(cache))
+    yield server
+    server.stop()
+
+
+HOSTILE_TIMES = st.sampled_from(
+    [
+        "0000-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+23:59",
+        "9999-12-31T23:59:59-23:59",
+        "2026-12-02T08:00:00." + "9" * 5000 + "Z",
+        "2026-12-02T08:00:00Z" + " " * 100_000,
+        "\u0662\u0660\u0662\u0666-12-02T08:00:00Z",
+        "2026-12-02T08:00:00\u00a0Z",
+        "2026-99-99T99:99:99Z",
+        "-2026-12-02T08:00:00Z",
+        "1e309",
+    ]
+) | st.builds(
+    lambda minutes: (datetime.now(UTC) - timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    st.integers(-(10**6), 10**6),
+)
+HOSTILE_WAITS = st.sampled_from(
+    [
+        "0",
+        "30m",
+        "24h",
+        "24h0.000001s",
+        "9" * 400 + "h",
+        "1e3",
+        "inf",
+        "nan",
+        "-1h",
+        "\u0663m",
+        "5m" * 10_000,
+        "",
+    ]
+)
+
+
+@fuzz(300)
+@given(
+    created=HOSTILE_TIMES | JSON_VALUES,
+    wait=HOSTILE_WAITS | JSON_VALUES,
+    meta_shape=st.sampled_from(["fields", "metadata not a map", "annotations not a map"]),
+    form=st.sampled_from(["NodeNames", "Nodes"]),
+    gpus=st.sampled_from([1, 2, 4, 8]),
+)
+def test_a_pods_creation_time_and_connected_wait_of_any_shape_are_answered(
+    holding_extender: ExtenderServer,
+    created: Any,
+    wait: Any,
+    meta_shape: str,
+    form: str,
+    gpus: int,
+) -> None:
+    meta: Any = {
+        "name": "p",
+        "creationTimestamp": created,
+        "annotations": {f"{PREFIX}/connected-wait": wait},
+    }
+    if meta_shape == "metadata not a map":
+        meta = [created, wait]
+    elif meta_shape == "annotations not a map":
+        meta["annotations"] = [wait]
+    pod = {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+    }
+    names = ["pcie", "dgx", "unseen"]
+    args: dict[str, Any] = {"Pod": pod}
+    if form == "NodeNames":
+        args["NodeNames"] = names
+    else:
+        args["Nodes"] = {"items": [{"metadata": {"name": n}} for n in names]}
+    response = holding_extender.handle(Request("POST", "/filter", json.dumps(args).encode()))
+    assert response.status == 200, response.body[:200]
+    answer = json.loads(response.body)
+    assert set(answer) == {
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+        "Error",
+    }
+    kept = (
+        answer["NodeNames"]
+        if form == "NodeNames"
+        else [i["metadata"]["name"] for i in answer["Nodes"]["items"]]
+    )
+    assert sorted(kept + list(answer["FailedNodes"])) == sorted(names)
+    assert "unseen" in kept  # never filtered, held or not
+    assert all(
+        isinstance(r, str) and r.isascii() and "\n" not in r for r in answer["FailedNodes"].values()
+    )
