@@ -6,7 +6,8 @@ simulated machine (DGX A100, DGX H100, DGX-1, PCIe 8x) with a random free set. `
 extender` runs as its own process, as in its Deployment, lists and watches them, and is called
 once ready (/readyz) over one keep-alive connection, as kube-scheduler's client does. A cycle is
 a filter call then a prioritize call on the nodes filter kept, for a pod asking for k GPUs (k drawn
-from 1, 2, 4, 8); its time runs from sending the filter request to reading the prioritize answer
+from 1, 2, 4, 8) created as the benchmark started, so that filter weighs holding it for an
+NVLink-connected set; its time runs from sending the filter request to reading the prioritize answer
 (the first request body is encoded beforehand; the filter answer is decoded and the second body
 encoded inside the span, as a scheduler must; the prioritize answer is read, not decoded: Python
 decoding 5,000 entries would time the benchmark's client, not the extender). Beside the wall-clock
@@ -59,9 +60,15 @@ def machines() -> dict[str, Topology]:
     return found
 
 
+CREATED = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+"""Every pod was created as the benchmark started: within the extender's hold limit, so that a
+pod of k >= 2 GPUs is weighed for a hold on every filter call (held when no candidate gives a
+connected set)."""
+
+
 def pod(k: int) -> dict[str, Any]:
     return {
-        "metadata": {"name": "train", "namespace": "ml"},
+        "metadata": {"name": "train", "namespace": "ml", "creationTimestamp": CREATED},
         "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": k}}}]},
     }
 

@@ -431,7 +431,8 @@ def test_connected_now_is_the_set_the_policy_takes() -> None:
     assert [connected_now(pcie, k) for k in (1, 2)] == [True, False]
     # The device plugin fails k = 3 here (a padded answer): nothing is handed out, connected or not.
     nvidia = compute_availability(A100, [0, 2, 4, 5, 6], policy=Policy.NVIDIA_BESTEFFORT)
-    assert nvidia.best[2].connected and not connected_now(nvidia, 3)
+    assert nvidia.best[2].connected
+    assert not connected_now(nvidia, 3)
 
 
 def test_connected_capacity_is_the_largest_connected_set_a_free_gpu_belongs_to() -> None:

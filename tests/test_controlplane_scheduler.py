@@ -356,13 +356,19 @@ class Cluster:
 
     def extender_calls(self, verb: str) -> float:
         """The calls of `verb` the extender answered, from its /metrics."""
+        return self.extender_metric(
+            f'topo_reporter_extender_requests_total{{result="ok",verb="{verb}"}}'
+        )
+
+    def extender_metric(self, sample: str) -> float:
+        """The value of one sample (name and labels) of the extender's /metrics."""
         connection = self._connection()
         try:
             connection.request("GET", "/metrics")
             text = connection.getresponse().read().decode()
         finally:
             connection.close()
-        line = f'topo_reporter_extender_requests_total{{result="ok",verb="{verb}"}} '
+        line = f"{sample} "
         return sum(float(x.removeprefix(line)) for x in text.splitlines() if x.startswith(line))
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -570,3 +576,42 @@ def test_a_state_change_from_pod_resources_reaches_the_next_scheduling_decision(
     finally:
         kubelet.stop()
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_a_pod_of_4_is_held_for_a_connected_set_until_a_node_frees_one(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    # The PCIe node has 8 free GPUs and no NVLink; the NVSwitch node, which could give a
+    # connected 4-set, is busy: a pod holds 6 of its GPUs, so the scheduler itself counts 2 free.
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        pcie = cluster.add_node("pcie", "pcie-8x", ())
+        h100 = cluster.add_node("h100", "dgx-h100", range(6), occupied=True)
+        cluster.start()
+
+        # A pod that says never to hold it takes the first 4 free GPUs of the PCIe node at once.
+        impatient = gpu_pod("impatient", 4, scheduler=cluster.scheduler_name, group=cluster.group)
+        impatient.metadata.annotations = {f"{PREFIX}/connected-wait": "0"}
+        cluster.core.create_namespaced_pod(cluster.namespace, impatient)
+        assert cluster.wait_bound("impatient") == pcie
+
+        cluster.create_pod("patient", 4)
+        message = cluster.wait_unschedulable("patient")
+        assert (
+            f"topo-reporter: no NVLink-connected set of 4 {GPU} free here; holding the pod for "
+            "one up to 2h (waited "
+        ) in message, message
+        holds = cluster.extender_metric("topo_reporter_extender_holds_total")
+        assert holds >= 1
+
+        # The agent says the NVSwitch node is free while the scheduler still counts its pod: the
+        # Node update requeues the pod (the extender rejected it), and it is held again.
+        cluster.publish_availability(h100, "dgx-h100", ())
+        deadline = time.monotonic() + WAIT_S
+        while cluster.extender_metric("topo_reporter_extender_holds_total") == holds:
+            assert time.monotonic() < deadline, "the Node update did not requeue the held pod"
+            time.sleep(0.1)
+        cluster.wait_for_the_extender()
+
+        # Its pod ends: the NVSwitch node is a candidate with a connected 4-set, and gets it.
+        cluster.core.delete_namespaced_pod("holds-h100", cluster.namespace, grace_period_seconds=0)
+        assert cluster.wait_bound("patient") == h100

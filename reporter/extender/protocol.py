@@ -74,6 +74,7 @@ a fraction as Go's time.RFC3339 reads them; ASCII digits only."""
 _HELD = "\x00"
 """Stands for the hold reason in a pre-encoded FailedNodes member until a call fills it in: no
 JSON string that `encode_basestring_ascii` writes holds a raw control character."""
+_HELD_MEMBER = ":" + _HELD
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -396,15 +397,19 @@ class Verdicts:
             # An unknown or unreadable node is never filtered, nor waited for.
             self._forget(name)
             return
-        connected = k <= r.free and r.connected[k - 1]
-        (self.connected.add if connected else self.connected.discard)(name)
-        (self.capable.add if r.capacity >= k else self.capable.discard)(name)
         if r.free < k:
+            self.connected.discard(name)
             self.held[name] = self.failed[name]
-        elif connected:
+        elif r.connected[k - 1]:
+            self.connected.add(name)
             self.held.pop(name, None)
         else:
-            self.held[name] = f"{quoted}:{_HELD}"
+            self.connected.discard(name)
+            self.held[name] = quoted + _HELD_MEMBER
+        if r.capacity >= k:
+            self.capable.add(name)
+        else:
+            self.capable.discard(name)
 
     def drop(self, name: str) -> None:
         self.entries.pop(name, None)
