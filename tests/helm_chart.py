@@ -166,6 +166,7 @@ ALL_ON: dict[str, Any] = {
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",
         "maxRequestBytes": 4194304,
+        "connectedWait": "30m",
         "tls": {"enabled": True, "secretName": "extender-tls"},
         "networkPolicy": {
             "enabled": True,

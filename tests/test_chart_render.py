@@ -653,12 +653,14 @@ def test_the_extender_serves_on_its_port_behind_a_service(all_on: Rendered) -> N
     pod = deployment["spec"]["template"]
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["topo-reporter"]
-    assert c["args"][:5] == [
+    assert c["args"][:7] == [
         "extender",
         "--listen",
         "0.0.0.0:9888",
         "--max-request-bytes",
         "4194304",
+        "--connected-wait",
+        "30m",
     ]
     environment = {e["name"]: e["value"] for e in c["env"]}
     assert environment["TOPO_REPORTER_PREFIX"] == "topo.example.com"
@@ -675,7 +677,15 @@ def test_the_extender_serves_plain_http_by_default() -> None:
     rendered = render(EXTENDER_ALONE)
     pod = rendered.one("Deployment")["spec"]["template"]
     (c,) = pod["spec"]["containers"]
-    assert c["args"] == ["extender", "--listen", "0.0.0.0:8888", "--max-request-bytes", "2097152"]
+    assert c["args"] == [
+        "extender",
+        "--listen",
+        "0.0.0.0:8888",
+        "--max-request-bytes",
+        "2097152",
+        "--connected-wait",
+        "2h",
+    ]
     assert c["readinessProbe"]["httpGet"] == {
         "path": "/readyz",
         "port": "extender",
@@ -698,7 +708,7 @@ def test_the_extender_serves_plain_http_by_default() -> None:
 def test_with_tls_the_extender_serves_https_from_the_secrets_files(all_on: Rendered) -> None:
     pod = all_on.one("Deployment")["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["args"][5:] == [
+    assert c["args"][7:] == [
         "--tls-cert-file",
         "/etc/topo-reporter/tls/tls.crt",
         "--tls-key-file",

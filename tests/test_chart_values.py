@@ -104,6 +104,8 @@ def test_defaults_satisfy_the_schema() -> None:
         ({"agent": {"prefix": "topology.k8s.io"}}, "at '/agent/prefix'"),
         ({"agent": {"interval": "1d"}}, "at '/agent/interval'"),
         ({"agent": {"interval": 60}}, "at '/agent/interval': got number, want string"),
+        ({"extender": {"connectedWait": "2 hours"}}, "at '/extender/connectedWait'"),
+        ({"extender": {"connectedWait": 0}}, "at '/extender/connectedWait': got number, want"),
         (
             {"admissionPolicy": {"enabled": "yes"}},
             "at '/admissionPolicy/enabled': value must be one of 'auto', true, false",
@@ -149,6 +151,8 @@ def test_defaults_satisfy_the_schema() -> None:
         "a subdomain of k8s.io",
         "an interval in days",
         "an interval given as a number",
+        "a hold limit in words",
+        "a hold limit given as a number",
         "a policy switch that is neither auto nor a bool",
         "a boolean given as a string",
         "a relative kubelet config path",

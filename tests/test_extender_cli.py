@@ -64,6 +64,8 @@ def test_it_serves_the_verbs_until_sigterm_then_exits_zero(
         (["--max-request-bytes", "0"], "--max-request-bytes must be at least 1"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes credentials"),
         (["--heartbeat-namespace", "GPU_System"], "is not a namespace name"),
+        (["--connected-wait", "25h"], "--connected-wait must be a duration from 0s to 24h"),
+        (["--connected-wait", "soon"], "--connected-wait 'soon' is not a duration"),
     ],
     ids=[
         "an address without a port",
@@ -72,6 +74,8 @@ def test_it_serves_the_verbs_until_sigterm_then_exits_zero(
         "no room",
         "no credentials",
         "a heartbeat namespace that cannot be one",
+        "a hold longer than a day",
+        "a hold that is not a duration",
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_one(flags: list[str], message: str) -> None:
