@@ -9,6 +9,8 @@
     ... --ranking v2                          the same with the extender's ranking before the
                                               whole-node fit (availability version 2)
     ... --ranking v1                          the same with the extender's ranking before best fit
+    ... --connected-wait 0                    the extender never holds a pod for a connected set
+                                              (its --connected-wait; default 2h)
 
 Cluster (default, 236 GPUs): 32 nodes of the shipped simulated profiles, each scanned as the agent
 scans it (`--simulate`): 8 dgx-a100, 8 dgx-h100, 6 dgx-1-v100, 6 pcie-8x and 4
@@ -41,6 +43,12 @@ the kube-scheduler's queue does; a pod never waits behind one that does not fit)
   extender do; filtered with `can_fit`) × 10 × 5, plus LeastAllocated; the extender's HTTP server
   serves these same functions;
 - `extender+most`: the same with the MostAllocated strategy configured;
+- both extender rows hold a pod of k >= 2 GPUs back (its filter fails every node) while no node
+  hands it a connected set and some node could once its pods end, for up to `--connected-wait`
+  (2 h, the extender's default) from its arrival: `reporter.availability.holds_for_connected`, on
+  what the extender knows (`connected_now`, `connected_capacity` of every node's availability).
+  A held pod is tried again at every event, as the kube-scheduler retries it when a Node changes,
+  and when its hold runs out;
 - `greedy-best`: a reference, not a scheduler: at each decision it runs `best_gpu_set` on every
   node that fits and takes the best set of all (ties: the fullest node), what an extender searching
   the whole cluster per pod would do.
@@ -63,6 +71,7 @@ Metrics, over the pods that arrive after the warm-up:
   best profile in the cluster (1.00 = every pod got a set as good as an empty DGX H100's);
 - `frag`: share of pods that waited while the cluster held at least k free GPUs, but no node did;
 - `wait`: mean minutes from arrival to placement (the queue the occupancy builds);
+- `held`: share of k >= 2 pods the extender held back for a connected set at least once;
 - `dec/s`: scheduling decisions per second (node choice plus on-node choice, one core; the
   agents' availability computation runs on the nodes and is not counted; `greedy-best` caches
   its searches, so its rate is not reported).
@@ -123,15 +132,20 @@ import structlog
 
 from parsers.links import LinkKind
 from reporter.availability import (
+    CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
     Availability,
     can_fit,
     compute_availability,
+    connected_capacity,
+    connected_now,
     decode_availability,
     encode_availability,
+    holds_for_connected,
     node_score,
 )
 from reporter.collect import build_scanner
+from reporter.errors import ConfigError
 from reporter.placement import (
     PCIE_POINTS,
     GpuSet,
@@ -141,6 +155,7 @@ from reporter.placement import (
     score_gpu_set,
 )
 from reporter.schema.model import Topology
+from reporter.settings import parse_duration
 
 DEFAULT_CLUSTER = (
     ("dgx-a100", 8),
@@ -363,6 +378,20 @@ def choose_node(
     return min(tied, key=lambda n: priority[n.name])
 
 
+def holds(nodes: list[Node], pod: Pod, now: float, connected_wait_s: float) -> bool:
+    """Whether the extender's filter holds `pod` back for an NVLink-connected set now
+    (`holds_for_connected`, with what the extender knows: every node's availability)."""
+    if pod.k < 2 or not connected_wait_s:
+        return False
+    return holds_for_connected(
+        pod.k,
+        (now - pod.arrival) * 60,
+        connected_wait_s,
+        connected=any(connected_now(n.availability, pod.k) for n in nodes),
+        capable=any(connected_capacity(n.availability) >= pod.k for n in nodes),
+    )
+
+
 def choose_gpus(policy: str, node: Node, pod: Pod, ties: TieBreaks) -> tuple[int, ...]:
     """The GPUs the device plugin hands the pod on its node."""
     k = pod.k
@@ -395,6 +424,8 @@ class Result:
     nvlink: float = 0.0
     links: float = 0.0
     frag: float = 0.0
+    held: float = 0.0
+    """Share of the measured k >= 2 pods the extender held for a connected set at least once."""
     decisions_per_s: float | None = None
     wait: float = 0.0
     placed: int = 0
@@ -435,13 +466,15 @@ def simulate(
     seed: int,
     observe: Callable[[Decision], None] | None = None,
     ranking: str = "fit",
+    connected_wait_s: float = CONNECTED_WAIT_S,
 ) -> Result:
     """Run `pods` through the cluster `layout` with the given policies; see the module docstring.
 
     `observe`, when given, sees every placement before the GPUs are taken (it may read, never
     change, the nodes); the time it takes is not counted in decisions per second. `ranking` `v1`
     ranks nodes as the extender did before best fit, its agents describing the best set; `v2` by
-    the free fit (`node_score_v2`), as before availability version 3.
+    the free fit (`node_score_v2`), as before availability version 3. `connected_wait_s` is the
+    extender's `--connected-wait` (`holds_for_connected`; 0: it never holds a pod).
     """
     ties = TieBreaks(seed)
     nodes = cluster(layout, Policy.BEST if ranking == "v1" else AGENT_POLICY[on_node])
@@ -454,10 +487,13 @@ def simulate(
     warmup = pods[len(pods) // 4].arrival if pods else 0.0
     end = pods[-1].arrival if pods else 0.0
     result = Result(node_policy, on_node, load, seed=seed, pods=len(pods))
-    events: list[tuple[float, int, int]] = [(p.arrival, 0, p.id) for p in pods]  # 0 arrive, 1 end
+    # 0 arrive, 1 end, 2 a hold runs out (the scheduler retries a pod it could not place within
+    # podMaxInUnschedulablePodsDuration, 5 minutes, at the latest: here at once)
+    events: list[tuple[float, int, int]] = [(p.arrival, 0, p.id) for p in pods]
     heapq.heapify(events)
     pending: list[Pod] = []
     fragmented: set[int] = set()
+    held: set[int] = set()
     where: dict[int, tuple[Node, tuple[int, ...]]] = {}
     busy, last, busy_time = 0, warmup, 0.0
     decide_s, decisions = 0.0, 0
@@ -474,7 +510,7 @@ def simulate(
         pod = pods[pod_id]
         if kind == 0:
             pending.append(pod)
-        else:
+        elif kind == 1:
             node, gpus = where.pop(pod_id)
             node.free.update(gpus)
             busy -= len(gpus)
@@ -486,6 +522,13 @@ def simulate(
             if waiting.k > free_anywhere:
                 if sum(len(n.free) for n in nodes) >= waiting.k:
                     fragmented.add(waiting.id)
+                still.append(waiting)
+                continue
+            if extender and holds(nodes, waiting, now, connected_wait_s):
+                if waiting.id not in held:
+                    held.add(waiting.id)
+                    expiry = waiting.arrival + connected_wait_s / 60
+                    heapq.heappush(events, (expiry, 2, waiting.id))
                 still.append(waiting)
                 continue
             start = time.perf_counter()
@@ -531,6 +574,8 @@ def simulate(
     result.nvlink = k2_connected / k2 if k2 else 0.0
     result.links = sum(ratios) / len(ratios) if ratios else 0.0
     result.frag = len(fragmented & measured) / len(measured) if measured else 0.0
+    measured_k2 = sum(1 for p in pods if p.id in measured and p.k >= 2)
+    result.held = len(held & measured) / measured_k2 if measured_k2 else 0.0
     if node_policy != "greedy-best" and decide_s > 0:
         result.decisions_per_s = decisions / decide_s
     return result
@@ -669,6 +714,7 @@ def run_all(
     repeats: int = 1,
     ranking: str = "fit",
     bound: bool = False,
+    connected_wait_s: float = CONNECTED_WAIT_S,
 ) -> list[Result]:
     """Every combination on the same trace per load, `repeats` times with other tie-breaks; with
     `bound`, the target row's `schedule_bound` too."""
@@ -687,6 +733,7 @@ def run_all(
                         load,
                         tie_seed(seed, repeat),
                         ranking=ranking,
+                        connected_wait_s=connected_wait_s,
                     )
                     result.seed, result.repeat = seed, repeat
                     if bound and (node_policy, on_node) == TARGET[1:]:
@@ -700,13 +747,29 @@ def run_all(
 
 def _one_seed(
     args: tuple[
-        tuple[tuple[str, int], ...], int, int, tuple[float, ...], int, str, tuple[str, ...], bool
+        tuple[tuple[str, int], ...],
+        int,
+        int,
+        tuple[float, ...],
+        int,
+        str,
+        tuple[str, ...],
+        bool,
+        float,
     ],
 ) -> list[Result]:
-    layout, pods, seed, loads, repeats, ranking, node_policies, bound = args
+    layout, pods, seed, loads, repeats, ranking, node_policies, bound, connected_wait_s = args
     quiet()
     return run_all(
-        layout, pods, seed, loads, node_policies, repeats=repeats, ranking=ranking, bound=bound
+        layout,
+        pods,
+        seed,
+        loads,
+        node_policies,
+        repeats=repeats,
+        ranking=ranking,
+        bound=bound,
+        connected_wait_s=connected_wait_s,
     )
 
 
@@ -721,10 +784,21 @@ def run_seeds(
     ranking: str = "fit",
     node_policies: Sequence[str] = NODE_POLICIES,
     bound: bool = False,
+    connected_wait_s: float = CONNECTED_WAIT_S,
 ) -> list[Result]:
     """Every combination on every seed, `jobs` seeds at a time in worker processes."""
     work = [
-        (tuple(layout), pods, seed, tuple(loads), repeats, ranking, tuple(node_policies), bound)
+        (
+            tuple(layout),
+            pods,
+            seed,
+            tuple(loads),
+            repeats,
+            ranking,
+            tuple(node_policies),
+            bound,
+            connected_wait_s,
+        )
         for seed in seeds
     ]
     runs: Iterator[list[Result]]
@@ -755,15 +829,15 @@ def summary_line(r: Result) -> str:
 def table(results: Sequence[Result]) -> str:
     lines = [
         "| offered | occupancy | node choice | on-node | nvlink (k≥2) | 8-GPU | links vs best "
-        "empty | frag | wait (min) | dec/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "empty | frag | wait (min) | held | dec/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rate = "—" if r.decisions_per_s is None else f"{r.decisions_per_s:,.0f}"
         eight = "—" if r.eight is None else f"{r.eight:.1%}"
         lines.append(
             f"| {r.load:.0%} | {r.occupancy:.1%} | {r.node_policy} | {r.on_node} | {r.nvlink:.1%} "
-            f"| {eight} | {r.links:.2f} | {r.frag:.1%} | {r.wait:,.0f} | {rate} |"
+            f"| {eight} | {r.links:.2f} | {r.frag:.1%} | {r.wait:,.0f} | {r.held:.1%} | {rate} |"
         )
     return "\n".join(lines)
 
@@ -797,6 +871,7 @@ class SeedFigures:
     occupancy: float
     wait: float
     frag: float
+    held: float
     bound: float | None = None
     """The mean `schedule_bound` of its repeats, where computed."""
 
@@ -822,6 +897,7 @@ def per_seed(results: Sequence[Result]) -> list[SeedFigures]:
                 statistics.mean(r.occupancy for r in runs),
                 statistics.mean(r.wait for r in runs),
                 statistics.mean(r.frag for r in runs),
+                statistics.mean(r.held for r in runs),
                 statistics.mean(bounds) if bounds else None,
             )
         )
@@ -852,8 +928,8 @@ def seeds_table(results: Sequence[Result]) -> str:
     """Mean, minimum and spread over the seeds, per row."""
     lines = [
         "| offered | node choice | on-node | seeds | nvlink mean | min (seed) | spread "
-        "| below ref. (max) | 8-GPU mean | 8-GPU min | occupancy | wait (min) | frag |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| below ref. (max) | 8-GPU mean | 8-GPU min | occupancy | wait (min) | frag | held |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     reference = upper_reference(results)
     for (load, node_policy, on_node), runs in _rows(results).items():
@@ -868,7 +944,8 @@ def seeds_table(results: Sequence[Result]) -> str:
             f"| {statistics.mean(eights):.1%} | {min(eights):.1%} "
             f"| {statistics.mean(r.occupancy for r in runs):.1%} "
             f"| {statistics.mean(r.wait for r in runs):,.1f} "
-            f"| {statistics.mean(r.frag for r in runs):.1%} |"
+            f"| {statistics.mean(r.frag for r in runs):.1%} "
+            f"| {statistics.mean(r.held for r in runs):.1%} |"
         )
     return "\n".join(lines)
 
@@ -1097,6 +1174,7 @@ def trace_losses(
     load: float,
     out: Path,
     ranking: str = "fit",
+    connected_wait_s: float = CONNECTED_WAIT_S,
 ) -> list[tuple[Result, Counter[tuple[int, str]]]]:
     """The loss trace of `extender+most` beside every on-node choice; one JSON line per loss."""
     pod_trace = trace(pods, cluster_gpus(layout), load, seed)
@@ -1106,7 +1184,15 @@ def trace_losses(
         for on_node in ON_NODE_POLICIES:
             tracer = LossTracer()
             result = simulate(
-                layout, pod_trace, "extender+most", on_node, load, seed, tracer, ranking
+                layout,
+                pod_trace,
+                "extender+most",
+                on_node,
+                load,
+                seed,
+                tracer,
+                ranking,
+                connected_wait_s,
             )
             classes: Counter[tuple[int, str]] = Counter()
             for loss in tracer.losses:
@@ -1120,6 +1206,13 @@ def trace_losses(
 
 def quiet() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text, name="--connected-wait")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _loads(text: str) -> tuple[float, ...]:
@@ -1175,6 +1268,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the extender's node score: fit (default: node_score, by the whole-node fit), v2 (by "
         "the free fit, before availability version 3) or v1 (the one best fit replaced)",
     )
+    parser.add_argument(
+        "--connected-wait",
+        type=_duration,
+        default=CONNECTED_WAIT_S,
+        help="how long the extender holds a pod of k >= 2 GPUs for an NVLink-connected set "
+        f"(its --connected-wait: 90s, 30m, 2h; 0 never; default {CONNECTED_WAIT_S / 3600:g}h)",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.node_choices) - set(NODE_POLICIES))
     if unknown:
@@ -1195,7 +1295,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error("--trace needs --seed")
         load = TARGET[0] if args.loads == LOADS else args.loads[0]
         for result, classes in trace_losses(
-            DEFAULT_CLUSTER, args.pods, args.seed, load, args.trace, args.ranking
+            DEFAULT_CLUSTER,
+            args.pods,
+            args.seed,
+            load,
+            args.trace,
+            args.ranking,
+            args.connected_wait,
         ):
             print(summary_line(result), dict(sorted(classes.items())), flush=True)
         return
@@ -1208,6 +1314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.node_choices,
             progress=lambda r: print(summary_line(r), flush=True),
             ranking=args.ranking,
+            connected_wait_s=args.connected_wait,
         )
         print(table(results))
         print()
@@ -1224,6 +1331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             ranking=args.ranking,
             node_policies=args.node_choices,
             bound=args.bound,
+            connected_wait_s=args.connected_wait,
         )
         print(seeds_table(results))
         print()

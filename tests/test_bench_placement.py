@@ -180,3 +180,59 @@ def test_the_whole_node_ranking_keeps_one_gpu_pods_off_nvswitch_nodes() -> None:
     assert v2(h100, 1) == v2(pcie, 1)
     assert fit(h100, 1) < fit(pcie, 1) == v2(pcie, 1)
     assert v2(h100, 1) == placement.node_score_v2(h100.availability, 1)
+
+
+HOLD = (("dgx-h100", 1), ("pcie-8x", 1))
+
+
+def _placements(result: placement.Result) -> dict[int, tuple[str, float]]:
+    return {pod: (name, start) for pod, (name, _, start, _) in result.sets.items()}
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "quad"),
+    [
+        (placement.CONNECTED_WAIT_S, ("dgx-h100-0", 60.0)),  # held until the H100 empties
+        (30 * 60, ("pcie-8x-0", 31.0)),  # held until its hold ran out, then what there was
+        (0, ("pcie-8x-0", 1.0)),  # never held: the PCIe quad at once
+    ],
+)
+def test_the_extender_holds_a_pod_for_a_connected_set(
+    wait_s: float, quad: tuple[str, float]
+) -> None:
+    # A 7-GPU pod holds the only NVSwitch node for an hour; a 4-GPU pod arrives a minute later
+    # when only the PCIe node has 4 free GPUs, none of them NVLink-connected. The H100's free GPU
+    # belongs to its connected 8: a connected quad is worth waiting for there. (Two pods later make
+    # the first a warm-up pod, whose size the link figures need not know.)
+    pods = [
+        placement.Pod(0, 7, arrival=0.0, minutes=60.0),
+        placement.Pod(1, 4, arrival=1.0, minutes=10.0),
+        placement.Pod(2, 1, arrival=500.0, minutes=10.0),
+        placement.Pod(3, 1, arrival=501.0, minutes=10.0),
+    ]
+    result = placement.simulate(
+        HOLD, pods, "extender+most", "packing", 0.8, 1, connected_wait_s=wait_s
+    )
+    assert {p: _placements(result)[p] for p in (0, 1)} == {0: ("dgx-h100-0", 0.0), 1: quad}
+    assert result.held == (1.0 if wait_s else 0.0)
+    # Count-only scoring never holds: the quad starts when it arrives, wherever it lands.
+    plain = placement.simulate(HOLD, pods, "most-allocated", "packing", 0.8, 1)
+    assert (_placements(plain)[1][1], plain.held) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("layout", "first"),
+    [
+        # No node could ever give 2 connected GPUs: nothing is worth waiting for.
+        ((("pcie-8x", 2),), 7),
+        # The NVSwitch node is full: no free GPU says what it could give (a limit of the rule).
+        (HOLD, 8),
+    ],
+)
+def test_no_node_that_could_connect_the_pod_holds_nothing(
+    layout: tuple[tuple[str, int], ...], first: int
+) -> None:
+    pods = [placement.Pod(0, first, 0.0, 60.0), placement.Pod(1, 2, 1.0, 10.0)]
+    pods += [placement.Pod(2, 1, 500.0, 10.0), placement.Pod(3, 1, 501.0, 10.0)]
+    result = placement.simulate(layout, pods, "extender+most", "packing", 0.8, 1)
+    assert (_placements(result)[1][1], result.held) == (1.0, 0.0)
