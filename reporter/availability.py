@@ -112,9 +112,9 @@ CONNECTED_WAIT_S = 7200.0
 """How long, from its creation, the extender holds back a pod of k >= 2 GPUs for an NVLink-connected
 set by default (`holds_for_connected`), where taking a set that is not connected now is all it
 could do. Two hours: in the simulated cluster at 80% offered load beside MostAllocated, the least
-any of 40 seeds kept connected rose from 93.9% to 96.4%, mean waits 12.3 to 12.6 minutes
-(bench/README.md: holding leaves the unconnected GPUs to one-GPU pods, which then stay off the
-NVLink nodes)."""
+any of 40 seeds kept connected rose from 93.9% to 96.4%, mean waits 12.3 to 12.6 minutes, 1% of
+those pods held; one hour left a seed at 93.3% (bench/README.md: holding leaves the unconnected
+GPUs to one-GPU pods, which then stay off the NVLink nodes)."""
 
 MAX_TEXT_CHARS = 8192
 """Longer than any value `encode_availability` writes for MAX_GPUS GPUs (under 7.1 KB)."""
