@@ -27,7 +27,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime
 from itertools import compress
 from json.encoder import encode_basestring_ascii
 from operator import not_
@@ -66,11 +66,12 @@ about 100 bytes each for 8-GPU nodes)."""
 MAX_WAIT_CHARS = 32
 """Longer than any duration up to a day (`86400`, `23h59m59s`): a longer annotation is not one."""
 _CREATED = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
-    r"(Z|[+-][0-9]{2}:[0-9]{2})"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"
+    r"(?:Z|[+-][0-9]{2}:[0-5][0-9])"
 )
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
-a fraction as Go's time.RFC3339 reads them; ASCII digits only."""
+a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
+the values (and refuses a date or an offset that does not exist)."""
 _HELD = "\x00"
 """Stands for the hold reason in a pre-encoded FailedNodes member until a call fills it in: no
 JSON string that `encode_basestring_ascii` writes holds a raw control character."""
@@ -185,25 +186,12 @@ def _hold_facts(meta: Mapping[str, Any], wait_key: str) -> tuple[float | None, f
 def created_seconds(value: Any) -> float | None:
     """A `creationTimestamp` (RFC 3339, `2026-12-02T08:00:00Z`) in POSIX seconds; None for
     anything else: another type, another form, a date that does not exist."""
-    if not isinstance(value, str) or len(value) > 40:
+    if not isinstance(value, str) or len(value) > 40 or _CREATED.fullmatch(value) is None:
         return None
-    match = _CREATED.fullmatch(value)
-    if match is None:
-        return None
-    *fields, fraction, zone = match.groups()
-    zone_info = UTC
-    if zone != "Z":
-        hours, minutes = int(zone[1:3]), int(zone[4:6])
-        if hours > 23 or minutes > 59:
-            return None
-        sign = 1 if zone[0] == "+" else -1
-        zone_info = timezone(sign * timedelta(hours=hours, minutes=minutes))
     try:
-        year, month, day, hour, minute, second = map(int, fields)
-        moment = datetime(year, month, day, hour, minute, second, tzinfo=zone_info)
+        return datetime.fromisoformat(value).timestamp()
     except ValueError:
-        return None  # month 13, February 30, second 60, year 0
-    return moment.timestamp() + (float("0." + fraction) if fraction else 0.0)
+        return None  # month 13, February 30, second 60, year 0, offset +24:00
 
 
 def hold_limit(value: Any) -> float | None:
