@@ -30,10 +30,19 @@ from reporter.schema.keys import CONNECTED_WAIT
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
 LIMITS = Limits(
-    max_body_bytes=protocol.MAX_REQUEST_BYTES, concurrent_requests=2, max_connections=128
+    max_body_bytes=protocol.MAX_REQUEST_BYTES,
+    concurrent_requests=2,
+    slot_wait_s=1.0,
+    buffered_bodies=4,
+    max_connections=128,
 )
 """kube-scheduler makes one call at a time; the second slot serves a call it gave up on while
-the extender still answers it, or a second scheduler. Held by the chart's 256 MiB: `peak_bytes`."""
+the extender still answers it, or a second scheduler. A call waits up to 1 s for a slot, well
+inside kube-scheduler's 5 s default `httpTimeout`. Held by the chart's 256 MiB: `peak_bytes`."""
+STARVED_S = 10.0
+"""/readyz fails for this long after a call was refused for want of a slot or of room for its
+body: two readiness probes (5 s apart), one fewer than the chart's failure threshold, so a single
+refusal never takes the replica out of the Service, and a steady stream of them does."""
 PARSE_COST = 40
 """Memory per body byte at the peak of answering, at worst. Measured as the process's peak RSS:
 26 for a body of `{}` objects, 31.5 to 34.2 for objects of one key nested 1 to 3 deep (each level
@@ -47,8 +56,9 @@ READ_BYTES = 256 * 1024
 
 def peak_bytes(limits: Limits) -> int:
     """The most memory the extender needs under `limits`: what its memory limit must hold."""
-    bodies = limits.concurrent_requests * PARSE_COST * limits.max_body_bytes
-    return IDLE_BYTES + bodies + limits.max_connections * READ_BYTES
+    answered = limits.concurrent_requests * PARSE_COST * limits.max_body_bytes
+    buffered = limits.buffered_bodies * limits.max_body_bytes
+    return IDLE_BYTES + answered + buffered + limits.max_connections * READ_BYTES
 
 
 VERBS = ("filter", "prioritize")
@@ -75,12 +85,24 @@ class ExtenderMetrics:
         )
         self.in_flight = Gauge(
             "topo_reporter_extender_requests_in_flight",
-            "Calls being read or answered; at the concurrency bound, one more is answered 503.",
+            "Calls being answered, each from the moment its body was read whole.",
+            registry=r,
+        )
+        self.waiting = Gauge(
+            "topo_reporter_extender_requests_waiting",
+            "Calls read whole and waiting for a slot (1 s at most, then 503).",
+            registry=r,
+        )
+        self.starved = Gauge(
+            "topo_reporter_extender_starved",
+            "1 while /readyz fails because a call was refused 503 for want of a slot or of "
+            "room for its body in the last 10 s.",
             registry=r,
         )
         self.connections = Gauge(
             "topo_reporter_extender_connections",
-            "Open connections; at the cap, the next ones wait in the listen backlog.",
+            "Open connections, TLS handshakes included; at the cap a new one replaces the "
+            "oldest idle one.",
             registry=r,
         )
         self.filtered = Counter(
@@ -131,6 +153,7 @@ class ExtenderServer:
         resource: str = protocol.DEFAULT_RESOURCE,
         connected_wait_s: float = CONNECTED_WAIT_S,
         limits: Limits = LIMITS,
+        starved_s: float = STARVED_S,
         tls: ssl.SSLContext | None = None,
         watching: Callable[[], bool] = lambda: True,
         problem: Callable[[], str | None] = lambda: None,
@@ -145,6 +168,7 @@ class ExtenderServer:
         self._wait_key = f"{cache.prefix}/{CONNECTED_WAIT}"
         self._watching = watching
         self._problem = problem
+        self._starved_s = starved_s
         server = self._server = HttpServer(
             address,
             self.handle,
@@ -160,6 +184,8 @@ class ExtenderServer:
         )
         metrics.in_flight.set_function(lambda: server.in_flight)
         metrics.connections.set_function(lambda: server.connections)
+        metrics.waiting.set_function(lambda: server.waiting)
+        metrics.starved.set_function(lambda: int(server.busy_within(starved_s)))
 
     @property
     def address(self) -> tuple[str, int]:
@@ -215,6 +241,12 @@ class ExtenderServer:
                 (None if self._watching() else "the Node watch stopped")
                 or self._problem()
                 or (None if self._cache.synced else "no list of Nodes yet")
+                or (
+                    f"starved: calls refused for want of a request slot in the last "
+                    f"{self._starved_s:g} s"
+                    if self._server.busy_within(self._starved_s)
+                    else None
+                )
             )
             return text(503 if reason else 200, reason or "ok")
         if path.lstrip("/") in VERBS:

@@ -4,20 +4,29 @@ uvicorn, on the h11 parser, serves in a thread of its own with its own event loo
 plain functions from a `Request` to a `Response`, which know nothing of HTTP framing. Why uvicorn:
 measured against waitress in bench/README.md ("HTTP server"), and the only one of the two that
 serves TLS. What it brings: h11's strict framing (a `Content-Length` of anything but ASCII digits,
-or of more than 20 digits, is a 400; headers past 16 KiB are refused), non-blocking TLS, a listen
-backlog, and asyncio's accept loop, which waits a second at the file-descriptor limit instead of
-spinning. What this module adds, because a process that any pod can reach must outlive any client:
+or of more than 20 digits, is a 400), non-blocking TLS, a listen backlog, and asyncio's accept
+loop, which waits a second at the file-descriptor limit instead of spinning. What this module adds,
+because a process that any pod can reach must outlive any client:
 
-- at most `max_connections` connections (and fewer than the file-descriptor limit): at the cap
-  the server stops accepting, and the next connections wait in the listen backlog until one
-  closes;
+- at most `max_connections` connections (and fewer than the file-descriptor limit), counted from
+  accept, before any TLS handshake (asyncio gives each TLS connection a 256 KiB buffer then). At
+  the cap a new connection takes the place of the oldest idle one (no request, a head still
+  incomplete, or a body still arriving: what a silent or stalled client holds), so that probes
+  and the scheduler's calls get in; with none idle, accepting pauses and the next connections
+  wait in the listen backlog until one closes or turns idle;
 - a request head must arrive within `header_timeout_s` of the connection (or of its first byte
   after an answer), a TLS handshake too; an idle keep-alive connection closes after `idle_s`;
+- a head over 16 KiB is refused: h11 refuses one still incomplete at 16 KiB (400), and a longer
+  one that came in one read is answered 431 here;
 - a body must state its length (411), stay within `max_body_bytes` (413) and arrive within
   `body_timeout_s` (408); `Content-Length` with `Transfer-Encoding` is a 400 (request smuggling,
-  RFC 9112 section 6.1);
-- at most `concurrent_requests` requests with a body at once; one more is answered 503 at once,
-  never queued: memory is bounded by that number times what one body costs.
+  RFC 9112 section 6.1). Bodies being read, and read ones waiting for a slot, share
+  `buffered_bodies` times `max_body_bytes` of memory, counted by the bytes that came: a client
+  that sends nothing costs nothing; one more byte past that is a 503;
+- at most `concurrent_requests` requests with a body handled at once, a slot taken only once the
+  body is read whole, so that a slow or stalled client holds none; a read body waits up to
+  `slot_wait_s` for a slot, then is answered 503. Memory is bounded by the slots times what one
+  body costs to answer, plus the bodies' share above.
 
 A handler's exception is a 500 with one line, logged; it never reaches the client or kills the
 server. Nothing here reads cluster state: the handlers do.
@@ -31,10 +40,11 @@ import resource
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import uvicorn
@@ -47,6 +57,8 @@ TEXT = "text/plain; charset=utf-8"
 _FD_RESERVE = 64
 """File descriptors kept out of the connection cap: the API client, log files, TLS files."""
 _STOP_WAIT_S = 5.0
+MAX_HEAD_BYTES = 16 * 1024
+"""A request head's size, as h11 counts it while the head is incomplete (its default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +68,15 @@ class Limits:
     max_body_bytes: int = 64 * 1024
     """Largest request body read; a larger `Content-Length` is answered 413 unread."""
     concurrent_requests: int = 4
-    """Requests with a body handled at once; one more is answered 503 at once."""
+    """Requests with a body handled at once, each from the moment its body is read whole."""
+    slot_wait_s: float = 1.0
+    """How long a read body waits for a slot before it is answered 503."""
+    buffered_bodies: int = 4
+    """Bodies of `max_body_bytes` that fit in what bodies being read or waiting for a slot may
+    hold together (counted by the bytes that came); one byte more is answered 503."""
     max_connections: int = 1024
-    """Open connections; at the cap the next ones wait in the listen backlog until one closes."""
+    """Open connections, counted from accept; at the cap a new one replaces the oldest idle one,
+    and with none idle the next ones wait in the listen backlog."""
     header_timeout_s: float = 10.0
     """From a connection (or the first byte of its next request) to a complete request head."""
     body_timeout_s: float = 10.0
@@ -118,12 +136,18 @@ class HttpServer:
         self._on_refused = on_refused
         self._log = log or structlog.get_logger("topo_reporter.http")
         self._socket = _listen(address, limits.backlog)
-        self._in_flight = 0  # requests with a body being read or handled; the loop's own count
+        # The loop's own counts, read from other threads (one int each).
+        self._in_flight = 0  # requests holding a slot
+        self._waiting = 0  # read bodies waiting for a slot
+        self._buffered = 0  # bytes of bodies being read or waiting for a slot
+        self._busy_at = -float("inf")  # when a request was last refused for want of room
+        self._slots = asyncio.Semaphore(limits.concurrent_requests)
         self._pool = ThreadPoolExecutor(limits.concurrent_requests, thread_name_prefix=name)
+        self._loop = _Loop(limits.header_timeout_s, _connection_cap(limits.max_connections))
         _quiet_uvicorn(self._log)
         config = uvicorn.Config(
             self._asgi,
-            http=_protocol(limits, _connection_cap(limits.max_connections)),
+            http=_protocol(limits),
             interface="asgi3",
             proxy_headers=False,
             ws="none",
@@ -146,13 +170,23 @@ class HttpServer:
 
     @property
     def connections(self) -> int:
-        """Open connections (counted once their TLS handshake, if any, is done)."""
-        return len(self._server.server_state.connections)
+        """Open connections, those in a TLS handshake too."""
+        return len(self._loop.open)
 
     @property
     def in_flight(self) -> int:
-        """Requests with a body being read or handled (at most `concurrent_requests`)."""
+        """Requests holding a slot (at most `concurrent_requests`)."""
         return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Read bodies waiting for a slot."""
+        return self._waiting
+
+    def busy_within(self, seconds: float) -> bool:
+        """Whether a request was refused for want of a slot or of room for its body in the last
+        `seconds`: the server is starved, by load or by clients that hold what it has."""
+        return time.monotonic() - self._busy_at < seconds
 
     def start(self) -> HttpServer:
         self._thread.start()
@@ -167,7 +201,7 @@ class HttpServer:
         self._socket.close()
 
     def _serve(self) -> None:
-        loop = _Loop(self._limits.header_timeout_s)
+        loop = self._loop
         loop.set_exception_handler(self._loop_error)
         try:
             loop.run_until_complete(self._server.serve(sockets=[self._socket]))
@@ -200,6 +234,9 @@ class HttpServer:
     async def _answer(self, scope: Any, receive: Any) -> tuple[Response, bool]:
         """The response, and whether the connection must close after it (a body left unread)."""
         method, path = str(scope["method"]), str(scope["path"])
+        if _head_bytes(scope) > MAX_HEAD_BYTES:
+            # h11 bounds only a head still incomplete: one that came whole in one read gets here.
+            return text(431, f"the request head is over {MAX_HEAD_BYTES} bytes"), True
         headers: dict[bytes, bytes] = dict(scope["headers"])
         if b"transfer-encoding" in headers and b"content-length" in headers:
             return text(400, "Content-Length and Transfer-Encoding together: send one"), True
@@ -217,21 +254,59 @@ class HttpServer:
         if length > self._limits.max_body_bytes:
             line = f"the body is {length} bytes, more than {self._limits.max_body_bytes}"
             return text(413, line + self._too_large_hint), True
-        if self._in_flight >= self._limits.concurrent_requests:
-            return text(503, "busy: too many requests at once, retry"), True
-        self._in_flight += 1
+        body = await self._read_and_wait(receive)
+        if isinstance(body, Response):
+            return body, True
         try:
-            try:
-                body = await asyncio.wait_for(_read_body(receive), self._limits.body_timeout_s)
-            except TimeoutError:
-                return text(408, "the body did not arrive in time"), True
-            if body is None:
-                return text(400, "the client went away"), True
+            self._in_flight += 1
             request = Request(method, path, body)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._pool, self._handle, request), False
         finally:
             self._in_flight -= 1
+            self._slots.release()
+
+    async def _read_and_wait(self, receive: Any) -> bytes | Response:
+        """The whole body, with a slot taken for it; or the answer that refuses it.
+
+        Until it holds a slot, the body counts against the bodies' share of memory by the bytes
+        that came; from then on, against what a slot costs."""
+        held = 0
+        try:
+            chunks: list[bytes] = []
+            try:
+                async with asyncio.timeout(self._limits.body_timeout_s):
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            return text(400, "the client went away")
+                        chunk = message.get("body", b"")
+                        if self._buffered + len(chunk) > self._buffer_bytes:
+                            self._busy_at = time.monotonic()
+                            return text(503, "busy: too many bodies being read at once, retry")
+                        self._buffered += len(chunk)
+                        held += len(chunk)
+                        chunks.append(chunk)
+                        if not message.get("more_body", False):
+                            break
+            except TimeoutError:
+                return text(408, "the body did not arrive in time")
+            self._waiting += 1
+            try:
+                async with asyncio.timeout(self._limits.slot_wait_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                self._busy_at = time.monotonic()
+                return text(503, "busy: too many requests at once, retry")
+            finally:
+                self._waiting -= 1
+            return b"".join(chunks)
+        finally:
+            self._buffered -= held
+
+    @property
+    def _buffer_bytes(self) -> int:
+        return self._limits.buffered_bodies * self._limits.max_body_bytes
 
     def _handle(self, request: Request) -> Response:
         try:
@@ -261,16 +336,11 @@ def _listen(address: tuple[str, int], backlog: int) -> socket.socket:
     return sock
 
 
-async def _read_body(receive: Any) -> bytes | None:
-    """The whole body; None when the client disconnected first."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+def _head_bytes(scope: Any) -> int:
+    """The size of a request head as it came (give or take the spaces h11 strips)."""
+    target = len(scope["raw_path"]) + len(scope["query_string"]) + 1
+    fields = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+    return len(scope["method"]) + target + len(" HTTP/1.1\r\n") + fields + 2
 
 
 def _connection_cap(wanted: int) -> int:
@@ -282,18 +352,22 @@ def _connection_cap(wanted: int) -> int:
     return max(1, min(wanted, soft - _FD_RESERVE))
 
 
-def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the connection cap and the request-head deadline."""
+class _Idle(Protocol):
+    made: bool
 
-    class Protocol(H11Protocol):
+    def idle(self) -> bool: ...
+
+
+def _protocol(limits: Limits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the request-head deadline, counted in the loop's connections."""
+
+    class Capped(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+        made = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self.made = True
             super().connection_made(transport)
-            if len(self.connections) >= cap and isinstance(self.loop, _Loop):
-                # Full: the next connections wait in the listen backlog until one closes. One
-                # accepted meanwhile (or whose TLS handshake was under way) still comes in.
-                self.loop.pause_accepting()
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -301,16 +375,28 @@ def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
                 # The first byte of a new request: its head has header_timeout_s to arrive.
                 self._arm()
             super().data_received(data)
+            if not self.idle() and isinstance(self.loop, _Loop):
+                # Now being answered: it can no longer make room, and may have been the last
+                # connection that could.
+                self.loop.settle()
 
         def on_response_complete(self) -> None:
             self._disarm()
             super().on_response_complete()
+            if isinstance(self.loop, _Loop):
+                self.loop.settle()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
-            if len(self.connections) < cap and isinstance(self.loop, _Loop):
-                self.loop.resume_accepting()
+            if isinstance(self.loop, _Loop):
+                self.loop.forget(self)
+
+        def idle(self) -> bool:
+            """Nothing of this connection's is being answered: no request yet, a head still
+            incomplete, a body still arriving, or the last answer sent."""
+            cycle = self.cycle
+            return cycle is None or cycle.response_complete or cycle.more_body
 
         def _arm(self) -> None:
             self._disarm()
@@ -327,25 +413,91 @@ def _protocol(limits: Limits, cap: int) -> type[H11Protocol]:
                 # No request head since the deadline was set: a stalled or trickling client.
                 self.transport.close()
 
-    return Protocol
+    return Capped
 
 
 class _Loop(asyncio.SelectorEventLoop):
-    """asyncio's loop with two bounds of its own: TLS handshakes get the request-head deadline
-    (asyncio's default is 60 s), so that a client that connects and never says hello holds its
-    descriptor no longer than one that sends no request; and accept() fails once a second at the
-    descriptor limit, not a thousand times."""
+    """asyncio's loop with bounds of its own.
 
-    def __init__(self, handshake_timeout_s: float) -> None:
+    - The connection cap, counted from accept: a TLS connection costs its 256 KiB buffer from
+      then on, not from the end of its handshake, where uvicorn would first see it.
+    - At the cap, the oldest idle connection is closed for the new one; with none idle, accepting
+      pauses.
+    - TLS handshakes (and the closing exchange) get the request-head deadline (asyncio's
+      defaults are 60 and 30 s), so that a client that connects and never says hello holds its
+      descriptor no longer than one that sends no request.
+    - accept() fails once a second at the descriptor limit, not a thousand times.
+    """
+
+    def __init__(self, handshake_timeout_s: float, cap: int) -> None:
         super().__init__()
         self._handshake_timeout_s = handshake_timeout_s
+        self._cap = cap
         self._listener: tuple[Any, ...] | None = None
         self._paused = False
+        self.open: dict[_Idle, asyncio.Transport] = {}
+        """The open connections, oldest first."""
 
     async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
         if kwargs.get("ssl") is not None:
             kwargs.setdefault("ssl_handshake_timeout", self._handshake_timeout_s)
+            kwargs.setdefault("ssl_shutdown_timeout", self._handshake_timeout_s)
         return await super().create_server(*args, **kwargs)
+
+    async def _accept_connection2(
+        self, protocol_factory: Callable[[], Any], *args: Any, **kwargs: Any
+    ) -> None:
+        # Returns once the connection is made, or once its TLS handshake failed or timed out:
+        # then its protocol never hears of it (no connection_lost), and is forgotten here.
+        made: list[_Idle] = []
+
+        def factory() -> Any:
+            protocol = protocol_factory()
+            made.append(protocol)
+            return protocol
+
+        try:
+            await super()._accept_connection2(factory, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            for protocol in made:
+                if not protocol.made:
+                    self.forget(protocol)
+
+    def _make_socket_transport(self, sock: Any, protocol: Any, *args: Any, **kwargs: Any) -> Any:
+        transport = super()._make_socket_transport(  # type: ignore[misc]
+            sock, protocol, *args, **kwargs
+        )
+        if kwargs.get("server") is not None:
+            self._admit(protocol, transport)
+        return transport
+
+    def _make_ssl_transport(self, sock: Any, protocol: Any, *args: Any, **kwargs: Any) -> Any:
+        transport = super()._make_ssl_transport(  # type: ignore[misc]
+            sock, protocol, *args, **kwargs
+        )
+        if kwargs.get("server") is not None:
+            self._admit(protocol, transport)
+        return transport
+
+    def _admit(self, protocol: _Idle, transport: asyncio.Transport) -> None:
+        self.open[protocol] = transport
+        if len(self.open) > self._cap:
+            victim = next((p for p in self.open if p is not protocol and p.idle()), None)
+            if victim is not None:
+                # Closed at once (a TLS one too: no closing exchange with a silent client).
+                self.open.pop(victim).abort()
+        self.settle()
+
+    def forget(self, protocol: _Idle) -> None:
+        if self.open.pop(protocol, None) is not None:
+            self.settle()
+
+    def settle(self) -> None:
+        """Accept while under the cap, or while an idle connection can make room."""
+        if len(self.open) < self._cap or any(p.idle() for p in self.open):
+            self.resume_accepting()
+        else:
+            self.pause_accepting()
 
     def _start_serving(
         self, factory: Any, sock: Any, context: Any, server: Any, *rest: Any
