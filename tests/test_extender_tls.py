@@ -7,6 +7,7 @@ the files, as a Secret volume or cert-manager does, and the next connection must
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -22,7 +24,7 @@ from structlog.testing import capture_logs
 from reporter.cli import main
 from reporter.errors import ConfigError
 from reporter.extender.cache import NodeCache
-from reporter.extender.server import ExtenderMetrics, ExtenderServer
+from reporter.extender.server import LIMITS, ExtenderMetrics, ExtenderServer
 from reporter.serve.tls import ServingCertificate
 from tests.kube_double.tls import Certificate, make_certificate
 from tests.test_extender_protocol import pod
@@ -54,10 +56,14 @@ Serve = Callable[..., ExtenderServer]
 def serve() -> Iterator[Serve]:
     started: list[ExtenderServer] = []
 
-    def start(tls: ServingCertificate) -> ExtenderServer:
+    def start(tls: ServingCertificate, **limits: Any) -> ExtenderServer:
         cache = NodeCache("gpu.topology.io")
         server = ExtenderServer(
-            ("127.0.0.1", 0), cache=cache, metrics=ExtenderMetrics(cache), tls=tls.context
+            ("127.0.0.1", 0),
+            cache=cache,
+            metrics=ExtenderMetrics(cache),
+            tls=tls.context,
+            limits=dataclasses.replace(LIMITS, **limits),
         ).start()
         started.append(server)
         return server
@@ -105,6 +111,47 @@ def test_the_verbs_are_served_over_https_to_a_client_that_verifies(
     with socket.create_connection((host, port), timeout=WAIT_S) as plain:
         plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert not plain.recv(4096).startswith(b"HTTP/")  # a TLS alert, not an answer
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (EOF or reset) before WAIT_S passed."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_connections_in_their_handshake_count_against_the_cap(
+    serve: Serve, files: Certificate
+) -> None:
+    # Issue 28, item 3: a connection counted only once its handshake was done, and each one
+    # accepted costs a 256 KiB buffer from the start: 1,000 silent ones took 339 MiB. With a
+    # handshake deadline of a minute, none of these would be closed before it.
+    server = serve(
+        ServingCertificate(str(files.cert), str(files.key)), max_connections=4, header_timeout_s=60
+    )
+    silent = [socket.create_connection(server.address, timeout=WAIT_S) for _ in range(10)]
+    # The server holds at most the cap: each new one took the place of the oldest silent one
+    # (the real client's, below, of one more).
+    assert all(closed_by_server(sock) for sock in silent[:6])
+    status, _, _ = call(server, client_context(files.cert))  # and a real client gets in
+    assert status == 200
+    for sock in silent[7:]:
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(1)  # never more closed than the cap needs
+    for sock in silent:
+        sock.close()
+
+
+def test_a_client_that_never_says_hello_is_closed_at_the_head_deadline(
+    serve: Serve, files: Certificate
+) -> None:
+    server = serve(ServingCertificate(str(files.cert), str(files.key)), header_timeout_s=0.5)
+    with socket.create_connection(server.address, timeout=WAIT_S) as silent:
+        assert closed_by_server(silent)
 
 
 def test_a_renewed_certificate_is_served_from_the_next_connection_on(
