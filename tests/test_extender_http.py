@@ -188,6 +188,12 @@ def post(server: ExtenderServer, path: str = "/filter") -> socket.socket:
     return sock
 
 
+def posted(server: ExtenderServer) -> bytes:
+    """The answer to one whole POST /filter on a connection of its own."""
+    with post(server) as sock:
+        return read_all(sock)
+
+
 def get(server: ExtenderServer, path: str) -> bytes:
     return exchange(server, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
 
@@ -297,7 +303,7 @@ def test_bodies_that_never_come_hold_no_slot(serve: Serve) -> None:
     for sock in stalled:
         sock.sendall(HEAD + b"Connection: close\r\nContent-Length: 100\r\n\r\n")
     for _ in range(3):
-        assert read_all(post(server)).startswith(b"HTTP/1.1 200")
+        assert posted(server).startswith(b"HTTP/1.1 200")
     assert b"topo_reporter_extender_requests_in_flight 0.0" in get(server, "/metrics")
     for sock in stalled:
         sock.sendall(b" " * 100)  # the bodies at last: not JSON, answered 400
@@ -333,7 +339,7 @@ def test_a_call_that_gets_no_slot_in_time_is_503_and_readyz_says_starved(
     eventually(lambda: gauge(watch, "requests_in_flight") == 1, "the call to take the slot")
     assert get(server, "/readyz").endswith(b"\r\n\r\nok\n")
     assert gauge(watch, "starved") == 0
-    refused = read_all(post(server))
+    refused = posted(server)
     assert refused.startswith(b"HTTP/1.1 503")
     assert refused.endswith(b"busy: too many requests at once, retry\n")
     assert gauge(watch, "starved") == 1
@@ -357,7 +363,7 @@ def test_starved_clears_once_the_window_has_passed(
     holder = post(server)
     watch = http.client.HTTPConnection(*server.address, timeout=WAIT_S)
     eventually(lambda: gauge(watch, "requests_in_flight") == 1, "the call to take the slot")
-    assert read_all(post(server)).startswith(b"HTTP/1.1 503")
+    assert posted(server).startswith(b"HTTP/1.1 503")
     assert get(server, "/readyz").endswith(b"\r\n\r\nok\n")
     blocked.release.set()
     assert read_all(holder).startswith(b"HTTP/1.1 200")
@@ -377,12 +383,12 @@ def test_bodies_past_their_share_of_memory_are_503_and_bytes_not_sent_cost_nothi
     watch = http.client.HTTPConnection(*server.address, timeout=WAIT_S)
     # Whether the 900 bytes were read yet is not seen from outside: a whole small body fits
     # beside them or not, so wait until one does not.
-    eventually(lambda: read_all(post(server)).startswith(b"HTTP/1.1 503"), "the share to fill")
-    refused = read_all(post(server))
+    eventually(lambda: posted(server).startswith(b"HTTP/1.1 503"), "the share to fill")
+    refused = posted(server)
     assert refused.endswith(b"busy: too many bodies being read at once, retry\n")
     partial.sendall(b" " * 100)
     assert read_all(partial).startswith(b"HTTP/1.1 400")  # whole: read, answered
-    assert read_all(post(server)).startswith(b"HTTP/1.1 200")  # its share is free again
+    assert posted(server).startswith(b"HTTP/1.1 200")  # its share is free again
     for sock in [*idle, partial]:
         sock.close()
     watch.close()

@@ -197,6 +197,8 @@ class HttpServer:
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(_STOP_WAIT_S)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()  # never started: the thread that closes it never ran
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._socket.close()
 
