@@ -242,8 +242,8 @@ class ExtenderServer:
                 or self._problem()
                 or (None if self._cache.synced else "no list of Nodes yet")
                 or (
-                    f"starved: calls refused for want of a request slot in the last "
-                    f"{self._starved_s:g} s"
+                    f"starved: calls answered busy (no request slot, or no room for a body) "
+                    f"in the last {self._starved_s:g} s"
                     if self._server.busy_within(self._starved_s)
                     else None
                 )

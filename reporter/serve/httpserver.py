@@ -355,7 +355,10 @@ def _connection_cap(wanted: int) -> int:
 
 
 class _Idle(Protocol):
+    """What the loop needs of a connection's protocol to count it and to choose whom to close."""
+
     made: bool
+    """connection_made was called: from then on its connection_lost will be."""
 
     def idle(self) -> bool: ...
 
