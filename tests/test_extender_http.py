@@ -311,6 +311,23 @@ def test_bodies_that_never_come_hold_no_slot(serve: Serve) -> None:
         sock.close()
 
 
+def test_calls_and_probes_are_answered_while_bodies_and_connections_stall(serve: Serve) -> None:
+    # Issue 28, items 2 and 4 together, small: the bench does 2 bodies and 600 connections.
+    server = serve(max_connections=16, concurrent_requests=2, header_timeout_s=60)
+    silent = [connect(server) for _ in range(40)]
+    stalled = [connect(server) for _ in range(2)]
+    for sock in stalled:
+        sock.sendall(HEAD + b"Connection: close\r\nContent-Length: 100\r\n\r\n")
+    for _ in range(5):
+        assert posted(server).startswith(b"HTTP/1.1 200")
+        assert get(server, "/healthz").endswith(b"\r\n\r\nok\n")
+    for sock in stalled:  # still open, still waiting for their bodies: no slot was theirs
+        sock.sendall(b" " * 100)
+        assert read_all(sock).startswith(b"HTTP/1.1 400")
+    for sock in [*silent, *stalled]:
+        sock.close()
+
+
 def test_a_call_beyond_the_slots_waits_for_one(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
