@@ -1,4 +1,4 @@
-"""The extender's HTTP server against clients that do not play by the rules (issue 19, items 3, 4).
+"""The extender's HTTP server against clients that do not play by the rules (issues 19 and 28).
 
 Raw sockets, so that a test can send what no well-behaved client sends: a `Content-Length` of
 `²` or of 5,000 digits, a length beside `Transfer-Encoding` with a second request behind it, a head
