@@ -164,3 +164,99 @@ def test_uninstall_runs_the_prune_hook_and_leaves_nothing_of_ours(
     assert on_server(real_apiserver, cluster.namespace, manifest_objects(installed)) == []
     assert on_server(real_apiserver, cluster.namespace, hooks) == []
     assert release_secrets(real_apiserver, cluster.namespace, release) == []
+
+
+def policy_cases(c: Cluster, api: k8s.ApiClient) -> list[tuple[str, bool, Any]]:
+    """(what the prune identity asks, whether the policy admits it, the dry-run call)."""
+    core = k8s.CoreV1Api(api)
+    custom = k8s.CustomObjectsApi(api)
+    leases = k8s.CoordinationV1Api(api)
+    ours_taint = {"key": f"{PREFIX}/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}
+
+    def node(patch: dict[str, Any]) -> Any:
+        return lambda: core.patch_node(c.tray, patch, dry_run="All")
+
+    def delete(group: str, version: str, plural: str, name: str, ns: str | None = None) -> Any:
+        if ns is None:
+            return lambda: custom.delete_cluster_custom_object(
+                group, version, plural, name, dry_run="All"
+            )
+        return lambda: custom.delete_namespaced_custom_object(
+            group, version, ns, plural, name, dry_run="All"
+        )
+
+    rule = f"{dra.NAME_PREFIX}.{c.tray}.gpu-0"
+    foreign_rule = f"{dra.NAME_PREFIX}.{c.tray}.gpu-9"
+    nfd = ("nfd.k8s-sigs.io", "v1alpha1", "nodefeatures")
+    return [
+        ("remove an owned label", True, node({"metadata": {"labels": {f"{PREFIX}/count": None}}})),
+        ("remove the fabric taint", True, node({"spec": {"taints": [GPU_TAINT]}})),
+        (
+            "add a label under the prefix",
+            False,
+            node({"metadata": {"labels": {f"{PREFIX}/x": "1"}}}),
+        ),
+        ("change an owned label", False, node({"metadata": {"labels": {f"{PREFIX}/count": "9"}}})),
+        ("remove a foreign label", False, node({"metadata": {"labels": {"team": None}}})),
+        (
+            "remove a foreign annotation",
+            False,
+            node({"metadata": {"annotations": {"other.io/note": None}}}),
+        ),
+        ("remove a foreign taint", False, node({"spec": {"taints": [ours_taint]}})),
+        (
+            "add a taint",
+            False,
+            node({"spec": {"taints": [GPU_TAINT, ours_taint, {**GPU_TAINT, "key": "x.io/y"}]}}),
+        ),
+        ("cordon the node", False, node({"spec": {"unschedulable": True}})),
+        ("delete a node", False, lambda: core.delete_node(c.other, dry_run="All")),
+        ("delete our NodeResourceTopology", True, delete(*NRT, c.tray)),
+        ("delete another producer's", False, delete(*NRT, c.other)),
+        ("delete our DeviceTaintRule", True, delete(*RULES, rule)),
+        ("delete a rule with our labels in another pool", False, delete(*RULES, foreign_rule)),
+        (
+            "delete our heartbeat Lease",
+            True,
+            lambda: leases.delete_namespaced_lease(c.tray, c.namespace, dry_run="All"),
+        ),
+        (
+            "delete another Lease",
+            False,
+            lambda: leases.delete_namespaced_lease(c.other, c.namespace, dry_run="All"),
+        ),
+        (
+            "create a Lease",
+            False,
+            lambda: leases.create_namespaced_lease(
+                c.namespace,
+                k8s.V1Lease(metadata=k8s.V1ObjectMeta(name=unique("l"))),
+                dry_run="All",
+            ),
+        ),
+        ("delete our NodeFeature", True, delete(*nfd, f"{c.nfd_node}-topo-reporter", c.namespace)),
+        ("delete nfd-worker's", False, delete(*nfd, f"{c.other}-nfd-worker", c.namespace)),
+    ]
+
+
+def test_the_prune_policy_admits_only_removing_ours(
+    real_apiserver: RealApiServer,
+    real_controller_manager: Path,
+    cluster: Cluster,
+    helm_config: helm.Config,
+    tmp_path: Path,
+) -> None:
+    release, _ = install(helm_config, cluster)
+    fullname = f"{release}-topo-reporter"
+    user = f"system:serviceaccount:{cluster.namespace}:{fullname}-prune"
+    api = prune_identity(real_apiserver, user)
+    try:
+        wait_for_policy(k8s.CoreV1Api(api), cluster.tray)
+        judged = {what: denied(call) is None for what, _, call in policy_cases(cluster, api)}
+    finally:
+        api.close()
+    assert judged == {what: admit for what, admit, _ in policy_cases(cluster, api)}
+
+    with HookKubelet(real_apiserver, cluster.namespace, f"{fullname}-prune", tmp_path) as kubelet:
+        helm_config.uninstall(release, timeout=120)
+    assert [r.returncode for r in kubelet.ran] == [0]
