@@ -84,13 +84,19 @@ def api_client(config: settings.Settings, log: Log) -> ApiClient:
         return PrintingClient(
             sys.stdout, log, objects={(NODES, node): {"metadata": {"name": node}}}
         )
+    return cluster_client(config.kubeconfig, log)
+
+
+def cluster_client(kubeconfig: str | None, log: Log) -> ApiClient:
+    """The lean client, or the official one where only it can use these credentials (`run`,
+    `prune`). Raises ConfigError for a kubeconfig neither can read."""
     try:
-        rest = load_rest_config(config.kubeconfig)
+        rest = load_rest_config(kubeconfig)
     except LeanClientUnsupportedError as e:
         log.info("api_client", api_client="official", reason=str(e))
         from reporter.publish import kube  # noqa: PLC0415  # loads kubernetes: see above
 
-        return kube.KubeApiClient(kube.load_configuration(config.kubeconfig))
+        return kube.KubeApiClient(kube.load_configuration(kubeconfig))
     log.info("api_client", api_client="lean", server=rest.server)
     return RestApiClient(rest)
 

@@ -43,7 +43,9 @@ from reporter.extender.protocol import MAX_REQUEST_BYTES, duration_text
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
 from reporter.inputs import read_bounded, size_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
+from reporter.publish.prune import Pruner
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
+from reporter.publish.retry import Backoff
 from reporter.schema import keys
 from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
 from reporter.schema.formats import FORMATS, format_topology
@@ -718,6 +720,84 @@ def _doctor_command(commands: Commands) -> None:
     diagnose.set_defaults(handler=_cmd_doctor)
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    settings.check_prefix(args.prefix)
+    if not settings.is_namespace(args.namespace):
+        raise ConfigError(
+            f"--namespace {excerpt(args.namespace)} is not a namespace name (lower-case letters, "
+            "digits and '-', at most 63 characters)"
+        )
+    logs.configure(log_format=args.log_format, level=args.log_level, node=None)
+    log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.prune")
+    api = assembly.cluster_client(args.kubeconfig, log)
+    pruner = Pruner(api, prefix=args.prefix, namespace=args.namespace, log=log, backoff=Backoff())
+    plan = pruner.find()
+    for kind in plan.not_served:
+        terminal.write(sys.stdout, f"{kind}: not served by this cluster, none to remove\n")
+    removed = 0
+    if args.dry_run:
+        for line in plan.lines():
+            terminal.write(sys.stdout, f"would remove {line}\n")
+            removed += 1
+    else:
+
+        def said(line: str) -> None:
+            nonlocal removed
+            terminal.write(sys.stdout, f"removed {line}\n")
+            removed += 1
+
+        pruner.remove(plan, said)
+    verb = "would remove" if args.dry_run else "removed"
+    terminal.write(sys.stdout, f"{verb} {removed} of {args.prefix}/: nothing else touched\n")
+    return EXIT_OK
+
+
+def _prune_command(commands: Commands) -> None:
+    prune = commands.add_parser(
+        "prune",
+        help="remove everything the agents under a prefix wrote to the cluster",
+        description="Remove what the agents under --prefix wrote, and nothing else: on every "
+        "Node the labels and annotations its PREFIX/owned annotation lists, that annotation, and "
+        "the PREFIX/fabric-health taint; our DeviceTaintRules and NodeResourceTopology objects; "
+        "the heartbeat Leases and NodeFeature objects in --namespace. The chart runs it from its "
+        "pre-delete hook; run it by hand with --prefix OLD after changing the prefix.",
+    )
+    prune.add_argument(
+        "--prefix",
+        default=os.environ.get("TOPO_REPORTER_PREFIX", keys.DEFAULT_PREFIX),
+        help=f"the agents' key prefix (default: {keys.DEFAULT_PREFIX}; env TOPO_REPORTER_PREFIX)",
+    )
+    prune.add_argument(
+        "--namespace",
+        default=os.environ.get("TOPO_REPORTER_NAMESPACE")
+        or os.environ.get("POD_NAMESPACE")
+        or "default",
+        help="the agents' namespace, of their Leases and NodeFeature objects (default: "
+        "TOPO_REPORTER_NAMESPACE, POD_NAMESPACE, else default)",
+    )
+    prune.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="print what would be removed; change nothing"
+    )
+    prune.add_argument(
+        "--log-format",
+        choices=settings.LOG_FORMATS,
+        default=os.environ.get("TOPO_REPORTER_LOG_FORMAT", "auto"),
+        help="auto (JSON unless stderr is a terminal), json or console",
+    )
+    prune.add_argument(
+        "--log-level",
+        choices=settings.LOG_LEVELS,
+        default=os.environ.get("TOPO_REPORTER_LOG_LEVEL", "warning"),
+        help="debug, info, warning or error (default: warning)",
+    )
+    prune.set_defaults(handler=_cmd_prune)
+
+
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _parse_command,
     _render_command,
@@ -727,6 +807,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _doctor_command,
     _best_set_command,
     _extender_command,
+    _prune_command,
 )
 """Each subcommand's parser, in the order `--help` lists them; a new subcommand is one function
 beside its handler, named here."""

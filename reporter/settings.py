@@ -151,19 +151,7 @@ class Settings:
                 "no node name: pass --node, or set TOPO_REPORTER_NODE or NODE_NAME (the chart "
                 "sets NODE_NAME from spec.nodeName); --dry-run needs none"
             )
-        if len(self.prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.prefix):
-            raise ConfigError(
-                f"prefix {excerpt(self.prefix)} is not a DNS subdomain (lower-case letters, "
-                "digits, '-' and '.', at most 253 characters), e.g. gpu.topology.io"
-            )
-        reserved = keys.reserved_domain(self.prefix)
-        if reserved is not None:
-            raise ConfigError(
-                f"prefix {self.prefix!r} is in {reserved}, which Kubernetes reserves for its own "
-                "labels and annotations (kubernetes.io/hostname, node-role.kubernetes.io/...): "
-                "the agent would overwrite and delete them; use a domain you own, e.g. "
-                "gpu.topology.io"
-            )
+        check_prefix(self.prefix)
         # Every duration setting, present and future, gets the same bounds.
         for name, (_, kind) in _SOURCES.items():
             if kind == "duration":
@@ -262,6 +250,24 @@ def check_duration(seconds: float, *, name: str, minimum: float = DURATION_MIN_S
             f"{seconds:g} seconds"
         )
     return seconds
+
+
+def check_prefix(prefix: str) -> None:
+    """Raises ConfigError unless `prefix` can be the domain of our keys: a DNS subdomain outside
+    the Kubernetes-reserved ones."""
+    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+        raise ConfigError(
+            f"prefix {excerpt(prefix)} is not a DNS subdomain (lower-case letters, "
+            "digits, '-' and '.', at most 253 characters), e.g. gpu.topology.io"
+        )
+    reserved = keys.reserved_domain(prefix)
+    if reserved is not None:
+        raise ConfigError(
+            f"prefix {prefix!r} is in {reserved}, which Kubernetes reserves for its own "
+            "labels and annotations (kubernetes.io/hostname, node-role.kubernetes.io/...): "
+            "the agent would overwrite and delete them; use a domain you own, e.g. "
+            "gpu.topology.io"
+        )
 
 
 def is_namespace(name: str) -> bool:

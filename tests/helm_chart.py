@@ -26,17 +26,41 @@ CHART_DIR = REPO / "charts" / "topo-reporter"
 RELEASE = "tr"
 NAMESPACE = "gpu-system"
 FULLNAME = "tr-topo-reporter"
+NODE_POLICY = f"{FULLNAME}-own-node"
+"""The admission policy (and its binding) confining the agents to their own Node."""
 # The discovery entry Helm's .Capabilities holds when a cluster serves the policy API.
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 KUBE_1_30 = "1.30"
 
 
+HOOK = "helm.sh/hook"
+
+
+def is_hook(obj: dict[str, Any]) -> bool:
+    """Whether Helm runs `obj` as a hook (not part of the release's manifest)."""
+    return HOOK in ((obj.get("metadata") or {}).get("annotations") or {})
+
+
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    """The objects one `helm template` produces, and its NOTES.txt."""
+    """The objects one `helm template` produces, and its NOTES.txt.
+
+    `objects` are what the release installs (Helm's manifest); `hooks` are what Helm makes only
+    when a hook runs (the pre-delete prune Job and its rights), as Helm keeps them apart."""
 
     objects: tuple[dict[str, Any], ...]
     notes: str
+    hooks: tuple[dict[str, Any], ...] = ()
+
+    def everything(self) -> tuple[dict[str, Any], ...]:
+        """The release's objects and its hooks."""
+        return (*self.objects, *self.hooks)
+
+    def hook(self, kind: str) -> dict[str, Any]:
+        """The single hook object of `kind`; fails the test when there is not exactly one."""
+        found = [o for o in self.hooks if o["kind"] == kind]
+        assert len(found) == 1, f"expected one {kind} hook, rendered {len(found)}"
+        return found[0]
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every rendered object of `kind`."""
@@ -46,6 +70,12 @@ class Rendered:
         """The single rendered object of `kind`; fails the test when there is not exactly one."""
         found = self.of_kind(kind)
         assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
+        return found[0]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        """The rendered object of `kind` called `name`; fails the test when there is none."""
+        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, rendered {len(found)}"
         return found[0]
 
     def kinds(self) -> set[str]:
@@ -94,7 +124,11 @@ def _render(values_json: str, api_versions: tuple[str, ...], kube_version: str) 
             notes = text
             continue
         objects.extend(_documents(text))
-    return Rendered(tuple(objects), notes)
+    return Rendered(
+        tuple(o for o in objects if not is_hook(o)),
+        notes,
+        tuple(o for o in objects if is_hook(o)),
+    )
 
 
 def _documents(text: str) -> Iterator[dict[str, Any]]:

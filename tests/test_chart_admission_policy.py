@@ -24,7 +24,7 @@ from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 
-from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, VAP_API, render
+from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, NODE_POLICY, VAP_API, render
 
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 AGENT = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
@@ -212,11 +212,13 @@ def rendering(request: pytest.FixtureRequest) -> Rendering:
     if request.param == "default":
         rendered = render(api_versions=(VAP_API,))
         return Rendering(
-            PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")), "gpu.topology.io", AGENT
+            PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", NODE_POLICY)),
+            "gpu.topology.io",
+            AGENT,
         )
     rendered = render(ALL_ON, api_versions=(VAP_API,))
     return Rendering(
-        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", NODE_POLICY)),
         ALL_ON["agent"]["prefix"],
         f"system:serviceaccount:{NAMESPACE}:{ALL_ON['serviceAccount']['name']}",
     )
@@ -408,7 +410,8 @@ def _reserved_prefix_policy(prefix: str) -> PolicyEvaluator:
     The values schema refuses a reserved prefix, so the chart cannot render one here; the policy
     puts agent.prefix into one variable, which this sets as the template would have.
     """
-    policy = copy.deepcopy(render(api_versions=(VAP_API,)).one("ValidatingAdmissionPolicy"))
+    rendered = render(api_versions=(VAP_API,))
+    policy = copy.deepcopy(rendered.named("ValidatingAdmissionPolicy", NODE_POLICY))
     (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "prefix"]
     variable["expression"] = f'"{prefix}/"'
     return PolicyEvaluator(policy)
@@ -481,7 +484,7 @@ def taint_rendering(request: pytest.FixtureRequest) -> Rendering:
     prefix = ALL_ON["agent"]["prefix"] if request.param != "default" else "gpu.topology.io"
     account = ALL_ON["serviceAccount"]["name"] if request.param != "default" else FULLNAME
     return Rendering(
-        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", NODE_POLICY)),
         prefix,
         f"system:serviceaccount:{NAMESPACE}:{account}",
     )

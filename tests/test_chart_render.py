@@ -26,6 +26,7 @@ from tests.helm_chart import (
     FULLNAME,
     KUBE_1_30,
     NAMESPACE,
+    NODE_POLICY,
     SCHEDULER_PEER,
     VAP_API,
     Rendered,
@@ -120,7 +121,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(case: str) -> Non
     values, apis, kube = RENDERS[case]
     rendered = render(values, api_versions=apis, kube_version=kube)
     checked = 0
-    for obj in rendered.objects:
+    for obj in rendered.everything():
         if obj["kind"] in CRD_KINDS:
             continue
         try:
@@ -177,8 +178,8 @@ def test_admission_policy_switch(
 
 
 def test_policy_binding_denies_and_names_the_policy(default: Rendered) -> None:
-    policy = default.one("ValidatingAdmissionPolicy")
-    binding = default.one("ValidatingAdmissionPolicyBinding")
+    policy = default.named("ValidatingAdmissionPolicy", NODE_POLICY)
+    binding = default.named("ValidatingAdmissionPolicyBinding", NODE_POLICY)
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy["spec"]["failurePolicy"] == "Fail"
@@ -190,16 +191,18 @@ def test_policy_binding_denies_and_names_the_policy(default: Rendered) -> None:
 
 
 def test_policy_matches_the_agents_own_service_account(all_on: Rendered) -> None:
-    (condition,) = all_on.one("ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    (condition,) = all_on.named("ValidatingAdmissionPolicy", NODE_POLICY)["spec"]["matchConditions"]
     assert condition["expression"] == (
         f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:topo"'
     )
 
 
 def test_nodefeature_sink_has_no_node_rights_and_no_node_policy(nodefeature: Rendered) -> None:
-    assert (
-        not {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy"} & nodefeature.kinds()
-    )
+    assert not {"ClusterRole", "ClusterRoleBinding"} & nodefeature.kinds()
+    # The one policy rendered confines the prune hook, not the agent.
+    assert [p["metadata"]["name"] for p in nodefeature.of_kind("ValidatingAdmissionPolicy")] == [
+        f"{FULLNAME}-prune"
+    ]
     for role in nodefeature.of_kind("Role"):
         assert all("nodes" not in rule["resources"] for rule in role["rules"])
 
@@ -267,7 +270,7 @@ def test_nodefeature_sink_role_is_namespaced_on_nodefeatures(nodefeature: Render
 def test_no_rbac_wildcard(fixture: str, request: pytest.FixtureRequest) -> None:
     rendered: Rendered = request.getfixturevalue(fixture)
     for kind in ("ClusterRole", "Role"):
-        for role in rendered.of_kind(kind):
+        for role in [o for o in rendered.everything() if o["kind"] == kind]:
             for group, resource, verb in _rules(role):
                 assert "*" not in (group, resource, verb)
 
@@ -507,7 +510,7 @@ def test_selector_labels_are_immutable_subset_of_pod_labels(all_on: Rendered) ->
 
 
 def test_standard_and_extra_labels_and_annotations_on_every_object(all_on: Rendered) -> None:
-    for obj in all_on.objects:
+    for obj in all_on.everything():
         labels = obj["metadata"]["labels"]
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm", where

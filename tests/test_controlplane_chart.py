@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -14,11 +15,10 @@ import yaml
 
 from tests.controlplane_fixtures import RealApiServer, unique
 from tests.helm_chart import chart
+from tests.hook_kubelet import HookKubelet
 from tests.test_agent_kubectl import kubectl
 
 pytestmark = pytest.mark.controlplane
-
-POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 @pytest.fixture
@@ -88,11 +88,13 @@ def identities(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
 )
 def test_install_upgrade_uninstall_through_the_helm_sdk(
     real_apiserver: RealApiServer,
+    real_controller_manager: Path,
     real_namespace: str,
     helm_config: helm.Config,
     sink: str,
     policy: Any,
     has_policy: bool,
+    tmp_path: Path,
 ) -> None:
     release = unique("tr")
     values: dict[str, Any] = {
@@ -105,7 +107,12 @@ def test_install_upgrade_uninstall_through_the_helm_sdk(
     objects = manifest_objects(installed)
     kinds = {o["kind"] for o in objects}
     # `auto` asks the real server's discovery (Helm's .Capabilities): v1.34 serves the policy API.
-    assert (kinds >= POLICY_KINDS) is has_policy
+    names = identities(objects)
+    assert (
+        ("ValidatingAdmissionPolicy", f"{release}-topo-reporter-own-node") in names
+    ) is has_policy
+    # The prune hook's policy, whatever the sink: `auto` finds the API on this server.
+    assert ("ValidatingAdmissionPolicy", f"{release}-topo-reporter-prune") in names
     assert {"DaemonSet", "ServiceAccount"} <= kinds
     held = on_server(real_apiserver, real_namespace, objects)
     assert identities(held) == identities(objects)
@@ -126,6 +133,10 @@ def test_install_upgrade_uninstall_through_the_helm_sdk(
     (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert "90s" in [e.get("value") for e in agent["env"]]
 
-    helm_config.uninstall(release, timeout=60)
+    # Uninstall runs the pre-delete prune hook: its Job's pod is run by the kubelet double.
+    job = f"{release}-topo-reporter-prune"
+    with HookKubelet(real_apiserver, real_namespace, job, tmp_path) as kubelet:
+        helm_config.uninstall(release, timeout=120)
+    assert [r.returncode for r in kubelet.ran] == [0]
     assert on_server(real_apiserver, real_namespace, objects) == []
     assert release_secrets(real_apiserver, real_namespace, release) == []

@@ -74,6 +74,14 @@ NOT_RUN = {
     "topo-reporter run --sink nodefeature --node gpu-node-1 --namespace gpu-topology": (
         "runs until stopped (the --dry-run form runs)"
     ),
+    "topo-reporter prune --prefix gpu.topology.io --namespace gpu-system --dry-run": (
+        "lists every kind prune removes, and the docs' API double lists no NodeResourceTopology "
+        "objects; tests/test_controlplane_prune.py runs it on the real apiserver"
+    ),
+    "topo-reporter prune --prefix gpu.topology.io --namespace gpu-system": (
+        "removes what the agents wrote from the nodes the other pages' commands read; "
+        "tests/test_controlplane_prune.py runs it on the real apiserver"
+    ),
     "topo-reporter extender --listen 0.0.0.0:8888 --kubeconfig ~/.kube/config": (
         "serves until stopped; tests/test_extender_cli.py starts it on loopback"
     ),

@@ -1,0 +1,322 @@
+"""Prune: take away everything the agents under one prefix wrote to the cluster, and nothing else.
+
+`helm uninstall` deletes what the chart created, not what its agents wrote: labels, annotations
+and the fabric taint on every Node, DeviceTaintRules, NodeResourceTopology objects, heartbeat
+Leases and NodeFeature objects. A stale NoSchedule taint keeps a node out of scheduling for good,
+stale labels keep matching nodeAffinity rules. The chart's pre-delete hook runs `topo-reporter
+prune`, as Node Feature Discovery's prune job does for NFD.
+
+What is ours, kind by kind, is decided as the agent itself decides it, never by "under the
+prefix" alone, since anyone who can edit an object can put a key under our prefix on it:
+  - a Node's labels and annotations that its `<prefix>/owned` annotation lists (under the prefix,
+    never Kubernetes-reserved: `reporter.publish.patch.owned`), that annotation itself, and the
+    availability sink's four keys, which it owns by name and `owned` never lists
+    (`reporter.publish.availability.availability_keys`);
+  - the Node's taints with our key `<prefix>/fabric-health`; every other taint is sent back as read;
+  - DeviceTaintRules labelled ours whose name and pool are the ones the agent of the node in
+    their label writes (`reporter.schema.dra.own_rule`);
+  - NodeResourceTopology objects labelled `app.kubernetes.io/managed-by=topo-reporter` (another
+    producer's never are: `reporter.publish.nrt`);
+  - heartbeat Leases in the agents' namespace with our label, held by the node they are named for;
+  - NodeFeature objects in the agents' namespace labelled ours and named `<node>-topo-reporter`
+    after the node their NFD label names.
+Koordinator's device-info file lies on each node's disk, out of reach of one Job: not here.
+
+Reads go through `reporter.publish.api.ApiClient` like every sink; `find` is read-only (the dry
+run prints its plan), `remove` writes it: one merge patch per Node, carrying the resourceVersion
+read (a 409 reads the Node again and recomputes), one delete per object.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from reporter.errors import ApiPermanentError, ApiTransientError
+from reporter.publish import retry
+from reporter.publish.api import (
+    LEASES,
+    NODE_FEATURES,
+    NODE_RESOURCE_TOPOLOGIES,
+    NODES,
+    ApiClient,
+    Resource,
+    device_taint_rules,
+)
+from reporter.publish.availability import availability_keys
+from reporter.publish.lease import is_heartbeat
+from reporter.publish.nodefeature import MANAGED_BY_LABEL, MANAGER, NAME_SUFFIX, NODE_NAME_LABEL
+from reporter.publish.patch import (
+    NodeMetadata,
+    OwnTaint,
+    metadata_patch,
+    node_metadata,
+    owned,
+    taints_change,
+)
+from reporter.schema import dra, keys
+
+PAGE_SIZE = 500
+MAX_PAGES = 1000
+NODE_RBAC_VERBS = ("list", "get", "patch")
+"""What prune does to Nodes (the chart's hook ClusterRole grants exactly these)."""
+OBJECT_RBAC_VERBS = ("list", "delete")
+"""What prune does to every other kind."""
+FORBIDDEN_HINT = (
+    "prune needs list, get and patch on nodes, and list and delete on devicetaintrules, "
+    "noderesourcetopologies and, in the agents' namespace, leases and nodefeatures: the chart's "
+    "pre-delete hook holds exactly these; by hand, run it with a cluster admin's kubeconfig"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCleanup:
+    """What comes off one Node: its owned keys, the `owned` annotation, our taint."""
+
+    node: str
+    labels: tuple[str, ...]
+    annotations: tuple[str, ...]
+    taints: tuple[str, ...]
+    """Our taints as `key=value:effect`, for the listing."""
+    patch: Mapping[str, Any]
+    """The merge patch removing them, with the resourceVersion read."""
+
+    def describe(self) -> str:
+        """One line saying what comes off the Node."""
+        parts = [
+            f"{what} {', '.join(names)}"
+            for what, names in (
+                ("labels", self.labels),
+                ("annotations", self.annotations),
+                ("taint", self.taints),
+            )
+            if names
+        ]
+        return f"node {self.node}: {'; '.join(parts)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRemoval:
+    """One object of ours to delete."""
+
+    resource: Resource
+    name: str
+    namespace: str | None = None
+
+    def describe(self) -> str:
+        """`Lease gpu-system/n1`, `NodeResourceTopology n1`."""
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.resource.kind} {where}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything of ours found on the cluster, and the kinds it does not serve."""
+
+    nodes: tuple[NodeCleanup, ...]
+    objects: tuple[ObjectRemoval, ...]
+    not_served: tuple[str, ...]
+
+    def lines(self) -> Iterator[str]:
+        """One line per Node and per object, in the order `remove` takes them."""
+        yield from (n.describe() for n in self.nodes)
+        yield from (o.describe() for o in self.objects)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _meta(obj: Any) -> dict[str, Any]:
+    return _object(_object(obj).get("metadata"))
+
+
+def _labels(obj: Any) -> dict[str, Any]:
+    return _object(_meta(obj).get("labels"))
+
+
+def _taint_text(taint: Mapping[str, Any]) -> str:
+    value = taint.get("value")
+    return f"{taint.get('key')}{'' if value is None else f'={value}'}:{taint.get('effect')}"
+
+
+def node_cleanup(node: NodeMetadata, prefix: str) -> NodeCleanup | None:
+    """What of ours `node` carries under `prefix`, as a patch; None when it carries nothing."""
+    owned_key = keys.key(prefix, keys.OWNED)
+    listed = owned(node.annotations, prefix)
+    free_labels, free_annotations = availability_keys(prefix)
+    labels = tuple(sorted(k for k in listed | free_labels if k in node.labels))
+    annotations = tuple(
+        sorted(k for k in (listed | free_annotations) - {owned_key} if k in node.annotations)
+    )
+    if owned_key in node.annotations:
+        annotations = (*annotations, owned_key)
+    ours = OwnTaint(keys.key(prefix, keys.FABRIC_TAINT), None)
+    taints = taints_change(node, ours)
+    removed = tuple(_taint_text(t) for t in node.taints if t.get("key") == ours.key)
+    body = metadata_patch(dict.fromkeys(labels), dict.fromkeys(annotations), node.resource_version)
+    if taints is not None:
+        body = body or {"metadata": {"resourceVersion": node.resource_version}}
+        # A merge patch replaces the whole list: every other taint goes back as it was read.
+        body["spec"] = {"taints": taints}
+    if body is None:
+        return None
+    return NodeCleanup(node.name, labels, annotations, removed, body)
+
+
+def own_device_taint_rule(rule: Any, prefix: str) -> bool:
+    """Whether a listed DeviceTaintRule is one the agent of the node in its label writes."""
+    node = _labels(rule).get(keys.key(prefix, keys.DEVICE_TAINT_NODE))
+    if _labels(rule).get(MANAGED_BY_LABEL) != MANAGER or not isinstance(node, str):
+        return False
+    return dra.own_rule(rule, node) is not None
+
+
+def own_node_resource_topology(obj: Any) -> bool:
+    """Whether a NodeResourceTopology is ours (no other producer's carries our label)."""
+    return _labels(obj).get(MANAGED_BY_LABEL) == MANAGER
+
+
+def own_lease(lease: Any, prefix: str) -> bool:
+    """Whether a Lease is the heartbeat of the node it is named for, under `prefix`."""
+    name = _meta(lease).get("name")
+    holder = _object(_object(lease).get("spec")).get("holderIdentity")
+    return is_heartbeat(_object(lease), prefix) and isinstance(name, str) and holder == name
+
+
+def own_node_feature(obj: Any) -> bool:
+    """Whether a NodeFeature is ours: our label, named after the node its NFD label names."""
+    labels = _labels(obj)
+    node = labels.get(NODE_NAME_LABEL)
+    return (
+        labels.get(MANAGED_BY_LABEL) == MANAGER
+        and isinstance(node, str)
+        and _meta(obj).get("name") == node + NAME_SUFFIX
+    )
+
+
+class Pruner:
+    """Finds and removes what the agents under one prefix wrote; see the module docstring."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        prefix: str,
+        namespace: str,
+        log: structlog.typing.FilteringBoundLogger,
+        backoff: retry.Backoff,
+    ) -> None:
+        self._api = api
+        self._prefix = prefix
+        self._namespace = namespace
+        self._log = log
+        self._backoff = backoff
+        # Never set: prune is one pass, ended by its process; retry.call wants one.
+        self._stop = threading.Event()
+
+    def _call(self, operation: Callable[[], Any], what: str) -> Any:
+        try:
+            return retry.call(
+                operation, what=what, stop=self._stop, backoff=self._backoff, log=self._log
+            )
+        except ApiPermanentError as e:
+            if e.status == 403:
+                raise ApiPermanentError(f"{e} ({FORBIDDEN_HINT})", status=403) from None
+            raise
+
+    def _items(
+        self, resource: Resource, namespace: str | None, selector: str | None
+    ) -> list[Any] | None:
+        """Every object of the collection (all pages); None when the cluster does not serve it."""
+        items: list[Any] = []
+        base = {"limit": str(PAGE_SIZE)} | ({"labelSelector": selector} if selector else {})
+        query = base
+        for _ in range(MAX_PAGES):
+            try:
+                page = self._call(
+                    functools.partial(self._api.list, resource, namespace, query=query),
+                    f"list {resource.plural}",
+                )
+            except ApiPermanentError as e:
+                if e.status == 404:
+                    return None
+                raise
+            items.extend(page.get("items") or ())
+            more = _object(page.get("metadata")).get("continue")
+            if not more:
+                return items
+            query = base | {"continue": str(more)}
+        raise ApiTransientError(f"list {resource.plural}: more than {MAX_PAGES} pages")
+
+    def find(self) -> Plan:
+        """Everything of ours on the cluster, read only. Raises PublishError."""
+        nodes = self._items(NODES, None, None) or []
+        cleanups = (node_cleanup(node_metadata(n), self._prefix) for n in nodes)
+        objects: list[ObjectRemoval] = []
+        not_served: list[str] = []
+        node_label = keys.key(self._prefix, keys.DEVICE_TAINT_NODE)
+        rules = None
+        for version in dra.VERSIONS:
+            resource = device_taint_rules(version)
+            rules = self._items(resource, None, f"{MANAGED_BY_LABEL}={MANAGER},{node_label}")
+            if rules is not None:
+                objects += (
+                    ObjectRemoval(resource, str(_meta(r)["name"]))
+                    for r in rules
+                    if own_device_taint_rule(r, self._prefix)
+                )
+                break
+        if rules is None:
+            not_served.append("DeviceTaintRule")
+        mine = f"{MANAGED_BY_LABEL}={MANAGER}"
+        kinds: tuple[tuple[Resource, str | None, str, Callable[[Any], bool]], ...] = (
+            (NODE_RESOURCE_TOPOLOGIES, None, mine, own_node_resource_topology),
+            (
+                LEASES,
+                self._namespace,
+                "=".join((keys.key(self._prefix, keys.HEARTBEAT), keys.HEARTBEAT_AVAILABILITY)),
+                lambda lease: own_lease(lease, self._prefix),
+            ),
+            (NODE_FEATURES, self._namespace, mine, own_node_feature),
+        )
+        for resource, namespace, selector, ours in kinds:
+            found = self._items(resource, namespace, selector)
+            if found is None:
+                not_served.append(resource.kind)
+                continue
+            objects += (
+                ObjectRemoval(resource, str(_meta(o)["name"]), namespace) for o in found if ours(o)
+            )
+        return Plan(tuple(c for c in cleanups if c is not None), tuple(objects), tuple(not_served))
+
+    def remove(self, plan: Plan, on_removed: Callable[[str], None]) -> None:
+        """Remove what `plan` found; `on_removed` hears each line as it is done. Raises
+        PublishError (what was removed before stays removed; running again goes on)."""
+        for cleanup in plan.nodes:
+            done = self._call(
+                functools.partial(self._clean_node, cleanup.node), f"patch node {cleanup.node}"
+            )
+            if done is not None:
+                on_removed(done.describe())
+        for obj in plan.objects:
+            self._call(
+                functools.partial(self._api.delete, obj.resource, obj.name, obj.namespace),
+                f"delete {obj.describe()}",
+            )
+            on_removed(obj.describe())
+
+    def _clean_node(self, name: str) -> NodeCleanup | None:
+        """Read the Node again and patch what of ours it carries now (a 409 comes back here)."""
+        found = self._api.get(NODES, name)
+        if found is None:
+            return None
+        cleanup = node_cleanup(node_metadata(found), self._prefix)
+        if cleanup is not None:
+            self._api.merge_patch(NODES, name, cleanup.patch)
+        return cleanup

@@ -1,0 +1,350 @@
+"""`topo-reporter prune` on the real kube-apiserver: what the real agent wrote goes, nothing else.
+
+The agent itself (`run --once` on simulated machines, admin credentials) writes everything it can
+write: a GB200 tray with an unhealthy fabric and `--taint-unhealthy-fabric --dra-device-taints
+--availability --nrt --heartbeat` (labels, annotations, the fabric taint, a DeviceTaintRule per
+GPU, the NodeResourceTopology, the heartbeat Lease), and a second node through the nodefeature
+sink (NFD's real CRDs). Beside them, what others own: their labels, annotations and taints, a
+key under our prefix that the agent never listed, another producer's NodeResourceTopology, a
+rule carrying our labels in another node's pool, a Lease and a NodeFeature of others.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from reporter.collect.simulate.racks import rack_nodes, write_profiles
+from reporter.schema import dra
+from reporter.schema.nrt import MANAGED_BY, MANAGER
+from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
+from tests.kube_double import write_kubeconfig
+from tests.test_agent_cli import CLI, env
+
+pytestmark = pytest.mark.controlplane
+
+PREFIX = "gpu.topology.io"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+FOREIGN_LABELS = {"team": "ml", f"{PREFIX}/set-by-hand": "yes"}
+FOREIGN_ANNOTATIONS = {"other.io/note": "keep"}
+NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
+NFD = ("nfd.k8s-sigs.io", "v1alpha1", "nodefeatures")
+RULES = ("resource.k8s.io", dra.DRY_RUN_VERSION, "devicetaintrules")
+
+
+def kubeconfig_for_token(server: RealApiServer, token: str, work: Path) -> Path:
+    """A kubeconfig for the real server that authenticates with `token`."""
+    admin = yaml.safe_load(server.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    ca = work / "ca.crt"
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    return write_kubeconfig(work / "token.kubeconfig", cluster["server"], token, ca_cert=ca)
+
+
+def unhealthy_tray(tmp_path: Path) -> Path:
+    """A GB200 NVL72 compute tray whose fabric is unhealthy: tainted, every GPU ruled."""
+    (node,) = rack_nodes(1, trays=1)
+    node.profile["fabric"]["health"] = "unhealthy"
+    (path,) = write_profiles([node], tmp_path / "unhealthy")
+    return path
+
+
+def agent(server: RealApiServer, node: str, *args: str) -> None:
+    ran = subprocess.run(
+        [*CLI, "run", "--once", "--node", node, "--listen", "", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(KUBECONFIG=str(server.kubeconfig), TOPO_REPORTER_LOG_FORMAT="json"),
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+
+def prune(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "prune", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(KUBECONFIG=str(kubeconfig)),
+        check=False,
+    )
+
+
+@dataclass
+class Cluster:
+    """The nodes and objects the agents and the others wrote, and the admin's view."""
+
+    server: RealApiServer
+    namespace: str
+    tray: str
+    nfd_node: str
+    other: str
+    custom: k8s.CustomObjectsApi
+
+    def node(self, name: str) -> Any:
+        return self.server.core().read_node(name)
+
+    def names(
+        self, group: str, version: str, plural: str, namespace: str | None = None
+    ) -> set[str]:
+        if namespace is None:
+            found = self.custom.list_cluster_custom_object(group, version, plural)
+        else:
+            found = self.custom.list_namespaced_custom_object(group, version, namespace, plural)
+        return {o["metadata"]["name"] for o in found["items"]}
+
+    def leases(self) -> set[str]:
+        coordination = k8s.CoordinationV1Api(self.server.api())
+        return {
+            lease.metadata.name
+            for lease in coordination.list_namespaced_lease(self.namespace).items
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything prune may touch, as the server holds it."""
+        nodes = {}
+        for name in (self.tray, self.nfd_node, self.other):
+            node = self.node(name)
+            nodes[name] = (
+                node.metadata.labels,
+                node.metadata.annotations,
+                [t.to_dict() for t in node.spec.taints or ()],
+            )
+        return {
+            "nodes": nodes,
+            "nrt": self.names(*NRT),
+            "rules": self.names(*RULES),
+            "leases": self.leases(),
+            "nodefeatures": self.names(*NFD, self.namespace),
+        }
+
+
+def foreign_rule(pool: str, node_label: str) -> dict[str, Any]:
+    """A rule carrying our labels for `node_label` but selecting devices in `pool`: not ours."""
+    return {
+        "apiVersion": f"{RULES[0]}/{RULES[1]}",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": f"{dra.NAME_PREFIX}.{node_label}.gpu-9",
+            "labels": {MANAGED_BY: MANAGER, f"{PREFIX}/{'node'}": node_label},
+        },
+        "spec": {
+            "deviceSelector": {"driver": dra.DRIVER, "pool": pool, "device": "gpu-9"},
+            "taint": {"key": "example.com/hand", "value": "x", "effect": "NoSchedule"},
+        },
+    }
+
+
+@pytest.fixture
+def cluster(
+    real_apiserver: RealApiServer,
+    real_namespace: str,
+    real_node_factory: NodeFactory,
+    real_nrt_crd: str,
+    real_nfd_crds: list[str],
+    tmp_path: Path,
+) -> Iterator[Cluster]:
+    core = real_apiserver.core()
+    custom = k8s.CustomObjectsApi(real_apiserver.api())
+    made = [
+        real_node_factory(labels=FOREIGN_LABELS, annotations=FOREIGN_ANNOTATIONS) for _ in range(3)
+    ]
+    tray, nfd_node, other = made
+    for name in made:
+        core.patch_node(name, {"spec": {"taints": [GPU_TAINT]}})
+    agent(
+        real_apiserver,
+        tray,
+        "--simulate",
+        str(unhealthy_tray(tmp_path)),
+        "--taint-unhealthy-fabric",
+        "--dra-device-taints",
+        "--availability",
+        "--simulate-used",
+        "0",
+        "--nrt",
+        "--topology-manager-policy",
+        "single-numa-node",
+        "--heartbeat",
+        "--namespace",
+        real_namespace,
+    )
+    agent(
+        real_apiserver,
+        nfd_node,
+        "--simulate",
+        "dgx-h100",
+        "--sink",
+        "nodefeature",
+        "--namespace",
+        real_namespace,
+    )
+    # What others own, beside ours.
+    custom.create_cluster_custom_object(
+        *NRT,
+        {
+            "apiVersion": f"{NRT[0]}/{NRT[1]}",
+            "kind": "NodeResourceTopology",
+            "metadata": {"name": other, "labels": {"app.kubernetes.io/managed-by": "nfd"}},
+            "zones": [],
+            "topologyPolicies": ["None"],
+        },
+    )
+    custom.create_cluster_custom_object(*RULES, foreign_rule(pool=other, node_label=tray))
+    k8s.CoordinationV1Api(real_apiserver.api()).create_namespaced_lease(
+        real_namespace,
+        k8s.V1Lease(
+            metadata=k8s.V1ObjectMeta(name=other), spec=k8s.V1LeaseSpec(holder_identity=other)
+        ),
+    )
+    custom.create_namespaced_custom_object(
+        *NFD[:2],
+        real_namespace,
+        NFD[2],
+        {
+            "apiVersion": f"{NFD[0]}/{NFD[1]}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": f"{other}-nfd-worker",
+                "labels": {"nfd.node.kubernetes.io/node-name": other},
+            },
+            "spec": {"labels": {"feature.node.kubernetes.io/x": "y"}},
+        },
+    )
+    made_cluster = Cluster(real_apiserver, real_namespace, tray, nfd_node, other, custom)
+    try:
+        yield made_cluster
+    finally:
+        for name in made_cluster.names(*NRT):
+            with contextlib.suppress(k8s.ApiException):
+                custom.delete_cluster_custom_object(*NRT, name)
+        for name in made_cluster.names(*RULES):
+            if any(node in name for node in made):
+                with contextlib.suppress(k8s.ApiException):
+                    custom.delete_cluster_custom_object(*RULES, name)
+
+
+def ours_on_the_cluster(c: Cluster) -> dict[str, Any]:
+    """What the agents wrote that is still there."""
+    tray = c.node(c.tray)
+    return {
+        "labels": sorted(
+            k for k in tray.metadata.labels if k.startswith(PREFIX) and k not in FOREIGN_LABELS
+        ),
+        "annotations": sorted(k for k in tray.metadata.annotations if k.startswith(PREFIX)),
+        "taints": [t.key for t in tray.spec.taints or () if t.key.startswith(PREFIX)],
+        "rules": sorted(
+            n
+            for n in c.names(*RULES)
+            if n.startswith(f"{dra.NAME_PREFIX}.{c.tray}.gpu-") and not n.endswith("gpu-9")
+        ),
+        "nrt": c.tray in c.names(*NRT),
+        "lease": c.tray in c.leases(),
+        "nodefeature": f"{c.nfd_node}-topo-reporter" in c.names(*NFD, c.namespace),
+    }
+
+
+NOTHING = {
+    "labels": [],
+    "annotations": [],
+    "taints": [],
+    "rules": [],
+    "nrt": False,
+    "lease": False,
+    "nodefeature": False,
+}
+
+
+def test_prune_removes_what_the_agents_wrote_and_nothing_foreign(cluster: Cluster) -> None:
+    before = ours_on_the_cluster(cluster)
+    # The agents wrote every kind: the test would prove nothing otherwise.
+    assert before["labels"], before
+    assert before["annotations"], before
+    assert len(before["rules"]) == 4, before
+    assert before["taints"] == [f"{PREFIX}/fabric-health"]
+    assert before["nrt"], before
+    assert before["lease"], before
+    assert before["nodefeature"], before
+    snapshot = cluster.snapshot()
+
+    dry = prune(cluster.server.kubeconfig, "--namespace", cluster.namespace, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert cluster.snapshot() == snapshot
+    assert f"would remove node {cluster.tray}: labels {PREFIX}/count" in dry.stdout
+    assert f"taint {PREFIX}/fabric-health=unhealthy:NoSchedule" in dry.stdout
+    assert f"would remove Lease {cluster.namespace}/{cluster.tray}\n" in dry.stdout
+    assert f"would remove NodeResourceTopology {cluster.tray}\n" in dry.stdout
+    assert cluster.other not in dry.stdout.replace(f"{dra.NAME_PREFIX}.{cluster.tray}", "")
+
+    done = prune(cluster.server.kubeconfig, "--namespace", cluster.namespace)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.replace("removed", "would remove") == dry.stdout
+    assert ours_on_the_cluster(cluster) == NOTHING
+    for name in (cluster.tray, cluster.nfd_node, cluster.other):
+        node = cluster.node(name)
+        assert {
+            k: v for k, v in node.metadata.labels.items() if k in FOREIGN_LABELS
+        } == FOREIGN_LABELS
+        assert not {k for k in node.metadata.labels if k.startswith(PREFIX)} - set(FOREIGN_LABELS)
+        assert node.metadata.annotations == FOREIGN_ANNOTATIONS
+        assert [t.to_dict() for t in node.spec.taints] == [{**GPU_TAINT, "time_added": None}]
+    assert cluster.other in cluster.names(*NRT)
+    assert f"{dra.NAME_PREFIX}.{cluster.tray}.gpu-9" in cluster.names(*RULES)
+    assert cluster.other in cluster.leases()
+    assert f"{cluster.other}-nfd-worker" in cluster.names(*NFD, cluster.namespace)
+
+    again = prune(cluster.server.kubeconfig, "--namespace", cluster.namespace)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.endswith(f"removed 0 of {PREFIX}/: nothing else touched\n")
+
+
+def test_prune_of_an_old_prefix_leaves_the_current_ones_keys(
+    real_apiserver: RealApiServer, real_node_factory: NodeFactory
+) -> None:
+    node = real_node_factory(labels={"team": "ml"})
+    agent(real_apiserver, node, "--simulate", "dgx-h100", "--prefix", "old.example.com")
+    agent(real_apiserver, node, "--simulate", "dgx-h100")
+    old = {k for k in real_apiserver.core().read_node(node).metadata.labels if k.startswith("old.")}
+    assert "old.example.com/count" in old
+
+    done = prune(real_apiserver.kubeconfig, "--prefix", "old.example.com")
+    assert done.returncode == 0, done.stderr
+    labels = real_apiserver.core().read_node(node).metadata.labels
+    annotations = real_apiserver.core().read_node(node).metadata.annotations
+    assert not [k for k in (*labels, *annotations) if k.startswith("old.example.com/")]
+    assert labels[f"{PREFIX}/count"] == "8"
+    assert f"{PREFIX}/owned" in annotations
+    assert labels["team"] == "ml"
+
+
+def test_a_token_without_the_rights_ends_in_one_line_and_exit_1(
+    real_apiserver: RealApiServer, real_namespace: str, tmp_path: Path
+) -> None:
+    core = real_apiserver.core()
+    account = unique("nobody")
+    core.create_namespaced_service_account(
+        real_namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=account))
+    )
+    token = core.create_namespaced_service_account_token(
+        account,
+        real_namespace,
+        k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[])),
+    ).status.token
+    kubeconfig = kubeconfig_for_token(real_apiserver, token, tmp_path)
+
+    done = prune(kubeconfig)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("topo-reporter: error: list nodes: forbidden (403)")
+    assert "the chart's pre-delete hook holds exactly these" in line
