@@ -45,7 +45,14 @@ from reporter.availability import (
     node_score,
 )
 from reporter.errors import ConfigError, InputError, SchemaError
-from reporter.schema.keys import CONNECTED_WAIT, DEFAULT_PREFIX
+from reporter.schema.keys import (
+    CONNECTED_WAIT,
+    COUNT,
+    DEFAULT_PREFIX,
+    INTERCONNECT,
+    NVLINK_HEALTH,
+    key,
+)
 from reporter.settings import DURATION_MAX_S, parse_duration
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -347,7 +354,16 @@ class Verdicts:
     read with one set operation per call (`hold_reason`).
     """
 
-    __slots__ = ("capable", "connected", "entries", "failed", "held", "k", "resource")
+    __slots__ = (
+        "capable",
+        "connected",
+        "entries",
+        "failed",
+        "held",
+        "k",
+        "resource",
+        "unresolvable",
+    )
 
     def __init__(self, k: int, resource: str) -> None:
         self.k = k
@@ -358,14 +374,20 @@ class Verdicts:
         """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
         cannot give k free GPUs (and only those)."""
         self.held: dict[str, str] = {}
-        """For k >= 2, the FailedNodes members while a pod is held: `failed`'s, and for the nodes
-        known to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
+        """For k >= 2, the FailedNodes members while a pod is held, for the nodes where evicting
+        pods would give it a connected set (`whole` >= k): `failed`'s, and for the nodes known
+        to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
+        self.unresolvable: dict[str, str] = {}
+        """For k >= 2, the same members for the other nodes, answered as
+        FailedAndUnresolvableNodes while a pod is held: preemption there cannot serve it."""
         self.connected: set[str] = set()
         """For k >= 2, the nodes that give a pod of k GPUs an NVLink-connected set now."""
         self.capable: set[str] = set()
         """For k >= 2, the nodes whose connected capacity is k or more: worth waiting for."""
 
-    def set(self, name: str, quoted: str, r: NodeRank | None) -> None:
+    def set(self, name: str, quoted: str, r: NodeRank | None, whole: int = 0) -> None:
+        """Judge one node: `r` its rank (None: unknown or unreadable), `whole` its GPUs when
+        every pair of them is connected (`connected_whole`), else 0."""
         k = self.k
         if not k:
             score = 0  # not ours to judge: no opinion
@@ -385,15 +407,25 @@ class Verdicts:
             # An unknown or unreadable node is never filtered, nor waited for.
             self._forget(name)
             return
+        member: str | None = None
         if r.free < k:
             self.connected.discard(name)
-            self.held[name] = self.failed[name]
+            member = self.failed[name]
         elif r.connected[k - 1]:
             self.connected.add(name)
-            self.held.pop(name, None)
         else:
             self.connected.discard(name)
-            self.held[name] = quoted + _HELD_MEMBER
+            member = quoted + _HELD_MEMBER
+        # While the pod is held, a node where evicting pods cannot be known to give it a
+        # connected set is no place for preemption (issue 28, item 1).
+        resolvable, other = (
+            (self.held, self.unresolvable) if whole >= k else (self.unresolvable, self.held)
+        )
+        other.pop(name, None)
+        if member is None:
+            resolvable.pop(name, None)
+        else:
+            resolvable[name] = member
         if r.capacity >= k:
             self.capable.add(name)
         else:
@@ -406,6 +438,7 @@ class Verdicts:
 
     def _forget(self, name: str) -> None:
         self.held.pop(name, None)
+        self.unresolvable.pop(name, None)
         self.connected.discard(name)
         self.capable.discard(name)
 
@@ -425,6 +458,8 @@ class RankTable:
     def __init__(self, resource: str = DEFAULT_RESOURCE) -> None:
         self.resource = resource
         self.ranks: dict[str, NodeRank | None] = {}
+        self.wholes: dict[str, int] = {}
+        """Node name to `connected_whole` of its labels, for the nodes where it is not 0."""
         self._quoted: dict[str, str] = {}
         self._sizes: dict[int, Verdicts] = {}
         self._lock = threading.Lock()
@@ -436,26 +471,37 @@ class RankTable:
         key: str,
         resource: str,
         vouched: Callable[[str], bool] = lambda node: True,
+        prefix: str = DEFAULT_PREFIX,
     ) -> RankTable:
         """The ranks of the Nodes a request carries (the form without nodeCacheCapable); a node
         not `vouched` for (heartbeats) is unknown."""
         table = cls(resource)
         for item in node_list.get("items") or []:
             name = str(item["metadata"]["name"])
-            table.set(name, node_rank(item, key) if vouched(name) else None)
+            if vouched(name):
+                labels = item["metadata"].get("labels")
+                table.set(name, node_rank(item, key), connected_whole(labels, prefix))
+            else:
+                table.set(name, None)
         return table
 
-    def set(self, name: str, r: NodeRank | None) -> None:
+    def set(self, name: str, r: NodeRank | None, whole: int = 0) -> None:
+        """Take a node's rank and its `connected_whole` (0 where unknown)."""
         with self._lock:
             quoted = self._quoted.get(name) or encode_basestring_ascii(name)
             self._quoted[name] = quoted
             self.ranks[name] = r
+            if whole:
+                self.wholes[name] = whole
+            else:
+                self.wholes.pop(name, None)
             for verdicts in self._sizes.values():
-                verdicts.set(name, quoted, r)
+                verdicts.set(name, quoted, r, whole)
 
     def drop(self, name: str) -> None:
         with self._lock:
             self.ranks.pop(name, None)
+            self.wholes.pop(name, None)
             self._quoted.pop(name, None)
             for verdicts in self._sizes.values():
                 verdicts.drop(name)
@@ -472,8 +518,9 @@ class RankTable:
             found = self._sizes.pop(k, None)
             if found is None:
                 found = Verdicts(k, self.resource)
+                wholes = self.wholes
                 for name, r in self.ranks.items():
-                    found.set(name, self._quoted[name], r)
+                    found.set(name, self._quoted[name], r, wholes.get(name, 0))
             self._sizes[k] = found
             while len(self._sizes) > KEPT_SIZES:
                 del self._sizes[next(iter(self._sizes))]
@@ -503,6 +550,26 @@ def hold_reason(
     )
 
 
+def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
+    """How many GPUs the node has when its agent's labels say every pair of them is joined by
+    NVSwitch at full bond (`interconnect=nvswitch`, `nvlink-health=ok`), else 0: on such a node
+    any k free GPUs are a connected set, so evicting pods that free k of them gives one. Labels
+    that do not read count as 0 (nothing is known)."""
+    if not isinstance(labels, dict):
+        return 0
+    if labels.get(key(prefix, INTERCONNECT)) != "nvswitch":
+        return 0
+    if labels.get(key(prefix, NVLINK_HEALTH)) != "ok":
+        return 0
+    count = labels.get(key(prefix, COUNT))
+    if not isinstance(count, str):
+        return 0
+    try:
+        return parse_decimal(count, field="count", max_digits=3)
+    except ParseError:
+        return 0
+
+
 def duration_text(seconds: float) -> str:
     """`2h`, `1h30m`, `12m`, `45s`, `0s` (negative counts as none; whole seconds)."""
     left = int(max(seconds, 0.0))
@@ -520,6 +587,11 @@ def filter_answer(
     # One snapshot of the verdicts: a node updated during the call is read once.
     members = verdicts.failed if held is None else verdicts.held
     failed = list(map(members.get, names)) if args.gpus else []
+    unresolvable: list[str | None] = []
+    if held is not None:
+        # Held: a node is in one map or the other (or neither), never both.
+        unresolvable = list(map(verdicts.unresolvable.get, names))
+        failed = [f or u for f, u in zip(failed, unresolvable, strict=True)]
     dropped = len(failed) - failed.count(None)
     kept = list(compress(names, map(not_, failed))) if dropped else list(names)
     if args.node_list is None:
@@ -529,13 +601,133 @@ def filter_answer(
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
         nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
         node_names = "null"
-    joined = ",".join(filter(None, failed))
-    if held is not None:
-        joined = joined.replace(_HELD, encode_basestring_ascii(held))
+    if held is None:
+        joined, unjoined = ",".join(filter(None, failed)), ""
+    else:
+        reason = encode_basestring_ascii(held)
+        plain = [f for f, u in zip(failed, unresolvable, strict=True) if f and not u]
+        joined = ",".join(plain).replace(_HELD, reason)
+        unjoined = ",".join(filter(None, unresolvable)).replace(_HELD, reason)
     return (
         f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
-        '"FailedAndUnresolvableNodes":{},"Error":""}'
+        f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'
     ).encode(), dropped
+
+
+MAX_UID_CHARS = 128
+"""Longer than any pod UID (36 characters): a longer one is not a UID."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """The parts of an ExtenderPreemptionArgs the extender acts on."""
+
+    hold: ExtenderArgs
+    """The pod's GPUs and hold facts (no candidate nodes: those are the victims' keys)."""
+    victims: Mapping[str, tuple[tuple[str, ...], int]]
+    """Node name to the UIDs of the pods preemption would evict there and its
+    NumPDBViolations, as the scheduler sent them."""
+
+
+def parse_preemption_args(
+    body: bytes,
+    resource: str = DEFAULT_RESOURCE,
+    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+) -> PreemptionArgs:
+    """Read an ExtenderPreemptionArgs JSON body: `Pod` and one of `NodeNameToMetaVictims`
+    (nodeCacheCapable: victims by UID) and `NodeNameToVictims` (whole Pods). Raises
+    BadRequestError naming what is wrong."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise BadRequestError(f"the body is not JSON: {_first_line(e)}") from None
+    if not isinstance(doc, dict):
+        raise BadRequestError(
+            "the body is not an ExtenderPreemptionArgs object "
+            "({Pod, NodeNameToMetaVictims | NodeNameToVictims})"
+        )
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequestError("Pod is missing or not an object")
+    gpus = gpus_requested(pod, resource)
+    meta = pod.get("metadata")
+    created, wait = (
+        (None, None) if gpus < 2 or not isinstance(meta, dict) else _hold_facts(meta, wait_key)
+    )
+    meta_victims, whole_victims = doc.get("NodeNameToMetaVictims"), doc.get("NodeNameToVictims")
+    if meta_victims is not None and whole_victims is not None:
+        raise BadRequestError("send one of NodeNameToMetaVictims and NodeNameToVictims, not both")
+    where = "NodeNameToVictims" if meta_victims is None else "NodeNameToMetaVictims"
+    found = meta_victims if meta_victims is not None else whole_victims or {}
+    if not isinstance(found, dict):
+        raise BadRequestError(f"{where} is not an object of node names")
+    if len(found) > MAX_NODES:
+        raise BadRequestError(f"{where} holds {len(found)} nodes, more than {MAX_NODES}")
+    victims = {
+        _node_names([name], where)[0]: _victims(value, f"{where}[{name[:64]!r}]", meta_victims)
+        for name, value in found.items()
+    }
+    return PreemptionArgs(ExtenderArgs(gpus, (), None, created, wait), victims)
+
+
+def _victims(value: Any, where: str, by_uid: Any) -> tuple[tuple[str, ...], int]:
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{where} is not a Victims object")
+    pods = value.get("Pods") or []
+    violations = value.get("NumPDBViolations") or 0
+    if not isinstance(pods, list):
+        raise BadRequestError(f"{where}.Pods is not a list")
+    if not isinstance(violations, int) or isinstance(violations, bool) or violations < 0:
+        raise BadRequestError(f"{where}.NumPDBViolations is not a count")
+    uids = []
+    for i, victim in enumerate(pods):
+        # MetaPod {"UID"} with nodeCacheCapable, a whole Pod otherwise.
+        meta = victim if by_uid is not None else _get(victim, "metadata")
+        uid = _get(meta, "UID" if by_uid is not None else "uid")
+        if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID_CHARS:
+            raise BadRequestError(f"{where}.Pods[{i}] has no pod UID")
+        uids.append(uid)
+    return tuple(uids), violations
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
+def preempt_answer(
+    args: PreemptionArgs, table: RankTable, *, now: float, limit_s: float
+) -> tuple[bytes, int]:
+    """The ExtenderPreemptionResult as JSON, `{"NodeNameToMetaVictims": {...}}`, and how many
+    candidate nodes it took away.
+
+    The extender's hold decides (issue 28, item 1): for a pod it holds for an NVLink-connected set
+    (`holds_for_connected`, judged as filter would with no candidate connected now: preemption
+    runs only where none passed), a node stays a candidate only where evicting pods that free
+    k GPUs gives a connected set (`connected_whole` >= k: every pair of its GPUs connected);
+    evicting elsewhere could not give the pod what it is held for. Any other pod keeps every
+    candidate. A node without victims never stays: the extender's own filter removed it, and
+    the scheduler drops such a node or, with an extender that is not ignorable, fails.
+    """
+    hold = args.hold
+    k = hold.gpus
+    held = False
+    if k >= 2 and hold.created_s is not None:
+        limit = limit_s if hold.connected_wait_s is None else hold.connected_wait_s
+        capable = bool(table.verdicts(k).capable)
+        held = holds_for_connected(k, now - hold.created_s, limit, connected=False, capable=capable)
+    wholes = table.wholes
+    kept = {
+        name: found
+        for name, found in args.victims.items()
+        if found[0] and (not held or wholes.get(name, 0) >= k)
+    }
+    members = ",".join(
+        f'{encode_basestring_ascii(name)}:{{"Pods":['
+        + ",".join(f'{{"UID":{encode_basestring_ascii(uid)}}}' for uid in uids)
+        + f'],"NumPDBViolations":{violations}}}'
+        for name, (uids, violations) in kept.items()
+    )
+    return f'{{"NodeNameToMetaVictims":{{{members}}}}}'.encode(), len(args.victims) - len(kept)
 
 
 def prioritize_answer(args: ExtenderArgs, verdicts: Verdicts) -> bytes:

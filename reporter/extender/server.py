@@ -1,10 +1,12 @@
-"""The extender's HTTP server: POST /filter and /prioritize, GET /healthz, /readyz and /metrics.
+"""The extender's HTTP server: POST /filter, /prioritize and /preempt, GET /healthz, /readyz and
+/metrics.
 
-The URL prefix is the server root (`urlPrefix: http://HOST:PORT`, verbs `filter` and
-`prioritize`). HTTP/1.1 with keep-alive, as kube-scheduler's client reuses its connections. A
+The URL prefix is the server root (`urlPrefix: http://HOST:PORT`, verbs `filter`, `prioritize`
+and `preempt`). HTTP/1.1 with keep-alive, as kube-scheduler's client reuses its connections. A
 request body must state its length and stay under `max_body_bytes`; anything that does not read
-as an ExtenderArgs is answered 400 with one line of text, which kube-scheduler counts as an
-extender error (ignored with `ignorable: true`). It reads the NodeCache and never calls the API.
+as an ExtenderArgs (an ExtenderPreemptionArgs for preempt) is answered 400 with one line of text,
+which kube-scheduler counts as an extender error (ignored with `ignorable: true`). It reads the
+NodeCache and never calls the API.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def peak_bytes(limits: Limits) -> int:
     return IDLE_BYTES + bodies + limits.max_connections * READ_BYTES
 
 
-VERBS = ("filter", "prioritize")
+VERBS = ("filter", "prioritize", "preempt")
 
 
 class ExtenderMetrics:
@@ -91,6 +93,12 @@ class ExtenderMetrics:
         self.holds = Counter(
             "topo_reporter_extender_holds",
             "Filter calls that held a pod back for an NVLink-connected set (--connected-wait).",
+            registry=r,
+        )
+        self.preemption_vetoed = Counter(
+            "topo_reporter_extender_preemption_vetoed_nodes",
+            "Nodes preempt took from the scheduler's candidates: no victims, or the pod is held "
+            "for an NVLink-connected set that evicting there could not give it.",
             registry=r,
         )
         self.api_errors = Counter(
@@ -174,12 +182,24 @@ class ExtenderServer:
 
     def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
+        if verb == "preempt":
+            # Both forms name the victims' nodes only: their wiring comes from the cache.
+            victims = protocol.parse_preemption_args(body, self._resource, self._wait_key)
+            answer, vetoed = protocol.preempt_answer(
+                victims, self._cache.table(), now=time.time(), limit_s=self._connected_wait_s
+            )
+            self._metrics.preemption_vetoed.inc(vetoed)
+            return answer
         args = protocol.parse_args(body, self._resource, self._wait_key)
         table = (
             self._cache.table()
             if args.node_list is None
             else protocol.RankTable.of_nodes(
-                args.node_list, self._cache.annotation, self._resource, self._cache.vouched
+                args.node_list,
+                self._cache.annotation,
+                self._resource,
+                self._cache.vouched,
+                self._cache.prefix,
             )
         )
         verdicts = table.verdicts(args.gpus)
@@ -219,12 +239,14 @@ class ExtenderServer:
             return text(503 if reason else 200, reason or "ok")
         if path.lstrip("/") in VERBS:
             return text(405, f"{path} takes POST with an ExtenderArgs body")
-        return text(404, "not found: POST /filter or /prioritize; GET /healthz, /readyz, /metrics")
+        return text(
+            404, "not found: POST /filter, /prioritize or /preempt; GET /healthz, /readyz, /metrics"
+        )
 
     def _post(self, request: Request) -> Response:
         verb = request.path.strip("/")
         if verb not in VERBS:
-            return text(404, f"no verb {verb[:64]!r}: POST /filter or /prioritize")
+            return text(404, f"no verb {verb[:64]!r}: POST /filter, /prioritize or /preempt")
         started = time.perf_counter()
         try:
             answer = self.answer(verb, request.body)

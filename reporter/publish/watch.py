@@ -1,18 +1,18 @@
 """List and watch Nodes' metadata through the ApiClient seam: the extender's `NodeWatchClient`.
 
 It asks the API server for `PartialObjectMetadata` (what client-go's metadata informers ask for),
-so a list of 5,000 Nodes carries names and annotations, not images and conditions; a server that
-ignores the request sends whole Nodes and only their metadata is read. The watch is the seam's
-(one streamed GET, bookmarks on, bounded lines, ended by the server's `timeoutSeconds` or by
-`stop`). A 410 Gone, as an HTTP status or as a watch ERROR event, raises `WatchExpired` so the
-caller relists. Every other failure is a PublishError from the shared mapping.
+so a list of 5,000 Nodes carries names, labels and annotations, not images and conditions; a
+server that ignores the request sends whole Nodes and only their metadata is read. The watch is
+the seam's (one streamed GET, bookmarks on, bounded lines, ended by the server's
+`timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR event, raises
+`WatchExpired` so the caller relists. Every other failure is a PublishError from the shared mapping.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from reporter.errors import ApiPermanentError, ApiTransientError
@@ -35,10 +35,12 @@ MAX_PAGES = 1000
 
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
-    """One Node as the cache needs it: its name and its availability annotation (None: absent)."""
+    """One Node as the cache needs it: its name, its availability annotation (None: absent) and
+    its labels (what the agent says of its wiring; empty when absent)."""
 
     name: str
     value: str | None
+    labels: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,12 @@ def _annotation(obj: Any, key: str) -> NodeAnnotation:
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None)
+    labels = meta.get("labels")
+    return NodeAnnotation(
+        meta["name"],
+        value if isinstance(value, str) else None,
+        labels if isinstance(labels, dict) else {},
+    )
 
 
 class NodeWatch:
