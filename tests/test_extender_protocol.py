@@ -561,7 +561,7 @@ EVENTS = st.one_of(
 
 def watched(name: str, state: tuple[str | None, int]) -> NodeAnnotation:
     text, wiring = state
-    return NodeAnnotation(name, text, WIRINGS[wiring])
+    return NodeAnnotation(name, text, {"metadata": {"labels": WIRINGS[wiring]}})
 
 
 @given(st.lists(EVENTS, max_size=24))

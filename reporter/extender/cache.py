@@ -23,6 +23,7 @@ import structlog
 
 from reporter.availability import AVAILABILITY_KEY
 from reporter.errors import PublishError
+from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
 from reporter.extender.protocol import (
     DEFAULT_RESOURCE,
     NodeRank,
@@ -53,6 +54,8 @@ class NodeCache:
         self._text: dict[str, str | None] = {}
         self._whole: dict[str, int] = {}
         """Node name to `connected_whole` of its labels, as last judged."""
+        self._facts: dict[str, NodeFacts] = {}
+        """Node name to where pods may go on it (labels, taints), as last seen."""
         self._table = RankTable(resource)
         self._synced = threading.Event()
 
@@ -60,18 +63,19 @@ class NodeCache:
         """Take a full list: nodes absent from it are gone."""
         listed = list(nodes)
         fresh = {n.name: n.value for n in listed}
-        wholes = {n.name: connected_whole(n.labels, self.prefix) for n in listed}
+        wholes = {n.name: connected_whole(_labels(n), self.prefix) for n in listed}
+        facts = {n.name: node_facts(n.node) for n in listed}
         with self._lock:
             old = self._table
             table = RankTable(self._resource)
             for name, text in fresh.items():
                 unchanged = self._text.get(name, ...) == text and name in old.ranks
                 r = old.ranks[name] if unchanged else self._rank(name, text)
-                table.set(name, r, self._whole_of(name, wholes[name]))
+                table.set(name, r, self._whole_of(name, wholes[name]), facts[name])
             # The sizes the scheduler was asking for stay encoded: no call pays for the relist.
             for k in old.sizes():
                 table.verdicts(k)
-            self._text, self._whole, self._table = fresh, wholes, table
+            self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
         self._synced.set()
 
     def apply(self, event: WatchEvent) -> None:
@@ -83,25 +87,30 @@ class NodeCache:
             if event.type == "DELETED":
                 self._text.pop(node.name, None)
                 self._whole.pop(node.name, None)
+                self._facts.pop(node.name, None)
                 self._table.drop(node.name)
                 return
-            whole = connected_whole(node.labels, self.prefix)
+            whole = connected_whole(_labels(node), self.prefix)
+            facts = node_facts(node.node)
             if (
                 self._text.get(node.name, ...) != node.value
                 or self._whole.get(node.name) != whole
+                or self._facts.get(node.name) != facts
                 or node.name not in self._table.ranks
             ):
                 self._text[node.name] = node.value
                 self._whole[node.name] = whole
+                self._facts[node.name] = facts
                 r = self._rank(node.name, node.value)
-                self._table.set(node.name, r, self._whole_of(node.name, whole))
+                self._table.set(node.name, r, self._whole_of(node.name, whole), facts)
 
     def revise(self, name: str) -> None:
         """Judge the node again: whether it is vouched for changed."""
         with self._lock:
             if name in self._text:
                 r = self._rank(name, self._text[name])
-                self._table.set(name, r, self._whole_of(name, self._whole.get(name, 0)))
+                whole = self._whole_of(name, self._whole.get(name, 0))
+                self._table.set(name, r, whole, self._facts.get(name, OPEN_NODE))
 
     def _rank(self, name: str, text: str | None) -> NodeRank | None:
         return rank(text) if self.vouched(name) else None
@@ -132,6 +141,11 @@ class NodeCache:
         with self._lock:
             ranks = self._table.ranks
             return len(ranks), sum(a is None for a in ranks.values())
+
+
+def _labels(node: NodeAnnotation) -> object:
+    meta = node.node.get("metadata")
+    return meta.get("labels") if isinstance(meta, dict) else None
 
 
 class NodeWatcher(Reflector[WatchEvent]):

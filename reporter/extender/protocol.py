@@ -26,7 +26,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress
 from json.encoder import encode_basestring_ascii
@@ -45,6 +45,8 @@ from reporter.availability import (
     node_score,
 )
 from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement, node_facts
+from reporter.extender.eligibility import placement as pod_placement
 from reporter.schema.keys import (
     CONNECTED_WAIT,
     COUNT,
@@ -143,6 +145,9 @@ class ExtenderArgs:
     connected_wait_s: float | None = None
     """The pod's own hold limit (its `connected-wait` annotation), 0..24h; None when absent or
     unreadable (the extender's limit applies)."""
+    placement: Placement = ANYWHERE
+    """Where the pod may run (its nodeSelector, required node affinity, tolerations), read only
+    for a pod that could be held; ANYWHERE otherwise or when it does not read."""
 
 
 def parse_args(
@@ -162,11 +167,7 @@ def parse_args(
     pod = doc.get("Pod")
     if not isinstance(pod, dict):
         raise BadRequestError("Pod is missing or not an object")
-    gpus = gpus_requested(pod, resource)
-    meta = pod.get("metadata")
-    created, wait = (
-        (None, None) if gpus < 2 or not isinstance(meta, dict) else _hold_facts(meta, wait_key)
-    )
+    hold = _hold_facts(pod, wait_key, resource)
     nodes, names = doc.get("Nodes"), doc.get("NodeNames")
     if (nodes is None) == (names is None):
         raise BadRequestError(
@@ -175,19 +176,32 @@ def parse_args(
     if names is not None:
         if not isinstance(names, list):
             raise BadRequestError("NodeNames is not a list of node names")
-        return ExtenderArgs(gpus, _node_names(names, "NodeNames"), None, created, wait)
+        return replace(hold, node_names=_node_names(names, "NodeNames"))
     if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
         raise BadRequestError("Nodes is not a NodeList ({items: [...]})")
     items = nodes.get("items") or []
     named = [_item_name(item, i) for i, item in enumerate(items)]
-    return ExtenderArgs(gpus, _node_names(named, "Nodes.items"), nodes, created, wait)
+    return replace(hold, node_names=_node_names(named, "Nodes.items"), node_list=nodes)
 
 
-def _hold_facts(meta: Mapping[str, Any], wait_key: str) -> tuple[float | None, float | None]:
-    """The pod's creation in POSIX seconds and its own hold limit; each None when unreadable."""
+def _hold_facts(pod: Mapping[str, Any], wait_key: str, resource: str) -> ExtenderArgs:
+    """The pod's GPUs and, for a pod that could be held (2 or more), its creation in POSIX
+    seconds, its own hold limit and where it may run; each None or ANYWHERE when unreadable.
+    No candidate nodes yet."""
+    gpus = gpus_requested(pod, resource)
+    meta = pod.get("metadata")
+    if gpus < 2 or not isinstance(meta, dict):
+        return ExtenderArgs(gpus, (), None)
     annotations = meta.get("annotations")
     wait = annotations.get(wait_key) if isinstance(annotations, dict) else None
-    return created_seconds(meta.get("creationTimestamp")), hold_limit(wait)
+    return ExtenderArgs(
+        gpus,
+        (),
+        None,
+        created_seconds(meta.get("creationTimestamp")),
+        hold_limit(wait),
+        pod_placement(pod.get("spec")),
+    )
 
 
 def created_seconds(value: Any) -> float | None:
@@ -460,6 +474,8 @@ class RankTable:
         self.ranks: dict[str, NodeRank | None] = {}
         self.wholes: dict[str, int] = {}
         """Node name to `connected_whole` of its labels, for the nodes where it is not 0."""
+        self.facts: dict[str, NodeFacts] = {}
+        """Node name to where pods may go on it (`reporter.extender.eligibility`)."""
         self._quoted: dict[str, str] = {}
         self._sizes: dict[int, Verdicts] = {}
         self._lock = threading.Lock()
@@ -478,19 +494,23 @@ class RankTable:
         table = cls(resource)
         for item in node_list.get("items") or []:
             name = str(item["metadata"]["name"])
+            facts = node_facts(item)
             if vouched(name):
                 labels = item["metadata"].get("labels")
-                table.set(name, node_rank(item, key), connected_whole(labels, prefix))
+                table.set(name, node_rank(item, key), connected_whole(labels, prefix), facts)
             else:
-                table.set(name, None)
+                table.set(name, None, 0, facts)
         return table
 
-    def set(self, name: str, r: NodeRank | None, whole: int = 0) -> None:
-        """Take a node's rank and its `connected_whole` (0 where unknown)."""
+    def set(
+        self, name: str, r: NodeRank | None, whole: int = 0, facts: NodeFacts = OPEN_NODE
+    ) -> None:
+        """Take a node's rank, its `connected_whole` (0 where unknown) and its facts."""
         with self._lock:
             quoted = self._quoted.get(name) or encode_basestring_ascii(name)
             self._quoted[name] = quoted
             self.ranks[name] = r
+            self.facts[name] = facts
             if whole:
                 self.wholes[name] = whole
             else:
@@ -502,6 +522,7 @@ class RankTable:
         with self._lock:
             self.ranks.pop(name, None)
             self.wholes.pop(name, None)
+            self.facts.pop(name, None)
             self._quoted.pop(name, None)
             for verdicts in self._sizes.values():
                 verdicts.drop(name)
@@ -528,26 +549,46 @@ class RankTable:
 
 
 def hold_reason(
-    args: ExtenderArgs, verdicts: Verdicts, *, now: float, limit_s: float
+    args: ExtenderArgs,
+    verdicts: Verdicts,
+    *,
+    now: float,
+    limit_s: float,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> str | None:
     """The reason filter gives the nodes it fails while it holds the pod for an NVLink-connected
     set, or None when it does not hold it (`holds_for_connected`): `now` in POSIX seconds, by the
-    extender's clock; `limit_s` the extender's limit, which the pod's own annotation replaces."""
+    extender's clock; `limit_s` the extender's limit, which the pod's own annotation replaces;
+    `facts` where pods may go on each node (`RankTable.facts`; None: every node open)."""
     k = args.gpus
     if k < 2 or args.created_s is None:
         return None  # nothing to wait for, or nothing we can read: never withhold blindly
     limit = limit_s if args.connected_wait_s is None else args.connected_wait_s
     waited = now - args.created_s
-    # Both sets are kept as nodes change: C-level reads, no Python per node.
+    # The candidates passed the scheduler's own filters: whether one is connected is a C-level
+    # read of a set kept as nodes change.
     connected = not verdicts.connected.isdisjoint(args.node_names)
-    if not holds_for_connected(
-        k, waited, limit, connected=connected, capable=bool(verdicts.capable)
-    ):
+    if connected or not holds_for_connected(k, waited, limit, connected=False, capable=True):
+        return None
+    if not _usable_capable(args.placement, verdicts.capable, facts):
         return None
     return (
         f"topo-reporter: no NVLink-connected set of {k} {verdicts.resource} free here; holding "
         f"the pod for one up to {duration_text(limit)} (waited {duration_text(waited)})"
     )
+
+
+def _usable_capable(
+    where: Placement, capable: set[str], facts: Mapping[str, NodeFacts] | None
+) -> bool:
+    """Whether some node worth waiting for (`Verdicts.capable`) is one the pod may run on (issue
+    28, item 10): the scheduler never sends a busy node, so the extender judges it itself. The
+    first such node ends the search: for a pod that may go anywhere, one look."""
+    if facts is None or where is ANYWHERE:
+        return bool(capable)
+    get = facts.get
+    # A copy: the watch thread may change the set while this call reads it.
+    return any(where.allows(name, get(name, OPEN_NODE)) for name in list(capable))
 
 
 def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
@@ -649,11 +690,7 @@ def parse_preemption_args(
     pod = doc.get("Pod")
     if not isinstance(pod, dict):
         raise BadRequestError("Pod is missing or not an object")
-    gpus = gpus_requested(pod, resource)
-    meta = pod.get("metadata")
-    created, wait = (
-        (None, None) if gpus < 2 or not isinstance(meta, dict) else _hold_facts(meta, wait_key)
-    )
+    hold = _hold_facts(pod, wait_key, resource)
     meta_victims, whole_victims = doc.get("NodeNameToMetaVictims"), doc.get("NodeNameToVictims")
     if meta_victims is not None and whole_victims is not None:
         raise BadRequestError("send one of NodeNameToMetaVictims and NodeNameToVictims, not both")
@@ -667,7 +704,7 @@ def parse_preemption_args(
         _node_names([name], where)[0]: _victims(value, f"{where}[{name[:64]!r}]", meta_victims)
         for name, value in found.items()
     }
-    return PreemptionArgs(ExtenderArgs(gpus, (), None, created, wait), victims)
+    return PreemptionArgs(hold, victims)
 
 
 def _victims(value: Any, where: str, by_uid: Any) -> tuple[tuple[str, ...], int]:
@@ -710,11 +747,10 @@ def preempt_answer(
     """
     hold = args.hold
     k = hold.gpus
-    held = False
-    if k >= 2 and hold.created_s is not None:
-        limit = limit_s if hold.connected_wait_s is None else hold.connected_wait_s
-        capable = bool(table.verdicts(k).capable)
-        held = holds_for_connected(k, now - hold.created_s, limit, connected=False, capable=capable)
+    held = (
+        hold_reason(hold, table.verdicts(k), now=now, limit_s=limit_s, facts=table.facts)
+        is not None
+    )
     wholes = table.wholes
     kept = {
         name: found

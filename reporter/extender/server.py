@@ -205,7 +205,7 @@ class ExtenderServer:
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":
             held = protocol.hold_reason(
-                args, verdicts, now=time.time(), limit_s=self._connected_wait_s
+                args, verdicts, now=time.time(), limit_s=self._connected_wait_s, facts=table.facts
             )
             answer, filtered = protocol.filter_answer(args, verdicts, held)
             self._metrics.filtered.inc(filtered)

@@ -1,11 +1,12 @@
-"""List and watch Nodes' metadata through the ApiClient seam: the extender's `NodeWatchClient`.
+"""List and watch Nodes through the ApiClient seam: the extender's `NodeWatchClient`.
 
-It asks the API server for `PartialObjectMetadata` (what client-go's metadata informers ask for),
-so a list of 5,000 Nodes carries names, labels and annotations, not images and conditions; a
-server that ignores the request sends whole Nodes and only their metadata is read. The watch is
-the seam's (one streamed GET, bookmarks on, bounded lines, ended by the server's
-`timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR event, raises
-`WatchExpired` so the caller relists. Every other failure is a PublishError from the shared mapping.
+It reads whole Nodes: beside the availability annotation and the labels, the extender needs what
+decides where a pod may go (taints, `spec.unschedulable`, the Ready condition), which
+`PartialObjectMetadata` leaves out. Each object is handed on as sent and read at once; nothing
+keeps it. The watch is the seam's (one streamed GET, bookmarks on, bounded lines, ended by the
+server's `timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR event,
+raises `WatchExpired` so the caller relists. Every other failure is a PublishError from the shared
+mapping.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ MAX_PAGES = 1000
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
     """One Node as the cache needs it: its name, its availability annotation (None: absent) and
-    its labels (what the agent says of its wiring; empty when absent)."""
+    the object as sent (its labels, taints and conditions; empty for a deleted node)."""
 
     name: str
     value: str | None
-    labels: Mapping[str, Any] = field(default_factory=dict)
+    node: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class NodeWatchClient(Protocol):
     """List and watch Nodes' metadata. Implementations raise only PublishError subclasses."""
 
     def list_nodes(self, annotation: str) -> NodeSnapshot:
-        """Every Node (all pages) with the value of annotation key `annotation`."""
+        """Every Node (all pages, whole) with the value of annotation key `annotation`."""
         ...
 
     def watch_nodes(
@@ -95,16 +96,11 @@ def _annotation(obj: Any, key: str) -> NodeAnnotation:
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    labels = meta.get("labels")
-    return NodeAnnotation(
-        meta["name"],
-        value if isinstance(value, str) else None,
-        labels if isinstance(labels, dict) else {},
-    )
+    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None, obj)
 
 
 class NodeWatch:
-    """NodeWatchClient over any ApiClient: metadata-only pages, then a metadata-only watch."""
+    """NodeWatchClient over any ApiClient: pages of whole Nodes, then a watch of them."""
 
     def __init__(self, api: ApiClient, *, watch_timeout_s: int = 300) -> None:
         self._api = api
@@ -115,7 +111,7 @@ class NodeWatch:
         query = {"limit": str(PAGE_SIZE)}
         for _ in range(MAX_PAGES):
             try:
-                page = self._api.list(NODES, query=query, metadata_only=True)
+                page = self._api.list(NODES, query=query)
             except ApiPermanentError as e:
                 if e.status == 403:
                     raise _forbidden(e) from e
@@ -136,7 +132,6 @@ class NodeWatch:
                 resource_version,
                 stop,
                 timeout_s=self._watch_timeout_s,
-                metadata_only=True,
             )
         except ApiPermanentError as e:
             if e.status == 403:
