@@ -31,6 +31,7 @@ from reporter.availability import (
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
 from reporter.extender.cache import NodeCache
+from reporter.extender.eligibility import node_facts
 from reporter.extender.protocol import (
     DEFAULT_RESOURCE,
     KEPT_SIZES,
@@ -717,3 +718,56 @@ def test_a_malformed_preemption_request_is_one_line_naming_the_problem(
     with pytest.raises(BadRequestError, match="^" + re.escape(reason)) as e:
         parse_preemption_args(raw, GPU)
     assert "\n" not in str(e.value)
+
+
+# -- Holding only for a node the pod could use (issue 28, item 10) -------------------------------
+
+BUSY_LABELS = {"zone": "a", "kubernetes.io/hostname": "busy"}
+NOT_ZONE_A = {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}
+SICK = {"key": "gpu.topology.io/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}
+NOT_READY = {"conditions": [{"type": "Ready", "status": "False"}]}
+HELD_FOR_BUSY = {
+    # case: (the pod's spec beside its GPUs, the busy NVSwitch node as the watch sent it, held)
+    "a pod that may use it": ({}, {}, True),
+    "a nodeSelector the node does not match": ({"nodeSelector": {"zone": "b"}}, {}, False),
+    "a required affinity the node does not match": (
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [NOT_ZONE_A]
+                    }
+                }
+            }
+        },
+        {},
+        False,
+    ),
+    "the node is cordoned": ({}, {"spec": {"unschedulable": True}}, False),
+    "the node is tainted fabric-health=unhealthy": ({}, {"spec": {"taints": [SICK]}}, False),
+    "the taint is tolerated": (
+        {"tolerations": [{"key": SICK["key"], "operator": "Exists"}]},
+        {"spec": {"taints": [SICK]}},
+        True,
+    ),
+    "the node is not Ready": ({}, {"status": NOT_READY}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(HELD_FOR_BUSY))
+def test_the_pod_is_held_only_for_a_node_it_could_use(case: str) -> None:
+    extra, busy, held = HELD_FOR_BUSY[case]
+    spec = waiting_pod(4)
+    spec["spec"] |= extra
+    ranks = RankTable(GPU)
+    for name in ("pcie", "busy"):
+        facts = node_facts({"metadata": {"labels": BUSY_LABELS}, **busy} if name == "busy" else {})
+        ranks.set(name, rank(encode_availability(availability(*HOLDING[name]))), 0, facts)
+    args = parse_args(body(Pod=spec, NodeNames=["pcie"]), GPU)
+    verdicts = ranks.verdicts(4)
+    reason = hold_reason(
+        args, verdicts, now=CREATED_S + 720.0, limit_s=CONNECTED_WAIT_S, facts=ranks.facts
+    )
+    assert (reason is not None) is held
+    answer = json.loads(filter_answer(args, verdicts, reason)[0])
+    assert answer["NodeNames"] == ([] if held else ["pcie"])
