@@ -1,4 +1,5 @@
-"""kube-scheduler's extender protocol, filter and prioritize: request in, answer out, no I/O.
+"""kube-scheduler's extender protocol, filter, prioritize and preempt: request in, answer out,
+no I/O.
 
 The Go types (`k8s.io/kube-scheduler/extender/v1`) carry no JSON tags, so the wire keys are the
 Go field names: `Pod`, `Nodes`, `NodeNames` in; `Nodes`, `NodeNames`, `FailedNodes`,
@@ -12,10 +13,14 @@ ranked by `reporter.availability.node_score`. A node whose availability is missi
 never filtered and scores `NEUTRAL_SCORE`. A pod of k >= 2 GPUs that no candidate node gives an
 NVLink-connected set now, while some known node could once its pods end, is held for one up to a
 limit from its creation (`hold_reason`, `reporter.availability.holds_for_connected`): the
-candidates that would give it a set that is not connected are filtered out too. What the pod
-itself carries for that (its creation time, its `connected-wait` annotation) never makes a
-request fail: unreadable, it is as if absent, and a pod whose creation time does not read is
-never held. A request that does not read raises BadRequestError with one line.
+candidates that would give it a set that is not connected are filtered out too, and the nodes it
+waits for count only where the pod may run (`reporter.extender.eligibility`). While a pod is
+held, preemption may evict only where that surely gives it a connected set (`connected_whole`):
+filter answers the other failed nodes as FailedAndUnresolvableNodes, and preempt keeps only
+those candidates (`preempt_answer`). What the pod itself carries for that (its creation time, its
+`connected-wait` annotation, its placement) never makes a request fail: unreadable, it is as if
+absent, and a pod whose creation time does not read is never held. A request that does not read
+raises BadRequestError with one line.
 """
 
 from __future__ import annotations
@@ -568,8 +573,10 @@ def hold_reason(
     # The candidates passed the scheduler's own filters: whether one is connected is a C-level
     # read of a set kept as nodes change.
     connected = not verdicts.connected.isdisjoint(args.node_names)
-    if connected or not holds_for_connected(k, waited, limit, connected=False, capable=True):
+    if not holds_for_connected(k, waited, limit, connected=connected, capable=True):
         return None
+    # Whether a node worth waiting for admits the pod is weighed last: the one check that can
+    # loop over nodes.
     if not _usable_capable(args.placement, verdicts.capable, facts):
         return None
     return (
