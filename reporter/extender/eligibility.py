@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from sys import intern
 from typing import Any
 
 __all__ = [
@@ -85,8 +86,14 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     spec = node.get("spec")
     status = node.get("status")
     raw_labels = meta.get("labels") if isinstance(meta, dict) else None
+    # Interned: nodes share most label keys and many values (`kubernetes.io/os`, `linux`), and
+    # the cache keeps every node's labels for as long as the node lives.
     labels = (
-        {k: v for k, v in raw_labels.items() if isinstance(k, str) and isinstance(v, str)}
+        {
+            intern(k): intern(v)
+            for k, v in raw_labels.items()
+            if isinstance(k, str) and isinstance(v, str)
+        }
         if isinstance(raw_labels, dict)
         else {}
     )

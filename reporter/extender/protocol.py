@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress
 from json.encoder import encode_basestring_ascii
-from operator import not_
+from operator import is_, not_
 from typing import Any, cast
 
 from parsers.errors import ParseError
@@ -635,13 +635,15 @@ def filter_answer(
     # One snapshot of the verdicts: a node updated during the call is read once.
     members = verdicts.failed if held is None else verdicts.held
     failed = list(map(members.get, names)) if args.gpus else []
-    unresolvable: list[str | None] = []
-    if held is not None:
-        # Held: a node is in one map or the other (or neither), never both.
+    if held is None:
+        unresolvable: list[str | None] = []
+        dropped = len(failed) - failed.count(None)
+        kept = list(compress(names, map(not_, failed))) if dropped else list(names)
+    else:
+        # Held: a node is in one map or the other, or neither (kept: None is None), never both.
         unresolvable = list(map(verdicts.unresolvable.get, names))
-        failed = [f or u for f, u in zip(failed, unresolvable, strict=True)]
-    dropped = len(failed) - failed.count(None)
-    kept = list(compress(names, map(not_, failed))) if dropped else list(names)
+        kept = list(compress(names, map(is_, failed, unresolvable)))
+        dropped = len(names) - len(kept)
     if args.node_list is None:
         nodes, node_names = "null", json.dumps(kept, separators=(",", ":"))
     else:
@@ -649,13 +651,11 @@ def filter_answer(
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
         nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
         node_names = "null"
-    if held is None:
-        joined, unjoined = ",".join(filter(None, failed)), ""
-    else:
+    joined = ",".join(filter(None, failed))
+    unjoined = ",".join(filter(None, unresolvable))
+    if held is not None:
         reason = encode_basestring_ascii(held)
-        plain = [f for f, u in zip(failed, unresolvable, strict=True) if f and not u]
-        joined = ",".join(plain).replace(_HELD, reason)
-        unjoined = ",".join(filter(None, unresolvable)).replace(_HELD, reason)
+        joined, unjoined = joined.replace(_HELD, reason), unjoined.replace(_HELD, reason)
     return (
         f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
         f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'

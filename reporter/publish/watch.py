@@ -2,11 +2,11 @@
 
 It reads whole Nodes: beside the availability annotation and the labels, the extender needs what
 decides where a pod may go (taints, `spec.unschedulable`, the Ready condition), which
-`PartialObjectMetadata` leaves out. Each object is handed on as sent and read at once; nothing
-keeps it. The watch is the seam's (one streamed GET, bookmarks on, bounded lines, ended by the
-server's `timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR event,
-raises `WatchExpired` so the caller relists. Every other failure is a PublishError from the shared
-mapping.
+`PartialObjectMetadata` leaves out. Of each object only those parts are kept, so a page is
+freed once read. The watch is the seam's (one streamed GET, bookmarks on, bounded lines, ended by
+the server's `timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR
+event, raises `WatchExpired` so the caller relists. Every other failure is a PublishError from the
+shared mapping.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ MAX_PAGES = 1000
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
     """One Node as the cache needs it: its name, its availability annotation (None: absent) and
-    the object as sent (its labels, taints and conditions; empty for a deleted node)."""
+    the parts of the object that say where pods may go (its labels, taints, `unschedulable` and
+    Ready condition, in the Node's own shape; empty when not sent)."""
 
     name: str
     value: str | None
@@ -96,7 +97,27 @@ def _annotation(obj: Any, key: str) -> NodeAnnotation:
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None, obj)
+    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None, _placement(obj))
+
+
+def _placement(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Node that say where pods may go (labels, taints, cordon, the Ready
+    condition), so that a list of whole Nodes is not kept page after page (images, addresses and
+    the other conditions are most of a Node's bytes)."""
+    meta, spec, status = obj.get("metadata"), obj.get("spec"), obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    return {
+        "metadata": {"labels": meta.get("labels") if isinstance(meta, dict) else None},
+        "spec": {"taints": spec.get("taints"), "unschedulable": spec.get("unschedulable")},
+        "status": {
+            "conditions": [
+                c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"
+            ]
+            if isinstance(conditions, list)
+            else None
+        },
+    }
 
 
 class NodeWatch:
