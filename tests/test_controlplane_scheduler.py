@@ -722,3 +722,25 @@ def test_a_held_pod_evicts_where_that_gives_it_a_connected_set_and_lands_there(
         cluster.publish_availability(h100, "dgx-h100", ())
         assert cluster.wait_bound("patient") == h100
         assert not evicted(cluster, "holds-pcie")
+
+
+FABRIC_TAINT = {"key": f"{PREFIX}/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"spec": {"unschedulable": True}}, {"spec": {"taints": [FABRIC_TAINT]}}],
+    ids=["the NVSwitch node is cordoned", "the NVSwitch node is tainted fabric-health=unhealthy"],
+)
+def test_a_pod_is_not_held_for_a_node_it_cannot_use(
+    real_apiserver: RealApiServer, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    # Issue 28, item 10: the test above, with the only node that could give a connected set
+    # closed to the pod. Nothing is worth waiting for: the pod takes the PCIe node at once.
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        pcie = cluster.add_node("pcie", "pcie-8x", ())
+        h100 = cluster.add_node("h100", "dgx-h100", range(6), occupied=True)
+        cluster.core.patch_node(h100, change)
+        cluster.start()
+        assert cluster.schedule("unheld", 4) == pcie
+        assert cluster.extender_metric("topo_reporter_extender_holds_total") == 0
