@@ -557,7 +557,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
         resource=args.resource,
         connected_wait_s=connected_wait_s,
         tls=tls is not None,
-        # What the memory limit must hold with these bounds (the chart's 256 MiB, by default).
+        # What the memory limit must hold with these bounds (the chart's 320 MiB, by default).
         memory_needed_mib=round(server.peak_bytes(limits) / 2**20),
     )
     try:
@@ -622,7 +622,7 @@ def _extender_command(commands: Commands) -> None:
         default=MAX_REQUEST_BYTES,
         metavar="N",
         help=f"largest request body it reads (default: {size_text(MAX_REQUEST_BYTES)}, which the "
-        "chart's 256 MiB memory limit holds); larger ones are answered 413",
+        "chart's 320 MiB memory limit holds); larger ones are answered 413",
     )
     extender.add_argument(
         "--tls-cert-file",

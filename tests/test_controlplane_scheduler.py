@@ -85,6 +85,7 @@ def scheduler_configuration(url: str, scheduler_name: str) -> dict[str, Any]:
     (extender,) = config["extenders"]
     assert extender["filterVerb"] == "filter"
     assert extender["prioritizeVerb"] == "prioritize"
+    assert extender["preemptVerb"] == "preempt"
     assert extender["nodeCacheCapable"] is True
     assert extender["ignorable"] is True
     assert [r["name"] for r in extender["managedResources"]] == [GPU]
@@ -99,13 +100,20 @@ def scheduler_configuration(url: str, scheduler_name: str) -> dict[str, Any]:
 
 
 def gpu_pod(
-    name: str, gpus: int, *, scheduler: str, group: str, node: str | None = None
+    name: str,
+    gpus: int,
+    *,
+    scheduler: str,
+    group: str,
+    node: str | None = None,
+    priority: str | None = None,
 ) -> k8s.V1Pod:
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name=name),
         spec=k8s.V1PodSpec(
             scheduler_name=scheduler,
             node_name=node,
+            priority_class_name=priority,
             node_selector={GROUP_LABEL: group},
             automount_service_account_token=False,
             containers=[
@@ -141,6 +149,7 @@ class Cluster:
         """Short name (as the test says it) to Node name (unique in the run)."""
         self.availability: dict[str, str] = {}
         """Node name to the availability annotation last published."""
+        self.priority_classes: list[str] = []
         self._processes: list[subprocess.Popen[bytes]] = []
         self.extender: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -163,12 +172,14 @@ class Cluster:
         used: Iterable[int],
         *,
         occupied: bool = False,
+        priority: str | None = None,
         pod_resources: Path | None = None,
     ) -> str:
         """A Ready GPU Node of `profile` with `used` GPUs taken, as the agent publishes it.
 
         `occupied`: a pod (bound directly, as if the scheduler had placed it) holds the used GPUs,
         so the scheduler's own count agrees with the agent's; otherwise only the agent knows.
+        `priority`: that pod's PriorityClass.
         `pod_resources`: the agent reads the used GPUs from this PodResources socket (the caller
         has seen it say `used`), not from `--simulate-used`.
         """
@@ -208,9 +219,24 @@ class Cluster:
                     scheduler=self.scheduler_name,
                     group=self.group,
                     node=name,
+                    priority=priority,
                 ),
             )
         return name
+
+    def add_priority_classes(self, **values: int) -> dict[str, str]:
+        """PriorityClasses by short name (`high=1000`), named uniquely for this run; `close`
+        deletes them."""
+        scheduling = k8s.SchedulingV1Api(self.server.api())
+        names = {}
+        for short, value in values.items():
+            name = f"{short}-{self.group}"
+            scheduling.create_priority_class(
+                k8s.V1PriorityClass(metadata=k8s.V1ObjectMeta(name=name), value=value)
+            )
+            self.priority_classes.append(name)
+            names[short] = name
+        return names
 
     def publish_availability(
         self, node: str, profile: str, used: Iterable[int], pod_resources: Path | None = None
@@ -407,6 +433,9 @@ class Cluster:
         for node in self.nodes.values():
             with contextlib.suppress(k8s.ApiException):
                 self.core.delete_node(node)
+        for name in self.priority_classes:
+            with contextlib.suppress(k8s.ApiException):
+                k8s.SchedulingV1Api(self.server.api()).delete_priority_class(name)
         with contextlib.suppress(k8s.ApiException):
             self.core.delete_namespace(self.namespace)
             # No namespace controller runs to finish the delete: finalize as it would.
@@ -615,3 +644,103 @@ def test_a_pod_of_4_is_held_for_a_connected_set_until_a_node_frees_one(
         # Its pod ends: the NVSwitch node is a candidate with a connected 4-set, and gets it.
         cluster.core.delete_namespaced_pod("holds-h100", cluster.namespace, grace_period_seconds=0)
         assert cluster.wait_bound("patient") == h100
+
+
+def preemption_cluster(cluster: Cluster, nvswitch_holder: str) -> dict[str, str]:
+    """Issue 28, item 1's cluster: PriorityClasses high and low; `pcie2` with 4 free GPUs that
+    are not connected (a high pod holds the others); `pcie` with 2 free and 6 held by a low pod;
+    an NVSwitch node with 2 free and 6 held by a pod of `nvswitch_holder` (high or low): capable,
+    so the extender holds a high pod of 4. Returns the PriorityClass names."""
+    classes = cluster.add_priority_classes(high=1000, low=100)
+    cluster.add_node("pcie2", "pcie-8x", range(4), occupied=True, priority=classes["high"])
+    cluster.add_node("pcie", "pcie-8x", range(6), occupied=True, priority=classes["low"])
+    cluster.add_node("h100", "dgx-h100", range(6), occupied=True, priority=classes[nvswitch_holder])
+    cluster.start()
+    return classes
+
+
+def create_high_pod(cluster: Cluster, classes: Mapping[str, str], name: str) -> None:
+    pod = gpu_pod(
+        name, 4, scheduler=cluster.scheduler_name, group=cluster.group, priority=classes["high"]
+    )
+    cluster.core.create_namespaced_pod(cluster.namespace, pod)
+
+
+def evicted(cluster: Cluster, pod: str) -> bool:
+    """Whether preemption took `pod`: the scheduler deletes a victim (no kubelet ends it, so it
+    stays, with its deletion time set)."""
+    found = cluster.core.read_namespaced_pod(pod, cluster.namespace)
+    return found.metadata.deletion_timestamp is not None
+
+
+def test_a_held_pod_evicts_nothing_on_nodes_that_cannot_give_it_a_connected_set(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    # Issue 28, item 1, on the real kube-scheduler with DefaultPreemption on (its default
+    # profile). The NVSwitch node's pod is high: evicting it is not allowed, so no node can give
+    # the held pod a connected set now, and no pod may be evicted for it.
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        classes = preemption_cluster(cluster, nvswitch_holder="high")
+        create_high_pod(cluster, classes, "patient")
+        message = cluster.wait_unschedulable("patient")
+        assert "holding the pod for one up to 2h" in message, message
+
+        # Preemption ran and asked the extender, twice: each time the scheduler offered the low
+        # pod on `pcie`, whose eviction frees 8 GPUs that are never connected.
+        deadline = time.monotonic() + WAIT_S
+        while cluster.extender_calls("preempt") < 2:
+            assert time.monotonic() < deadline, f"preemption never asked: {cluster.logs()}"
+            assert not evicted(cluster, "holds-pcie"), "a victim on a PCIe node"
+            time.sleep(0.1)
+        assert cluster.extender_metric("topo_reporter_extender_preemption_vetoed_nodes_total") >= 2
+        assert not evicted(cluster, "holds-pcie")
+        found = cluster.core.read_namespaced_pod("patient", cluster.namespace)
+        assert not found.spec.node_name
+        assert not found.status.nominated_node_name
+
+
+def test_a_held_pod_evicts_where_that_gives_it_a_connected_set_and_lands_there(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    # The rule for a pod preemption could serve connected: the same cluster, but the NVSwitch
+    # node's pod is low. Evicting it frees 8 connected GPUs; the low pod on `pcie` is spared.
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        classes = preemption_cluster(cluster, nvswitch_holder="low")
+        h100 = cluster.nodes["h100"]
+        create_high_pod(cluster, classes, "patient")
+        deadline = time.monotonic() + WAIT_S
+        while not evicted(cluster, "holds-h100"):
+            assert time.monotonic() < deadline, f"no victim on the NVSwitch node: {cluster.logs()}"
+            time.sleep(0.1)
+        found = cluster.core.read_namespaced_pod("patient", cluster.namespace)
+        assert found.status.nominated_node_name == h100
+        assert not evicted(cluster, "holds-pcie")
+
+        # The victim ends (forced: no kubelet) and the agent says its GPUs are free: the held
+        # pod takes a connected set there.
+        cluster.core.delete_namespaced_pod("holds-h100", cluster.namespace, grace_period_seconds=0)
+        cluster.publish_availability(h100, "dgx-h100", ())
+        assert cluster.wait_bound("patient") == h100
+        assert not evicted(cluster, "holds-pcie")
+
+
+FABRIC_TAINT = {"key": f"{PREFIX}/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"spec": {"unschedulable": True}}, {"spec": {"taints": [FABRIC_TAINT]}}],
+    ids=["the NVSwitch node is cordoned", "the NVSwitch node is tainted fabric-health=unhealthy"],
+)
+def test_a_pod_is_not_held_for_a_node_it_cannot_use(
+    real_apiserver: RealApiServer, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    # Issue 28, item 10: the test above, with the only node that could give a connected set
+    # closed to the pod. Nothing is worth waiting for: the pod takes the PCIe node at once.
+    with Cluster(real_apiserver, tmp_path) as cluster:
+        pcie = cluster.add_node("pcie", "pcie-8x", ())
+        h100 = cluster.add_node("h100", "dgx-h100", range(6), occupied=True)
+        cluster.core.patch_node(h100, change)
+        cluster.start()
+        assert cluster.schedule("unheld", 4) == pcie
+        assert cluster.extender_metric("topo_reporter_extender_holds_total") == 0

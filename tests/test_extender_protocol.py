@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import tracemalloc
 from collections.abc import Mapping
 from functools import cache
@@ -30,6 +31,7 @@ from reporter.availability import (
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
 from reporter.extender.cache import NodeCache
+from reporter.extender.eligibility import node_facts
 from reporter.extender.protocol import (
     DEFAULT_RESOURCE,
     KEPT_SIZES,
@@ -37,16 +39,20 @@ from reporter.extender.protocol import (
     NodeRank,
     RankTable,
     check_resource_name,
+    connected_whole,
     created_seconds,
     duration_text,
     filter_answer,
     gpus_requested,
     hold_reason,
     parse_args,
+    parse_preemption_args,
+    preempt_answer,
     prioritize_answer,
     rank,
 )
 from reporter.publish.watch import NodeAnnotation, WatchEvent
+from reporter.schema.labels import labels
 from reporter.schema.model import Topology
 
 KEY = "gpu.topology.io/availability"
@@ -68,10 +74,10 @@ def ranked(name: str, free: tuple[int, ...]) -> NodeRank:
     return NodeRank.of(availability(name, free))
 
 
-def table(ranks: Mapping[str, NodeRank | None]) -> RankTable:
+def table(ranks: Mapping[str, NodeRank | None], wholes: Mapping[str, int] = {}) -> RankTable:
     built = RankTable(GPU)
     for name, r in ranks.items():
-        built.set(name, r)
+        built.set(name, r, wholes.get(name, 0))
     return built
 
 
@@ -102,9 +108,12 @@ def pod(*gpus: int | str, init: tuple[tuple[int, str | None], ...] = ()) -> dict
     }
 
 
-def node(name: str, annotation: str | None) -> dict[str, Any]:
+def node(
+    name: str, annotation: str | None, node_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     annotations = {} if annotation is None else {KEY: annotation}
-    return {"metadata": {"name": name, "annotations": annotations}, "status": {"capacity": {}}}
+    meta = {"name": name, "annotations": annotations, "labels": dict(node_labels or {})}
+    return {"metadata": meta, "status": {"capacity": {}}}
 
 
 def body(**fields: Any) -> bytes:
@@ -386,11 +395,17 @@ def hold_filter(
     holds in the NodeNames form (by default all of HOLDING); in the Nodes form the request's own
     nodes are all it knows."""
     texts = {n: encode_availability(availability(*HOLDING[n])) for n in HOLDING}
+    # The labels each node's agent publishes: what the extender knows of its wiring.
+    published = {n: labels(profile(HOLDING[n][0]), node=n) for n in HOLDING}
     if form == "NodeNames":
         raw = body(Pod=spec, NodeNames=candidates)
-        ranks = table({n: rank(texts[n]) for n in (list(HOLDING) if known is None else known)})
+        names = list(HOLDING) if known is None else known
+        ranks = table(
+            {n: rank(texts[n]) for n in names},
+            {n: connected_whole(published[n]) for n in names},
+        )
     else:
-        nodes = {"items": [node(n, texts.get(n)) for n in candidates]}
+        nodes = {"items": [node(n, texts.get(n), published.get(n)) for n in candidates]}
         raw = body(Pod=spec, Nodes=nodes)
         ranks = RankTable.of_nodes(nodes, KEY, GPU)
     args = parse_args(raw, GPU)
@@ -407,17 +422,21 @@ def test_a_pod_of_4_is_held_off_a_node_whose_4_free_are_not_connected(form: str)
     answer = hold_filter(waiting_pod(4), ["pcie", "busy", "unseen"], form=form)
     # An unknown node is never filtered, held or not (in the Nodes form: no annotation).
     assert answer["NodeNames"] == ["unseen"]
-    assert answer["FailedNodes"] == {
+    # Issue 28, item 1: evicting pods on the PCIe node can never give the pod a connected set,
+    # so preemption must not try there; on the NVSwitch node it could, so it may.
+    assert answer["FailedAndUnresolvableNodes"] == {
         "pcie": HOLD_REASON.format(limit="2h", waited="12m"),
+    }
+    assert answer["FailedNodes"] == {
         "busy": "topo-reporter: 2 free nvidia.com/gpu, the pod needs 4",  # its own reason
     }
-    assert answer["FailedAndUnresolvableNodes"] == {}
 
 
 def test_a_busy_node_the_cache_knows_is_worth_waiting_for_though_no_candidate() -> None:
     # kube-scheduler does not send a node its own count calls full: the cache still knows it.
     answer = hold_filter(waiting_pod(4), ["pcie"], waited_s=5400)
-    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit="2h", waited="1h30m")}
+    held = {"pcie": HOLD_REASON.format(limit="2h", waited="1h30m")}
+    assert answer["FailedAndUnresolvableNodes"] == held
     assert answer["NodeNames"] == []
 
 
@@ -456,6 +475,7 @@ def test_a_pod_is_not_held_when(case: str, form: str) -> None:
     answer = hold_filter(spec, candidates, form=form, **kwargs)
     assert "pcie" in answer["NodeNames"]
     assert all("holding" not in reason for reason in answer["FailedNodes"].values())
+    assert answer["FailedAndUnresolvableNodes"] == {}
 
 
 @pytest.mark.parametrize(
@@ -473,12 +493,14 @@ def test_the_pod_annotation_sets_its_own_limit_or_is_ignored(
 ) -> None:
     answer = hold_filter(waiting_pod(4, wait=wait), ["pcie"], waited_s=waited_s)
     waited = duration_text(waited_s)
-    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit=limit, waited=waited)}
+    held = {"pcie": HOLD_REASON.format(limit=limit, waited=waited)}
+    assert answer["FailedAndUnresolvableNodes"] == held
 
 
 def test_a_skewed_clock_within_the_limit_holds_and_says_waited_0s() -> None:
     answer = hold_filter(waiting_pod(4), ["pcie"], waited_s=-60.0)
-    assert answer["FailedNodes"] == {"pcie": HOLD_REASON.format(limit="2h", waited="0s")}
+    held = {"pcie": HOLD_REASON.format(limit="2h", waited="0s")}
+    assert answer["FailedAndUnresolvableNodes"] == held
 
 
 @pytest.mark.parametrize(
@@ -519,43 +541,233 @@ POOL = [
     "1;0-3;damaged",
 ]
 NAMES = ["a", "b", "c", "d"]
+WIRINGS = [
+    {},
+    labels(profile("dgx-h100")),  # NVSwitch, every link up: any k of its 8 GPUs are connected
+    labels(profile("dgx-1-v100")),  # NVLink, but not every pair: nothing is known for sure
+    labels(profile("pcie-8x")),
+]
+NODE_STATES = st.tuples(st.sampled_from(POOL), st.sampled_from(range(len(WIRINGS))))
 EVENTS = st.one_of(
-    st.tuples(st.just("set"), st.sampled_from(NAMES), st.sampled_from(POOL)),
+    st.tuples(st.just("set"), st.sampled_from(NAMES), NODE_STATES),
     st.tuples(st.just("drop"), st.sampled_from(NAMES), st.none()),
     st.tuples(
         st.just("relist"),
-        st.dictionaries(st.sampled_from(NAMES), st.sampled_from(POOL)),
+        st.dictionaries(st.sampled_from(NAMES), NODE_STATES),
         st.none(),
     ),
     st.tuples(st.just("ask"), st.sampled_from([1, 2, 4, 8]), st.none()),
 )
 
 
+def watched(name: str, state: tuple[str | None, int]) -> NodeAnnotation:
+    text, wiring = state
+    return NodeAnnotation(name, text, {"metadata": {"labels": WIRINGS[wiring]}})
+
+
 @given(st.lists(EVENTS, max_size=24))
 def test_the_connected_and_capable_sets_follow_every_change(events: list[Any]) -> None:
     cache = NodeCache("gpu.topology.io", GPU)
     cache.replace([])
-    nodes: dict[str, str | None] = {}
-    for kind, what, text in events:
+    nodes: dict[str, tuple[str | None, int]] = {}
+    for kind, what, state in events:
         if kind == "set":
-            nodes[what] = text
-            cache.apply(WatchEvent("MODIFIED", NodeAnnotation(what, text), "1"))
+            nodes[what] = state
+            cache.apply(WatchEvent("MODIFIED", watched(what, state), "1"))
         elif kind == "drop":
             nodes.pop(what, None)
             cache.apply(WatchEvent("DELETED", NodeAnnotation(what, None), "1"))
         elif kind == "relist":
             nodes = dict(what)
-            cache.replace([NodeAnnotation(n, t) for n, t in nodes.items()])
+            cache.replace([watched(n, v) for n, v in nodes.items()])
         else:
             cache.table().verdicts(what)
-        decoded = {n: None if t is None else rank(t) for n, t in nodes.items()}
+        decoded = {n: None if t is None else rank(t) for n, (t, _) in nodes.items()}
+        whole = {n: 8 if w == 1 else 0 for n, (_, w) in nodes.items()}
+        assert cache.table().wholes == {n: w for n, w in whole.items() if w}
         for k in cache.table().sizes():
             verdicts = cache.table().verdicts(k)
             fresh = {n: r for n, r in decoded.items() if r is not None and k >= 2}
-            a = {n: decode_availability(t) for n, t in nodes.items() if n in fresh and t}
+            a = {n: decode_availability(t) for n, (t, _) in nodes.items() if n in fresh and t}
             assert verdicts.connected == {n for n in a if connected_now(a[n], k)}
             assert verdicts.capable == {n for n in a if connected_capacity(a[n]) >= k}
-            assert set(verdicts.held) == {n for n in a if not connected_now(a[n], k)}
-            for n in verdicts.held:
-                member = verdicts.held[n]
+            waiting = {n for n in a if not connected_now(a[n], k)}
+            # Held, a node where evicting pods surely gives a connected set stays open to
+            # preemption; every other is unresolvable (issue 28, item 1).
+            assert set(verdicts.held) == {n for n in waiting if whole[n] >= k}
+            assert set(verdicts.unresolvable) == {n for n in waiting if whole[n] < k}
+            for n in waiting:
+                member = verdicts.held.get(n) or verdicts.unresolvable[n]
                 assert member == verdicts.failed.get(n, f"{encode_basestring_ascii(n)}:\x00")
+
+
+# -- Preemption while a pod is held (issue 28, item 1) ------------------------------------------
+
+
+def preempted(
+    spec: dict[str, Any],
+    victims: Mapping[str, list[str]],
+    *,
+    by_uid: bool = True,
+    waited_s: float = 720.0,
+    known: list[str] | None = None,
+) -> Any:
+    """The preempt answer for `victims` (node to victim UIDs) at `waited_s` after CREATED, the
+    cache knowing `known` of HOLDING (all by default) with the labels their agents publish."""
+    names = list(HOLDING) if known is None else known
+    ranks = table(
+        {n: rank(encode_availability(availability(*HOLDING[n]))) for n in names},
+        {n: connected_whole(labels(profile(HOLDING[n][0]), node=n)) for n in names},
+    )
+    if by_uid:
+        sent: Any = {
+            n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 1}
+            for n, uids in victims.items()
+        }
+        raw = body(Pod=spec, NodeNameToMetaVictims=sent)
+    else:
+        sent = {
+            n: {"Pods": [{"metadata": {"uid": u, "name": u}} for u in uids], "NumPDBViolations": 1}
+            for n, uids in victims.items()
+        }
+        raw = body(Pod=spec, NodeNameToVictims=sent, NodeNameToMetaVictims=None)
+    args = parse_preemption_args(raw, GPU)
+    answer, vetoed = preempt_answer(args, ranks, now=CREATED_S + waited_s, limit_s=CONNECTED_WAIT_S)
+    found = json.loads(answer)
+    assert vetoed == len(victims) - len(found["NodeNameToMetaVictims"])
+    return found["NodeNameToMetaVictims"]
+
+
+@pytest.mark.parametrize("by_uid", [True, False], ids=["MetaVictims", "whole Pods"])
+def test_a_held_pod_preempts_only_where_eviction_gives_a_connected_set(by_uid: bool) -> None:
+    answer = preempted(
+        waiting_pod(4), {"pcie": ["low-1"], "busy": ["low-2", "low-3"]}, by_uid=by_uid
+    )
+    # The PCIe node can never give a connected set: its victims are spared. Any 4 GPUs of the
+    # NVSwitch node are connected: evicting there serves the pod now.
+    assert answer == {"busy": {"Pods": [{"UID": "low-2"}, {"UID": "low-3"}], "NumPDBViolations": 1}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "waited_s", "known"),
+    [
+        (waiting_pod(4), 7201.0, None),
+        (waiting_pod(4, wait="0"), 720.0, None),
+        (waiting_pod(1), 720.0, None),
+        (waiting_pod(4), 720.0, ["pcie"]),
+        (waiting_pod(4, created=None), 720.0, None),
+    ],
+    ids=[
+        "past its limit",
+        "a pod that says never to hold it",
+        "a pod of one GPU",
+        "no node could give a connected set once pods end",
+        "no creationTimestamp",
+    ],
+)
+def test_a_pod_not_held_preempts_as_the_scheduler_chose(
+    spec: dict[str, Any], waited_s: float, known: list[str] | None
+) -> None:
+    answer = preempted(spec, {"pcie": ["low-1"], "busy": ["low-2"]}, waited_s=waited_s, known=known)
+    assert answer == {
+        "pcie": {"Pods": [{"UID": "low-1"}], "NumPDBViolations": 1},
+        "busy": {"Pods": [{"UID": "low-2"}], "NumPDBViolations": 1},
+    }
+
+
+def test_a_candidate_without_victims_is_never_returned() -> None:
+    # The scheduler drops it (ignorable) or fails preemption (not ignorable) if it comes back.
+    assert preempted(waiting_pod(4, wait="0"), {"pcie": [], "busy": ["low"]}) == {
+        "busy": {"Pods": [{"UID": "low"}], "NumPDBViolations": 1}
+    }
+
+
+def test_a_node_the_cache_does_not_know_is_spared_while_the_pod_is_held() -> None:
+    assert preempted(waiting_pod(4), {"unseen": ["low"]}) == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"[]", "the body is not an ExtenderPreemptionArgs object"),
+        (body(NodeNameToMetaVictims={}), "Pod is missing or not an object"),
+        (
+            body(Pod={}, NodeNameToMetaVictims={}, NodeNameToVictims={}),
+            "send one of NodeNameToMetaVictims and NodeNameToVictims, not both",
+        ),
+        (body(Pod={}, NodeNameToMetaVictims=[]), "NodeNameToMetaVictims is not an object"),
+        (body(Pod={}, NodeNameToMetaVictims={"a": []}), "NodeNameToMetaVictims['a'] is not a"),
+        (
+            body(Pod={}, NodeNameToMetaVictims={"a": {"Pods": [{"UID": 7}]}}),
+            "NodeNameToMetaVictims['a'].Pods[0] has no pod UID",
+        ),
+        (
+            body(Pod={}, NodeNameToVictims={"a": {"Pods": [{"metadata": {}}]}}),
+            "NodeNameToVictims['a'].Pods[0] has no pod UID",
+        ),
+        (
+            body(Pod={}, NodeNameToMetaVictims={"a": {"Pods": [], "NumPDBViolations": -1}}),
+            "NodeNameToMetaVictims['a'].NumPDBViolations is not a count",
+        ),
+        (body(Pod={}, NodeNameToMetaVictims={"": {}}), "NodeNameToMetaVictims[0] is not a node"),
+    ],
+)
+def test_a_malformed_preemption_request_is_one_line_naming_the_problem(
+    raw: bytes, reason: str
+) -> None:
+    with pytest.raises(BadRequestError, match="^" + re.escape(reason)) as e:
+        parse_preemption_args(raw, GPU)
+    assert "\n" not in str(e.value)
+
+
+# -- Holding only for a node the pod could use (issue 28, item 10) -------------------------------
+
+BUSY_LABELS = {"zone": "a", "kubernetes.io/hostname": "busy"}
+NOT_ZONE_A = {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}
+SICK = {"key": "gpu.topology.io/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}
+NOT_READY = {"conditions": [{"type": "Ready", "status": "False"}]}
+HELD_FOR_BUSY = {
+    # case: (the pod's spec beside its GPUs, the busy NVSwitch node as the watch sent it, held)
+    "a pod that may use it": ({}, {}, True),
+    "a nodeSelector the node does not match": ({"nodeSelector": {"zone": "b"}}, {}, False),
+    "a required affinity the node does not match": (
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [NOT_ZONE_A]
+                    }
+                }
+            }
+        },
+        {},
+        False,
+    ),
+    "the node is cordoned": ({}, {"spec": {"unschedulable": True}}, False),
+    "the node is tainted fabric-health=unhealthy": ({}, {"spec": {"taints": [SICK]}}, False),
+    "the taint is tolerated": (
+        {"tolerations": [{"key": SICK["key"], "operator": "Exists"}]},
+        {"spec": {"taints": [SICK]}},
+        True,
+    ),
+    "the node is not Ready": ({}, {"status": NOT_READY}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(HELD_FOR_BUSY))
+def test_the_pod_is_held_only_for_a_node_it_could_use(case: str) -> None:
+    extra, busy, held = HELD_FOR_BUSY[case]
+    spec = waiting_pod(4)
+    spec["spec"] |= extra
+    ranks = RankTable(GPU)
+    for name in ("pcie", "busy"):
+        facts = node_facts({"metadata": {"labels": BUSY_LABELS}, **busy} if name == "busy" else {})
+        ranks.set(name, rank(encode_availability(availability(*HOLDING[name]))), 0, facts)
+    args = parse_args(body(Pod=spec, NodeNames=["pcie"]), GPU)
+    verdicts = ranks.verdicts(4)
+    reason = hold_reason(
+        args, verdicts, now=CREATED_S + 720.0, limit_s=CONNECTED_WAIT_S, facts=ranks.facts
+    )
+    assert (reason is not None) is held
+    answer = json.loads(filter_answer(args, verdicts, reason)[0])
+    assert answer["NodeNames"] == ([] if held else ["pcie"])

@@ -24,6 +24,7 @@ from reporter.extender.cache import NodeCache, NodeWatcher
 from reporter.extender.server import LIMITS, ExtenderMetrics, ExtenderServer
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.watch import NodeAnnotation, NodeSnapshot, NodeWatch, WatchEvent
+from reporter.schema.labels import labels
 from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
 from tests.test_extender_protocol import KEY, pod, profile
 
@@ -200,7 +201,7 @@ def test_a_cluster_without_nodes_is_listed_as_empty_not_refused(
     eventually(lambda: extender.cache.get("late") is not None, "the new node through the watch")
 
 
-def test_lists_are_paged_and_ask_for_metadata_only(
+def test_lists_are_paged_and_ask_for_whole_nodes(
     apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
 ) -> None:
     for i in range(1203):
@@ -213,7 +214,8 @@ def test_lists_are_paged_and_ask_for_metadata_only(
     ]
     # gpu-node-1 sorts first, so pages end at n00498 and n00998.
     assert [r.query.get("continue", [""])[0] for r in lists] == ["", "n00498", "n00998"]
-    assert all("as=PartialObjectMetadataList" in (r.accept or "") for r in lists)
+    # Whole Nodes: taints and the Ready condition decide where a held pod could go (issue 28).
+    assert not any("PartialObjectMetadata" in (r.accept or "") for r in lists)
 
 
 def test_a_failing_api_server_is_retried_and_counted(
@@ -452,10 +454,37 @@ def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_f
     answer = extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})
     assert answer["NodeNames"] == []
     # Whole seconds since a creation time truncated to seconds: 0s, or more on a loaded machine.
-    reason = answer["FailedNodes"]["pcie"]
+    # Unresolvable: evicting pods on a PCIe node can never give it a connected set.
+    reason = answer["FailedAndUnresolvableNodes"]["pcie"]
     assert re.search(r"holding the pod for one up to 10m \(waited [0-9]+s\)$", reason), reason
 
     # The key is the extender's prefix's: the pod says never, and it passes.
     held["metadata"]["annotations"] = {"gpu.topology.io/connected-wait": "0"}
     assert extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})["NodeNames"] == ["pcie"]
     assert b"topo_reporter_extender_holds_total 1.0" in extender.call("GET", "/metrics")[1]
+
+
+def test_preempt_spares_the_pcie_node_while_a_pod_is_held_through_the_watched_labels(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    # Issue 28, item 1: the wiring each node's agent labels, read through the metadata watch.
+    for name, machine, free in [("pcie", "pcie-8x", (0, 1)), ("dgx", "dgx-h100", (6, 7))]:
+        apiserver.add_node(
+            name,
+            labels=labels(profile(machine), node=name),
+            annotations={KEY: annotation(machine, free)},
+        )
+    extender = extender_factory()
+    eventually(lambda: extender.cache.synced, "the first list")
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = pod(4) | {"metadata": {"name": "p", "creationTimestamp": created}}
+    victims = {n: {"Pods": [{"UID": f"low-{n}"}], "NumPDBViolations": 0} for n in ("pcie", "dgx")}
+    answer = extender.post("preempt", {"Pod": held, "NodeNameToMetaVictims": victims})
+    assert answer == {"NodeNameToMetaVictims": {"dgx": victims["dgx"]}}
+    metrics = extender.call("GET", "/metrics")[1]
+    assert b"topo_reporter_extender_preemption_vetoed_nodes_total 1.0" in metrics
+
+    # A pod that is not held keeps every candidate the scheduler chose.
+    held["metadata"]["annotations"] = {"gpu.topology.io/connected-wait": "0"}
+    answer = extender.post("preempt", {"Pod": held, "NodeNameToMetaVictims": victims})
+    assert answer == {"NodeNameToMetaVictims": victims}

@@ -23,7 +23,14 @@ import structlog
 
 from reporter.availability import AVAILABILITY_KEY
 from reporter.errors import PublishError
-from reporter.extender.protocol import DEFAULT_RESOURCE, NodeRank, RankTable, rank
+from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
+from reporter.extender.protocol import (
+    DEFAULT_RESOURCE,
+    NodeRank,
+    RankTable,
+    connected_whole,
+    rank,
+)
 from reporter.extender.reflector import Reflector
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
 
@@ -45,22 +52,30 @@ class NodeCache:
         self._resource = resource
         self._lock = threading.Lock()
         self._text: dict[str, str | None] = {}
+        self._whole: dict[str, int] = {}
+        """Node name to `connected_whole` of its labels, as last judged."""
+        self._facts: dict[str, NodeFacts] = {}
+        """Node name to where pods may go on it (labels, taints), as last seen."""
         self._table = RankTable(resource)
         self._synced = threading.Event()
 
     def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
         """Take a full list: nodes absent from it are gone."""
-        fresh = {n.name: n.value for n in nodes}
+        listed = list(nodes)
+        fresh = {n.name: n.value for n in listed}
+        wholes = {n.name: connected_whole(_labels(n), self.prefix) for n in listed}
+        facts = {n.name: node_facts(n.node) for n in listed}
         with self._lock:
             old = self._table
             table = RankTable(self._resource)
             for name, text in fresh.items():
                 unchanged = self._text.get(name, ...) == text and name in old.ranks
-                table.set(name, old.ranks[name] if unchanged else self._rank(name, text))
+                r = old.ranks[name] if unchanged else self._rank(name, text)
+                table.set(name, r, self._whole_of(name, wholes[name]), facts[name])
             # The sizes the scheduler was asking for stay encoded: no call pays for the relist.
             for k in old.sizes():
                 table.verdicts(k)
-            self._text, self._table = fresh, table
+            self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
         self._synced.set()
 
     def apply(self, event: WatchEvent) -> None:
@@ -71,19 +86,38 @@ class NodeCache:
         with self._lock:
             if event.type == "DELETED":
                 self._text.pop(node.name, None)
+                self._whole.pop(node.name, None)
+                self._facts.pop(node.name, None)
                 self._table.drop(node.name)
-            elif self._text.get(node.name, ...) != node.value or node.name not in self._table.ranks:
+                return
+            whole = connected_whole(_labels(node), self.prefix)
+            facts = node_facts(node.node)
+            if (
+                self._text.get(node.name, ...) != node.value
+                or self._whole.get(node.name) != whole
+                or self._facts.get(node.name) != facts
+                or node.name not in self._table.ranks
+            ):
                 self._text[node.name] = node.value
-                self._table.set(node.name, self._rank(node.name, node.value))
+                self._whole[node.name] = whole
+                self._facts[node.name] = facts
+                r = self._rank(node.name, node.value)
+                self._table.set(node.name, r, self._whole_of(node.name, whole), facts)
 
     def revise(self, name: str) -> None:
         """Judge the node again: whether it is vouched for changed."""
         with self._lock:
             if name in self._text:
-                self._table.set(name, self._rank(name, self._text[name]))
+                r = self._rank(name, self._text[name])
+                whole = self._whole_of(name, self._whole.get(name, 0))
+                self._table.set(name, r, whole, self._facts.get(name, OPEN_NODE))
 
     def _rank(self, name: str, text: str | None) -> NodeRank | None:
         return rank(text) if self.vouched(name) else None
+
+    def _whole_of(self, name: str, whole: int) -> int:
+        # What a node's labels say of its wiring counts only while its agent vouches for it.
+        return whole if self.vouched(name) else 0
 
     def get(self, name: str) -> NodeRank | None:
         """The node's rank; None when unknown, or its availability is absent or damaged."""
@@ -107,6 +141,11 @@ class NodeCache:
         with self._lock:
             ranks = self._table.ranks
             return len(ranks), sum(a is None for a in ranks.values())
+
+
+def _labels(node: NodeAnnotation) -> object:
+    meta = node.node.get("metadata")
+    return meta.get("labels") if isinstance(meta, dict) else None
 
 
 class NodeWatcher(Reflector[WatchEvent]):

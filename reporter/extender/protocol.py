@@ -1,4 +1,5 @@
-"""kube-scheduler's extender protocol, filter and prioritize: request in, answer out, no I/O.
+"""kube-scheduler's extender protocol, filter, prioritize and preempt: request in, answer out,
+no I/O.
 
 The Go types (`k8s.io/kube-scheduler/extender/v1`) carry no JSON tags, so the wire keys are the
 Go field names: `Pod`, `Nodes`, `NodeNames` in; `Nodes`, `NodeNames`, `FailedNodes`,
@@ -12,10 +13,14 @@ ranked by `reporter.availability.node_score`. A node whose availability is missi
 never filtered and scores `NEUTRAL_SCORE`. A pod of k >= 2 GPUs that no candidate node gives an
 NVLink-connected set now, while some known node could once its pods end, is held for one up to a
 limit from its creation (`hold_reason`, `reporter.availability.holds_for_connected`): the
-candidates that would give it a set that is not connected are filtered out too. What the pod
-itself carries for that (its creation time, its `connected-wait` annotation) never makes a
-request fail: unreadable, it is as if absent, and a pod whose creation time does not read is
-never held. A request that does not read raises BadRequestError with one line.
+candidates that would give it a set that is not connected are filtered out too, and the nodes it
+waits for count only where the pod may run (`reporter.extender.eligibility`). While a pod is
+held, preemption may evict only where that surely gives it a connected set (`connected_whole`):
+filter answers the other failed nodes as FailedAndUnresolvableNodes, and preempt keeps only
+those candidates (`preempt_answer`). What the pod itself carries for that (its creation time, its
+`connected-wait` annotation, its placement) never makes a request fail: unreadable, it is as if
+absent, and a pod whose creation time does not read is never held. A request that does not read
+raises BadRequestError with one line.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress
 from json.encoder import encode_basestring_ascii
-from operator import not_
+from operator import is_, not_
 from typing import Any, cast
 
 from parsers.errors import ParseError
@@ -45,7 +50,16 @@ from reporter.availability import (
     node_score,
 )
 from reporter.errors import ConfigError, InputError, SchemaError
-from reporter.schema.keys import CONNECTED_WAIT, DEFAULT_PREFIX
+from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement, node_facts
+from reporter.extender.eligibility import placement as pod_placement
+from reporter.schema.keys import (
+    CONNECTED_WAIT,
+    COUNT,
+    DEFAULT_PREFIX,
+    INTERCONNECT,
+    NVLINK_HEALTH,
+    key,
+)
 from reporter.settings import DURATION_MAX_S, parse_duration
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -136,6 +150,9 @@ class ExtenderArgs:
     connected_wait_s: float | None = None
     """The pod's own hold limit (its `connected-wait` annotation), 0..24h; None when absent or
     unreadable (the extender's limit applies)."""
+    placement: Placement = ANYWHERE
+    """Where the pod may run (its nodeSelector, required node affinity, tolerations), read only
+    for a pod that could be held; ANYWHERE otherwise or when it does not read."""
 
 
 def parse_args(
@@ -155,11 +172,7 @@ def parse_args(
     pod = doc.get("Pod")
     if not isinstance(pod, dict):
         raise BadRequestError("Pod is missing or not an object")
-    gpus = gpus_requested(pod, resource)
-    meta = pod.get("metadata")
-    created, wait = (
-        (None, None) if gpus < 2 or not isinstance(meta, dict) else _hold_facts(meta, wait_key)
-    )
+    hold = _hold_facts(pod, wait_key, resource)
     nodes, names = doc.get("Nodes"), doc.get("NodeNames")
     if (nodes is None) == (names is None):
         raise BadRequestError(
@@ -168,19 +181,32 @@ def parse_args(
     if names is not None:
         if not isinstance(names, list):
             raise BadRequestError("NodeNames is not a list of node names")
-        return ExtenderArgs(gpus, _node_names(names, "NodeNames"), None, created, wait)
+        return replace(hold, node_names=_node_names(names, "NodeNames"))
     if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
         raise BadRequestError("Nodes is not a NodeList ({items: [...]})")
     items = nodes.get("items") or []
     named = [_item_name(item, i) for i, item in enumerate(items)]
-    return ExtenderArgs(gpus, _node_names(named, "Nodes.items"), nodes, created, wait)
+    return replace(hold, node_names=_node_names(named, "Nodes.items"), node_list=nodes)
 
 
-def _hold_facts(meta: Mapping[str, Any], wait_key: str) -> tuple[float | None, float | None]:
-    """The pod's creation in POSIX seconds and its own hold limit; each None when unreadable."""
+def _hold_facts(pod: Mapping[str, Any], wait_key: str, resource: str) -> ExtenderArgs:
+    """The pod's GPUs and, for a pod that could be held (2 or more), its creation in POSIX
+    seconds, its own hold limit and where it may run; each None or ANYWHERE when unreadable.
+    No candidate nodes yet."""
+    gpus = gpus_requested(pod, resource)
+    meta = pod.get("metadata")
+    if gpus < 2 or not isinstance(meta, dict):
+        return ExtenderArgs(gpus, (), None)
     annotations = meta.get("annotations")
     wait = annotations.get(wait_key) if isinstance(annotations, dict) else None
-    return created_seconds(meta.get("creationTimestamp")), hold_limit(wait)
+    return ExtenderArgs(
+        gpus,
+        (),
+        None,
+        created_seconds(meta.get("creationTimestamp")),
+        hold_limit(wait),
+        pod_placement(pod.get("spec")),
+    )
 
 
 def created_seconds(value: Any) -> float | None:
@@ -347,7 +373,16 @@ class Verdicts:
     read with one set operation per call (`hold_reason`).
     """
 
-    __slots__ = ("capable", "connected", "entries", "failed", "held", "k", "resource")
+    __slots__ = (
+        "capable",
+        "connected",
+        "entries",
+        "failed",
+        "held",
+        "k",
+        "resource",
+        "unresolvable",
+    )
 
     def __init__(self, k: int, resource: str) -> None:
         self.k = k
@@ -358,14 +393,20 @@ class Verdicts:
         """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
         cannot give k free GPUs (and only those)."""
         self.held: dict[str, str] = {}
-        """For k >= 2, the FailedNodes members while a pod is held: `failed`'s, and for the nodes
-        known to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
+        """For k >= 2, the FailedNodes members while a pod is held, for the nodes where evicting
+        pods would give it a connected set (`whole` >= k): `failed`'s, and for the nodes known
+        to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
+        self.unresolvable: dict[str, str] = {}
+        """For k >= 2, the same members for the other nodes, answered as
+        FailedAndUnresolvableNodes while a pod is held: preemption there cannot serve it."""
         self.connected: set[str] = set()
         """For k >= 2, the nodes that give a pod of k GPUs an NVLink-connected set now."""
         self.capable: set[str] = set()
         """For k >= 2, the nodes whose connected capacity is k or more: worth waiting for."""
 
-    def set(self, name: str, quoted: str, r: NodeRank | None) -> None:
+    def set(self, name: str, quoted: str, r: NodeRank | None, whole: int = 0) -> None:
+        """Judge one node: `r` its rank (None: unknown or unreadable), `whole` its GPUs when
+        every pair of them is connected (`connected_whole`), else 0."""
         k = self.k
         if not k:
             score = 0  # not ours to judge: no opinion
@@ -385,15 +426,25 @@ class Verdicts:
             # An unknown or unreadable node is never filtered, nor waited for.
             self._forget(name)
             return
+        member: str | None = None
         if r.free < k:
             self.connected.discard(name)
-            self.held[name] = self.failed[name]
+            member = self.failed[name]
         elif r.connected[k - 1]:
             self.connected.add(name)
-            self.held.pop(name, None)
         else:
             self.connected.discard(name)
-            self.held[name] = quoted + _HELD_MEMBER
+            member = quoted + _HELD_MEMBER
+        # While the pod is held, a node where evicting pods cannot be known to give it a
+        # connected set is no place for preemption (issue 28, item 1).
+        resolvable, other = (
+            (self.held, self.unresolvable) if whole >= k else (self.unresolvable, self.held)
+        )
+        other.pop(name, None)
+        if member is None:
+            resolvable.pop(name, None)
+        else:
+            resolvable[name] = member
         if r.capacity >= k:
             self.capable.add(name)
         else:
@@ -406,6 +457,7 @@ class Verdicts:
 
     def _forget(self, name: str) -> None:
         self.held.pop(name, None)
+        self.unresolvable.pop(name, None)
         self.connected.discard(name)
         self.capable.discard(name)
 
@@ -425,6 +477,10 @@ class RankTable:
     def __init__(self, resource: str = DEFAULT_RESOURCE) -> None:
         self.resource = resource
         self.ranks: dict[str, NodeRank | None] = {}
+        self.wholes: dict[str, int] = {}
+        """Node name to `connected_whole` of its labels, for the nodes where it is not 0."""
+        self.facts: dict[str, NodeFacts] = {}
+        """Node name to where pods may go on it (`reporter.extender.eligibility`)."""
         self._quoted: dict[str, str] = {}
         self._sizes: dict[int, Verdicts] = {}
         self._lock = threading.Lock()
@@ -436,26 +492,42 @@ class RankTable:
         key: str,
         resource: str,
         vouched: Callable[[str], bool] = lambda node: True,
+        prefix: str = DEFAULT_PREFIX,
     ) -> RankTable:
         """The ranks of the Nodes a request carries (the form without nodeCacheCapable); a node
         not `vouched` for (heartbeats) is unknown."""
         table = cls(resource)
         for item in node_list.get("items") or []:
             name = str(item["metadata"]["name"])
-            table.set(name, node_rank(item, key) if vouched(name) else None)
+            facts = node_facts(item)
+            if vouched(name):
+                labels = item["metadata"].get("labels")
+                table.set(name, node_rank(item, key), connected_whole(labels, prefix), facts)
+            else:
+                table.set(name, None, 0, facts)
         return table
 
-    def set(self, name: str, r: NodeRank | None) -> None:
+    def set(
+        self, name: str, r: NodeRank | None, whole: int = 0, facts: NodeFacts = OPEN_NODE
+    ) -> None:
+        """Take a node's rank, its `connected_whole` (0 where unknown) and its facts."""
         with self._lock:
             quoted = self._quoted.get(name) or encode_basestring_ascii(name)
             self._quoted[name] = quoted
             self.ranks[name] = r
+            self.facts[name] = facts
+            if whole:
+                self.wholes[name] = whole
+            else:
+                self.wholes.pop(name, None)
             for verdicts in self._sizes.values():
-                verdicts.set(name, quoted, r)
+                verdicts.set(name, quoted, r, whole)
 
     def drop(self, name: str) -> None:
         with self._lock:
             self.ranks.pop(name, None)
+            self.wholes.pop(name, None)
+            self.facts.pop(name, None)
             self._quoted.pop(name, None)
             for verdicts in self._sizes.values():
                 verdicts.drop(name)
@@ -472,8 +544,9 @@ class RankTable:
             found = self._sizes.pop(k, None)
             if found is None:
                 found = Verdicts(k, self.resource)
+                wholes = self.wholes
                 for name, r in self.ranks.items():
-                    found.set(name, self._quoted[name], r)
+                    found.set(name, self._quoted[name], r, wholes.get(name, 0))
             self._sizes[k] = found
             while len(self._sizes) > KEPT_SIZES:
                 del self._sizes[next(iter(self._sizes))]
@@ -481,26 +554,68 @@ class RankTable:
 
 
 def hold_reason(
-    args: ExtenderArgs, verdicts: Verdicts, *, now: float, limit_s: float
+    args: ExtenderArgs,
+    verdicts: Verdicts,
+    *,
+    now: float,
+    limit_s: float,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> str | None:
     """The reason filter gives the nodes it fails while it holds the pod for an NVLink-connected
     set, or None when it does not hold it (`holds_for_connected`): `now` in POSIX seconds, by the
-    extender's clock; `limit_s` the extender's limit, which the pod's own annotation replaces."""
+    extender's clock; `limit_s` the extender's limit, which the pod's own annotation replaces;
+    `facts` where pods may go on each node (`RankTable.facts`; None: every node open)."""
     k = args.gpus
     if k < 2 or args.created_s is None:
         return None  # nothing to wait for, or nothing we can read: never withhold blindly
     limit = limit_s if args.connected_wait_s is None else args.connected_wait_s
     waited = now - args.created_s
-    # Both sets are kept as nodes change: C-level reads, no Python per node.
+    # The candidates passed the scheduler's own filters: whether one is connected is a C-level
+    # read of a set kept as nodes change.
     connected = not verdicts.connected.isdisjoint(args.node_names)
-    if not holds_for_connected(
-        k, waited, limit, connected=connected, capable=bool(verdicts.capable)
-    ):
+    if not holds_for_connected(k, waited, limit, connected=connected, capable=True):
+        return None
+    # Whether a node worth waiting for admits the pod is weighed last: the one check that can
+    # loop over nodes.
+    if not _usable_capable(args.placement, verdicts.capable, facts):
         return None
     return (
         f"topo-reporter: no NVLink-connected set of {k} {verdicts.resource} free here; holding "
         f"the pod for one up to {duration_text(limit)} (waited {duration_text(waited)})"
     )
+
+
+def _usable_capable(
+    where: Placement, capable: set[str], facts: Mapping[str, NodeFacts] | None
+) -> bool:
+    """Whether some node worth waiting for (`Verdicts.capable`) is one the pod may run on (issue
+    28, item 10): the scheduler never sends a busy node, so the extender judges it itself. The
+    first such node ends the search: for a pod that may go anywhere, one look."""
+    if facts is None or where is ANYWHERE:
+        return bool(capable)
+    get = facts.get
+    # A copy: the watch thread may change the set while this call reads it.
+    return any(where.allows(name, get(name, OPEN_NODE)) for name in list(capable))
+
+
+def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
+    """How many GPUs the node has when its agent's labels say every pair of them is joined by
+    NVSwitch at full bond (`interconnect=nvswitch`, `nvlink-health=ok`), else 0: on such a node
+    any k free GPUs are a connected set, so evicting pods that free k of them gives one. Labels
+    that do not read count as 0 (nothing is known)."""
+    if not isinstance(labels, dict):
+        return 0
+    if labels.get(key(prefix, INTERCONNECT)) != "nvswitch":
+        return 0
+    if labels.get(key(prefix, NVLINK_HEALTH)) != "ok":
+        return 0
+    count = labels.get(key(prefix, COUNT))
+    if not isinstance(count, str):
+        return 0
+    try:
+        return parse_decimal(count, field="count", max_digits=3)
+    except ParseError:
+        return 0
 
 
 def duration_text(seconds: float) -> str:
@@ -520,8 +635,15 @@ def filter_answer(
     # One snapshot of the verdicts: a node updated during the call is read once.
     members = verdicts.failed if held is None else verdicts.held
     failed = list(map(members.get, names)) if args.gpus else []
-    dropped = len(failed) - failed.count(None)
-    kept = list(compress(names, map(not_, failed))) if dropped else list(names)
+    if held is None:
+        unresolvable: list[str | None] = []
+        dropped = len(failed) - failed.count(None)
+        kept = list(compress(names, map(not_, failed))) if dropped else list(names)
+    else:
+        # Held: a node is in one map or the other, or neither (kept: None is None), never both.
+        unresolvable = list(map(verdicts.unresolvable.get, names))
+        kept = list(compress(names, map(is_, failed, unresolvable)))
+        dropped = len(names) - len(kept)
     if args.node_list is None:
         nodes, node_names = "null", json.dumps(kept, separators=(",", ":"))
     else:
@@ -530,12 +652,125 @@ def filter_answer(
         nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
         node_names = "null"
     joined = ",".join(filter(None, failed))
+    unjoined = ",".join(filter(None, unresolvable))
     if held is not None:
-        joined = joined.replace(_HELD, encode_basestring_ascii(held))
+        reason = encode_basestring_ascii(held)
+        joined, unjoined = joined.replace(_HELD, reason), unjoined.replace(_HELD, reason)
     return (
         f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
-        '"FailedAndUnresolvableNodes":{},"Error":""}'
+        f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'
     ).encode(), dropped
+
+
+MAX_UID_CHARS = 128
+"""Longer than any pod UID (36 characters): a longer one is not a UID."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """The parts of an ExtenderPreemptionArgs the extender acts on."""
+
+    hold: ExtenderArgs
+    """The pod's GPUs and hold facts (no candidate nodes: those are the victims' keys)."""
+    victims: Mapping[str, tuple[tuple[str, ...], int]]
+    """Node name to the UIDs of the pods preemption would evict there and its
+    NumPDBViolations, as the scheduler sent them."""
+
+
+def parse_preemption_args(
+    body: bytes,
+    resource: str = DEFAULT_RESOURCE,
+    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+) -> PreemptionArgs:
+    """Read an ExtenderPreemptionArgs JSON body: `Pod` and one of `NodeNameToMetaVictims`
+    (nodeCacheCapable: victims by UID) and `NodeNameToVictims` (whole Pods). Raises
+    BadRequestError naming what is wrong."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise BadRequestError(f"the body is not JSON: {_first_line(e)}") from None
+    if not isinstance(doc, dict):
+        raise BadRequestError(
+            "the body is not an ExtenderPreemptionArgs object "
+            "({Pod, NodeNameToMetaVictims | NodeNameToVictims})"
+        )
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequestError("Pod is missing or not an object")
+    hold = _hold_facts(pod, wait_key, resource)
+    meta_victims, whole_victims = doc.get("NodeNameToMetaVictims"), doc.get("NodeNameToVictims")
+    if meta_victims is not None and whole_victims is not None:
+        raise BadRequestError("send one of NodeNameToMetaVictims and NodeNameToVictims, not both")
+    where = "NodeNameToVictims" if meta_victims is None else "NodeNameToMetaVictims"
+    found = meta_victims if meta_victims is not None else whole_victims or {}
+    if not isinstance(found, dict):
+        raise BadRequestError(f"{where} is not an object of node names")
+    if len(found) > MAX_NODES:
+        raise BadRequestError(f"{where} holds {len(found)} nodes, more than {MAX_NODES}")
+    victims = {
+        _node_names([name], where)[0]: _victims(value, f"{where}[{name[:64]!r}]", meta_victims)
+        for name, value in found.items()
+    }
+    return PreemptionArgs(hold, victims)
+
+
+def _victims(value: Any, where: str, by_uid: Any) -> tuple[tuple[str, ...], int]:
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{where} is not a Victims object")
+    pods = value.get("Pods") or []
+    violations = value.get("NumPDBViolations") or 0
+    if not isinstance(pods, list):
+        raise BadRequestError(f"{where}.Pods is not a list")
+    if not isinstance(violations, int) or isinstance(violations, bool) or violations < 0:
+        raise BadRequestError(f"{where}.NumPDBViolations is not a count")
+    uids = []
+    for i, victim in enumerate(pods):
+        # MetaPod {"UID"} with nodeCacheCapable, a whole Pod otherwise.
+        meta = victim if by_uid is not None else _get(victim, "metadata")
+        uid = _get(meta, "UID" if by_uid is not None else "uid")
+        if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID_CHARS:
+            raise BadRequestError(f"{where}.Pods[{i}] has no pod UID")
+        uids.append(uid)
+    return tuple(uids), violations
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
+def preempt_answer(
+    args: PreemptionArgs, table: RankTable, *, now: float, limit_s: float
+) -> tuple[bytes, int]:
+    """The ExtenderPreemptionResult as JSON, `{"NodeNameToMetaVictims": {...}}`, and how many
+    candidate nodes it took away.
+
+    The extender's hold decides (issue 28, item 1): for a pod it holds for an NVLink-connected set
+    (`holds_for_connected`, judged as filter would with no candidate connected now: preemption
+    runs only where none passed), a node stays a candidate only where evicting pods that free
+    k GPUs gives a connected set (`connected_whole` >= k: every pair of its GPUs connected);
+    evicting elsewhere could not give the pod what it is held for. Any other pod keeps every
+    candidate. A node without victims never stays: the extender's own filter removed it, and
+    the scheduler drops such a node or, with an extender that is not ignorable, fails.
+    """
+    hold = args.hold
+    k = hold.gpus
+    held = (
+        hold_reason(hold, table.verdicts(k), now=now, limit_s=limit_s, facts=table.facts)
+        is not None
+    )
+    wholes = table.wholes
+    kept = {
+        name: found
+        for name, found in args.victims.items()
+        if found[0] and (not held or wholes.get(name, 0) >= k)
+    }
+    members = ",".join(
+        f'{encode_basestring_ascii(name)}:{{"Pods":['
+        + ",".join(f'{{"UID":{encode_basestring_ascii(uid)}}}' for uid in uids)
+        + f'],"NumPDBViolations":{violations}}}'
+        for name, (uids, violations) in kept.items()
+    )
+    return f'{{"NodeNameToMetaVictims":{{{members}}}}}'.encode(), len(args.victims) - len(kept)
 
 
 def prioritize_answer(args: ExtenderArgs, verdicts: Verdicts) -> bytes:

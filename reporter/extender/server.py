@@ -1,10 +1,12 @@
-"""The extender's HTTP server: POST /filter and /prioritize, GET /healthz, /readyz and /metrics.
+"""The extender's HTTP server: POST /filter, /prioritize and /preempt, GET /healthz, /readyz and
+/metrics.
 
-The URL prefix is the server root (`urlPrefix: http://HOST:PORT`, verbs `filter` and
-`prioritize`). HTTP/1.1 with keep-alive, as kube-scheduler's client reuses its connections. A
+The URL prefix is the server root (`urlPrefix: http://HOST:PORT`, verbs `filter`, `prioritize`
+and `preempt`). HTTP/1.1 with keep-alive, as kube-scheduler's client reuses its connections. A
 request body must state its length and stay under `max_body_bytes`; anything that does not read
-as an ExtenderArgs is answered 400 with one line of text, which kube-scheduler counts as an
-extender error (ignored with `ignorable: true`). It reads the NodeCache and never calls the API.
+as an ExtenderArgs (an ExtenderPreemptionArgs for preempt) is answered 400 with one line of text,
+which kube-scheduler counts as an extender error (ignored with `ignorable: true`). It reads the
+NodeCache and never calls the API.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ LIMITS = Limits(
 )
 """kube-scheduler makes one call at a time; the second slot serves a call it gave up on while
 the extender still answers it, or a second scheduler. A call waits up to 1 s for a slot, well
-inside kube-scheduler's 5 s default `httpTimeout`. Held by the chart's 256 MiB: `peak_bytes`."""
+inside kube-scheduler's 5 s default `httpTimeout`. Held by the chart's 320 MiB: `peak_bytes`."""
 STARVED_S = 10.0
 """/readyz fails for this long after a call was refused for want of a slot or of room for its
 body: two readiness probes (5 s apart), one fewer than the chart's failure threshold, so a single
@@ -48,8 +50,9 @@ PARSE_COST = 40
 26 for a body of `{}` objects, 31.5 to 34.2 for objects of one key nested 1 to 3 deep (each level
 a dict of 184 bytes for 6 bytes of text), 7 for whole Nodes; Python's own count (tracemalloc),
 which the tests check, is lower (25 to 31)."""
-IDLE_BYTES = 48 * 1024 * 1024
-"""The extender with 5,000 nodes cached and nothing to do: 40 MiB measured."""
+IDLE_BYTES = 64 * 1024 * 1024
+"""The extender with 5,000 nodes cached (availability, labels, taints, readiness) and nothing to do:
+62 MiB measured (`bench/extender.py`); about 2 KB more for each further node."""
 READ_BYTES = 256 * 1024
 """What one read brings from one connection (asyncio's), held until its request is answered."""
 
@@ -61,7 +64,7 @@ def peak_bytes(limits: Limits) -> int:
     return IDLE_BYTES + answered + buffered + limits.max_connections * READ_BYTES
 
 
-VERBS = ("filter", "prioritize")
+VERBS = ("filter", "prioritize", "preempt")
 
 
 class ExtenderMetrics:
@@ -113,6 +116,12 @@ class ExtenderMetrics:
         self.holds = Counter(
             "topo_reporter_extender_holds",
             "Filter calls that held a pod back for an NVLink-connected set (--connected-wait).",
+            registry=r,
+        )
+        self.preemption_vetoed = Counter(
+            "topo_reporter_extender_preemption_vetoed_nodes",
+            "Nodes preempt took from the scheduler's candidates: no victims, or the pod is held "
+            "for an NVLink-connected set that evicting there could not give it.",
             registry=r,
         )
         self.api_errors = Counter(
@@ -200,18 +209,30 @@ class ExtenderServer:
 
     def answer(self, verb: str, body: bytes) -> bytes:
         """The JSON answer of `verb` to a request body. Raises BadRequestError."""
+        if verb == "preempt":
+            # Both forms name the victims' nodes only: their wiring comes from the cache.
+            victims = protocol.parse_preemption_args(body, self._resource, self._wait_key)
+            answer, vetoed = protocol.preempt_answer(
+                victims, self._cache.table(), now=time.time(), limit_s=self._connected_wait_s
+            )
+            self._metrics.preemption_vetoed.inc(vetoed)
+            return answer
         args = protocol.parse_args(body, self._resource, self._wait_key)
         table = (
             self._cache.table()
             if args.node_list is None
             else protocol.RankTable.of_nodes(
-                args.node_list, self._cache.annotation, self._resource, self._cache.vouched
+                args.node_list,
+                self._cache.annotation,
+                self._resource,
+                self._cache.vouched,
+                self._cache.prefix,
             )
         )
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":
             held = protocol.hold_reason(
-                args, verdicts, now=time.time(), limit_s=self._connected_wait_s
+                args, verdicts, now=time.time(), limit_s=self._connected_wait_s, facts=table.facts
             )
             answer, filtered = protocol.filter_answer(args, verdicts, held)
             self._metrics.filtered.inc(filtered)
@@ -251,12 +272,14 @@ class ExtenderServer:
             return text(503 if reason else 200, reason or "ok")
         if path.lstrip("/") in VERBS:
             return text(405, f"{path} takes POST with an ExtenderArgs body")
-        return text(404, "not found: POST /filter or /prioritize; GET /healthz, /readyz, /metrics")
+        return text(
+            404, "not found: POST /filter, /prioritize or /preempt; GET /healthz, /readyz, /metrics"
+        )
 
     def _post(self, request: Request) -> Response:
         verb = request.path.strip("/")
         if verb not in VERBS:
-            return text(404, f"no verb {verb[:64]!r}: POST /filter or /prioritize")
+            return text(404, f"no verb {verb[:64]!r}: POST /filter, /prioritize or /preempt")
         started = time.perf_counter()
         try:
             answer = self.answer(verb, request.body)

@@ -1,18 +1,19 @@
-"""List and watch Nodes' metadata through the ApiClient seam: the extender's `NodeWatchClient`.
+"""List and watch Nodes through the ApiClient seam: the extender's `NodeWatchClient`.
 
-It asks the API server for `PartialObjectMetadata` (what client-go's metadata informers ask for),
-so a list of 5,000 Nodes carries names and annotations, not images and conditions; a server that
-ignores the request sends whole Nodes and only their metadata is read. The watch is the seam's
-(one streamed GET, bookmarks on, bounded lines, ended by the server's `timeoutSeconds` or by
-`stop`). A 410 Gone, as an HTTP status or as a watch ERROR event, raises `WatchExpired` so the
-caller relists. Every other failure is a PublishError from the shared mapping.
+It reads whole Nodes: beside the availability annotation and the labels, the extender needs what
+decides where a pod may go (taints, `spec.unschedulable`, the Ready condition), which
+`PartialObjectMetadata` leaves out. Of each object only those parts are kept, so a page is
+freed once read. The watch is the seam's (one streamed GET, bookmarks on, bounded lines, ended by
+the server's `timeoutSeconds` or by `stop`). A 410 Gone, as an HTTP status or as a watch ERROR
+event, raises `WatchExpired` so the caller relists. Every other failure is a PublishError from the
+shared mapping.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from reporter.errors import ApiPermanentError, ApiTransientError
@@ -35,10 +36,13 @@ MAX_PAGES = 1000
 
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
-    """One Node as the cache needs it: its name and its availability annotation (None: absent)."""
+    """One Node as the cache needs it: its name, its availability annotation (None: absent) and
+    the parts of the object that say where pods may go (its labels, taints, `unschedulable` and
+    Ready condition, in the Node's own shape; empty when not sent)."""
 
     name: str
     value: str | None
+    node: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class NodeWatchClient(Protocol):
     """List and watch Nodes' metadata. Implementations raise only PublishError subclasses."""
 
     def list_nodes(self, annotation: str) -> NodeSnapshot:
-        """Every Node (all pages) with the value of annotation key `annotation`."""
+        """Every Node (all pages, whole) with the value of annotation key `annotation`."""
         ...
 
     def watch_nodes(
@@ -93,11 +97,31 @@ def _annotation(obj: Any, key: str) -> NodeAnnotation:
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None)
+    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None, _placement(obj))
+
+
+def _placement(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Node that say where pods may go (labels, taints, cordon, the Ready
+    condition), so that a list of whole Nodes is not kept page after page (images, addresses and
+    the other conditions are most of a Node's bytes)."""
+    meta, spec, status = obj.get("metadata"), obj.get("spec"), obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    return {
+        "metadata": {"labels": meta.get("labels") if isinstance(meta, dict) else None},
+        "spec": {"taints": spec.get("taints"), "unschedulable": spec.get("unschedulable")},
+        "status": {
+            "conditions": [
+                c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"
+            ]
+            if isinstance(conditions, list)
+            else None
+        },
+    }
 
 
 class NodeWatch:
-    """NodeWatchClient over any ApiClient: metadata-only pages, then a metadata-only watch."""
+    """NodeWatchClient over any ApiClient: pages of whole Nodes, then a watch of them."""
 
     def __init__(self, api: ApiClient, *, watch_timeout_s: int = 300) -> None:
         self._api = api
@@ -108,7 +132,7 @@ class NodeWatch:
         query = {"limit": str(PAGE_SIZE)}
         for _ in range(MAX_PAGES):
             try:
-                page = self._api.list(NODES, query=query, metadata_only=True)
+                page = self._api.list(NODES, query=query)
             except ApiPermanentError as e:
                 if e.status == 403:
                     raise _forbidden(e) from e
@@ -129,7 +153,6 @@ class NodeWatch:
                 resource_version,
                 stop,
                 timeout_s=self._watch_timeout_s,
-                metadata_only=True,
             )
         except ApiPermanentError as e:
             if e.status == 403:
