@@ -48,6 +48,12 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
         return found[0]
 
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        """The rendered object of `kind` named `name`; fails the test when there is none."""
+        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, rendered {len(found)}"
+        return found[0]
+
     def kinds(self) -> set[str]:
         """The kinds rendered."""
         return {o["kind"] for o in self.objects}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import celpy
@@ -24,6 +25,9 @@ from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 
+from reporter.publish.client import EventType, event_body
+from reporter.publish.patch import NodeMetadata
+from reporter.schema import dra
 from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, VAP_API, render
 
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
@@ -212,11 +216,13 @@ def rendering(request: pytest.FixtureRequest) -> Rendering:
     if request.param == "default":
         rendered = render(api_versions=(VAP_API,))
         return Rendering(
-            PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")), "gpu.topology.io", AGENT
+            PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node")),
+            "gpu.topology.io",
+            AGENT,
         )
     rendered = render(ALL_ON, api_versions=(VAP_API,))
     return Rendering(
-        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node")),
         ALL_ON["agent"]["prefix"],
         f"system:serviceaccount:{NAMESPACE}:{ALL_ON['serviceAccount']['name']}",
     )
@@ -408,7 +414,9 @@ def _reserved_prefix_policy(prefix: str) -> PolicyEvaluator:
     The values schema refuses a reserved prefix, so the chart cannot render one here; the policy
     puts agent.prefix into one variable, which this sets as the template would have.
     """
-    policy = copy.deepcopy(render(api_versions=(VAP_API,)).one("ValidatingAdmissionPolicy"))
+    policy = copy.deepcopy(
+        render(api_versions=(VAP_API,)).named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node")
+    )
     (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "prefix"]
     variable["expression"] = f'"{prefix}/"'
     return PolicyEvaluator(policy)
@@ -481,7 +489,7 @@ def taint_rendering(request: pytest.FixtureRequest) -> Rendering:
     prefix = ALL_ON["agent"]["prefix"] if request.param != "default" else "gpu.topology.io"
     account = ALL_ON["serviceAccount"]["name"] if request.param != "default" else FULLNAME
     return Rendering(
-        PolicyEvaluator(rendered.one("ValidatingAdmissionPolicy")),
+        PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node")),
         prefix,
         f"system:serviceaccount:{NAMESPACE}:{account}",
     )
@@ -846,18 +854,50 @@ def taint_policy() -> PolicyEvaluator:
     return PolicyEvaluator(policy)
 
 
-def taint_rule(pool: str | None, *, selector: bool = True) -> dict[str, Any]:
-    rule: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1alpha3",
-        "kind": "DeviceTaintRule",
-        "metadata": {"name": f"topo-reporter.{pool}.gpu-1"},
-        "spec": {"taint": {"key": "gpu.topology.io/gpu-unhealthy", "effect": "NoSchedule"}},
-    }
-    if selector:
-        rule["spec"]["deviceSelector"] = {"driver": "gpu.nvidia.com", "device": "gpu-1"}
-        if pool is not None:
-            rule["spec"]["deviceSelector"]["pool"] = pool
+def taint_rule(
+    node: str = "gpu-node-1", change: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The rule the agent on `node` writes for its gpu-1 (reporter.schema.dra.rule), then
+    `change`d."""
+    rule = dra.rule(
+        dra.DeviceTaint(1, "gpu-1", dra.REASON_LOST),
+        node=node,
+        prefix="gpu.topology.io",
+        version="v1alpha3",
+    )
+    if change is not None:
+        change(rule)
     return rule
+
+
+def _selector(**fields: str | None) -> Callable[[dict[str, Any]], None]:
+    """Set (a value) or drop (None) fields of the rule's device selector."""
+
+    def change(rule: dict[str, Any]) -> None:
+        selector = rule["spec"]["deviceSelector"]
+        for field, value in fields.items():
+            if value is None:
+                selector.pop(field, None)
+            else:
+                selector[field] = value
+
+    return change
+
+
+def _set(path: str | tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    """Set (or with None drop) the field at `path` of the rule (dotted, or its parts)."""
+
+    def change(rule: dict[str, Any]) -> None:
+        *parents, last = path.split(".") if isinstance(path, str) else path
+        here = rule
+        for part in parents:
+            here = here[part]
+        if value is None:
+            here.pop(last, None)
+        else:
+            here[last] = value
+
+    return change
 
 
 def taint_request(
@@ -890,59 +930,115 @@ def taint_request(
 @pytest.mark.parametrize(
     ("operation", "new", "old"),
     [
-        ("CREATE", "gpu-node-1", None),
-        ("DELETE", None, "gpu-node-1"),
-        ("UPDATE", "gpu-node-1", "gpu-node-1"),
+        ("CREATE", taint_rule(), None),
+        ("DELETE", None, taint_rule()),
+        ("UPDATE", taint_rule(change=_set("spec.taint.value", "nvlink-down")), taint_rule()),
     ],
     ids=["create", "delete", "update"],
 )
-def test_the_agent_may_write_rules_of_its_own_nodes_pool(
-    taint_policy: PolicyEvaluator, operation: str, new: str | None, old: str | None
-) -> None:
-    request = taint_request(
-        operation,
-        None if new is None else taint_rule(new),
-        None if old is None else taint_rule(old),
-    )
-    assert taint_policy.admit(request) == Decision(True, True)
-
-
-@pytest.mark.parametrize(
-    ("operation", "new", "old", "claim"),
-    [
-        ("CREATE", taint_rule("gpu-node-2"), None, None),
-        ("CREATE", taint_rule(None), None, None),
-        ("CREATE", taint_rule(None, selector=False), None, None),
-        ("CREATE", taint_rule("gpu-node-1"), None, []),
-        ("CREATE", taint_rule("gpu-node-1"), None, ["gpu-node-1", "gpu-node-2"]),
-        ("DELETE", None, taint_rule("gpu-node-2"), None),
-        ("DELETE", None, taint_rule(None), None),
-        ("UPDATE", taint_rule("gpu-node-2"), taint_rule("gpu-node-1"), None),
-        ("UPDATE", taint_rule("gpu-node-1"), taint_rule("gpu-node-2"), None),
-    ],
-    ids=[
-        "create for another node's pool",
-        "create without a pool: every pool's device",
-        "create without a selector",
-        "a token without the node claim",
-        "a token naming two nodes",
-        "delete another node's rule",
-        "delete a rule of every pool",
-        "move its rule to another pool",
-        "take over another node's rule",
-    ],
-)
-def test_the_agent_may_not_write_any_other_rule(
+def test_the_agent_may_write_the_rules_it_writes_for_its_own_node(
     taint_policy: PolicyEvaluator,
     operation: str,
     new: dict[str, Any] | None,
     old: dict[str, Any] | None,
-    claim: list[str] | None,
 ) -> None:
-    decision = taint_policy.admit(taint_request(operation, new, old, claim=claim))
+    assert taint_policy.admit(taint_request(operation, new, old)) == Decision(True, True)
+
+
+QUARANTINE = taint_rule(
+    change=lambda r: (
+        _set("metadata.name", "quarantine-gpu-1")(r),
+        _set("metadata.labels", None)(r),
+        _set("spec.taint", {"key": "example.com/quarantine", "effect": "NoExecute"})(r),
+    )
+)
+"""An administrator's quarantine of gpu-1 of the agent's own node, evicting its pods."""
+
+DENIED_WRITES = [
+    ("another node's rule", taint_rule("gpu-node-2"), None),
+    (
+        "another node's rule name in its own pool (a squat)",
+        taint_rule(change=_set("metadata.name", "topo-reporter.gpu-node-2.gpu-1")),
+        None,
+    ),
+    (
+        "a name that is not the device's",
+        taint_rule(change=_set("metadata.name", "topo-reporter.gpu-node-1.gpu-2")),
+        None,
+    ),
+    ("a name of its own choosing", taint_rule(change=_set("metadata.name", "mine")), None),
+    ("without its labels", taint_rule(change=_set("metadata.labels", None)), None),
+    (
+        "labelled for another node",
+        taint_rule(change=_set(("metadata", "labels", "gpu.topology.io/node"), "gpu-node-2")),
+        None,
+    ),
+    ("without a pool: every pool's device", taint_rule(change=_selector(pool=None)), None),
+    ("without a selector", taint_rule(change=_set("spec.deviceSelector", None)), None),
+    ("without a driver: every driver's", taint_rule(change=_selector(driver=None)), None),
+    ("another driver", taint_rule(change=_selector(driver="rdma.example.com")), None),
+    ("without a device: the whole pool", taint_rule(change=_selector(device=None)), None),
+    (
+        "a device that is not a whole GPU",
+        taint_rule(change=_selector(device="gpu-1-mig-1g10gb-0-0")),
+        None,
+    ),
+    ("a device class", taint_rule(change=_selector(deviceClassName="gpu.nvidia.com")), None),
+    ("a CEL selector", taint_rule(change=_set("spec.deviceSelector.selectors", [{}])), None),
+    ("effect NoExecute", taint_rule(change=_set("spec.taint.effect", "NoExecute")), None),
+    ("without an effect", taint_rule(change=_set("spec.taint.effect", None)), None),
+    ("another taint key", taint_rule(change=_set("spec.taint.key", "example.com/x")), None),
+    ("without a taint", taint_rule(change=_set("spec.taint", None)), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("new", "claim"),
+    [(new, None) for _, new, _ in DENIED_WRITES]
+    + [(taint_rule(), []), (taint_rule(), ["gpu-node-1", "gpu-node-2"])],
+    ids=[f"create {what}" for what, _, _ in DENIED_WRITES]
+    + ["a token without the node claim", "a token naming two nodes"],
+)
+def test_the_agent_may_create_only_the_rules_it_writes_for_its_own_node(
+    taint_policy: PolicyEvaluator, new: dict[str, Any], claim: list[str] | None
+) -> None:
+    decision = taint_policy.admit(taint_request("CREATE", new, None, claim=claim))
     assert decision.applies
     assert not decision.allowed
-    assert "DeviceTaintRules whose device selector names" in decision.message
+    assert "may write only DeviceTaintRules of the Node its pod runs on" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("operation", "new", "old"),
+    [("DELETE", None, old) for _, old, _ in DENIED_WRITES]
+    + [
+        ("DELETE", None, QUARANTINE),
+        ("UPDATE", taint_rule(), taint_rule("gpu-node-2")),
+        ("UPDATE", taint_rule(), QUARANTINE),
+    ],
+    ids=[f"delete {what}" for what, _, _ in DENIED_WRITES]
+    + [
+        "delete an administrator's NoExecute quarantine in its own pool",
+        "take over another node's rule",
+        "turn an administrator's quarantine into its own rule",
+    ],
+)
+def test_the_agent_may_delete_or_change_only_the_rules_it_writes_for_its_own_node(
+    taint_policy: PolicyEvaluator,
+    operation: str,
+    new: dict[str, Any] | None,
+    old: dict[str, Any],
+) -> None:
+    decision = taint_policy.admit(taint_request(operation, new, old))
+    assert decision.applies
+    assert not decision.allowed
+    assert "may change or delete only DeviceTaintRules it wrote" in decision.message
+
+
+def test_the_agent_may_not_move_its_rule_to_another_node(taint_policy: PolicyEvaluator) -> None:
+    decision = taint_policy.admit(taint_request("UPDATE", taint_rule("gpu-node-2"), taint_rule()))
+    assert not decision.allowed
+    assert "may write only DeviceTaintRules of the Node its pod runs on" in decision.message
 
 
 def test_other_writers_of_rules_are_not_judged_by_the_taint_policy(
@@ -960,6 +1056,164 @@ def test_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
 ) -> None:
     env = celpy.Environment()
     for expression in taint_policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
+# --- The Event policy (issue 28 item 9) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def event_policy() -> PolicyEvaluator:
+    rendered = render({}, api_versions=(VAP_API,))
+    (policy,) = [
+        p
+        for p in rendered.of_kind("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == f"{FULLNAME}-own-events"
+    ]
+    return PolicyEvaluator(policy)
+
+
+def agent_event(
+    about: str = "gpu-node-1", change: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The Event the agent posts about Node `about` (reporter.publish.client.event_body), then
+    `change`d."""
+    body = event_body(
+        NodeMetadata(name=about, uid="5b0b7c7e-2f1f-4a43-9a0e-6f3f2c1d9e10"),
+        EventType.WARNING,
+        "GPUTopologyDegraded",
+        "nvml failed",
+        datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    body["apiVersion"], body["kind"] = "v1", "Event"
+    body["metadata"] = {"name": f"{about}.1", "namespace": "default"}
+    if change is not None:
+        change(body)
+    return body
+
+
+def event_request(
+    new: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    username: str = AGENT,
+    claim: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "operation": operation,
+        "name": new["metadata"]["name"],
+        "namespace": "default",
+        "resource": {"group": "", "version": "v1", "resource": "events"},
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"] if claim is None else claim},
+        },
+        "object": new,
+        "oldObject": copy.deepcopy(new) if operation == "UPDATE" else None,
+    }
+
+
+def _event_field(*path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(event: dict[str, Any]) -> None:
+        here = event
+        for part in path[:-1]:
+            here = here[part]
+        if value is None:
+            here.pop(path[-1], None)
+        else:
+            here[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        agent_event(),
+        agent_event(change=_event_field("reportingInstance", value=None)),
+        agent_event(change=_event_field("source", value=None)),
+    ],
+    ids=["as the agent posts it", "without reportingInstance", "without source"],
+)
+def test_the_agent_may_post_events_about_its_own_node(
+    event_policy: PolicyEvaluator, event: dict[str, Any], operation: str
+) -> None:
+    assert event_policy.admit(event_request(event, operation=operation)) == Decision(True, True)
+
+
+@pytest.mark.parametrize(
+    ("event", "claim", "message"),
+    [
+        (agent_event("gpu-node-2"), None, "only about the Node its pod runs on"),
+        (
+            agent_event(change=_event_field("involvedObject", "kind", value="Pod")),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (
+            agent_event(change=_event_field("involvedObject", "namespace", value="default")),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (
+            agent_event(
+                change=_event_field(
+                    "related", value={"kind": "Node", "name": "gpu-node-2", "apiVersion": "v1"}
+                )
+            ),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (agent_event(), [], "only about the Node its pod runs on"),
+        (agent_event(), ["gpu-node-1", "gpu-node-2"], "only about the Node its pod runs on"),
+        (
+            agent_event(change=_event_field("reportingInstance", value="gpu-node-2")),
+            None,
+            "reported only by the Node its pod runs on",
+        ),
+        (
+            agent_event(change=_event_field("source", "host", value="gpu-node-2")),
+            None,
+            "reported only by the Node its pod runs on",
+        ),
+    ],
+    ids=[
+        "about another node",
+        "about a Pod of the node's name",
+        "about a namespaced object of the node's name",
+        "naming another node as related",
+        "a token without the node claim",
+        "a token naming two nodes",
+        "reported by another node's instance",
+        "from another node's host",
+    ],
+)
+def test_the_agent_may_not_post_events_about_or_from_another_node(
+    event_policy: PolicyEvaluator, event: dict[str, Any], claim: list[str] | None, message: str
+) -> None:
+    decision = event_policy.admit(event_request(event, claim=claim))
+    assert decision.applies
+    assert not decision.allowed
+    assert message in decision.message
+
+
+def test_other_writers_of_events_are_not_judged_by_the_event_policy(
+    event_policy: PolicyEvaluator,
+) -> None:
+    kubelet = "system:node:gpu-node-2"
+    decision = event_policy.admit(event_request(agent_event("gpu-node-2"), username=kubelet))
+    assert decision == Decision(allowed=True, applies=False)
+
+
+def test_event_policy_expressions_use_only_standard_cel_and_admission_variables(
+    event_policy: PolicyEvaluator,
+) -> None:
+    env = celpy.Environment()
+    for expression in event_policy.expressions:
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
         assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

@@ -26,7 +26,7 @@ from kubernetes import config as k8s_config
 
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
-from tests.helm_chart import NAMESPACE, VAP_API, render
+from tests.helm_chart import FULLNAME, NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_kubectl import kubectl
@@ -88,7 +88,7 @@ def taint_chart(real_apiserver: RealApiServer) -> Iterator[dict[str, Any]]:
     manifest = yaml.safe_dump_all(rendered.objects)
     applied = _apply(real_apiserver, manifest, "apply")
     assert applied.returncode == 0, applied.stderr
-    yield rendered.one("ValidatingAdmissionPolicy")
+    yield rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node")
     _apply(real_apiserver, manifest, "delete", "--ignore-not-found", "--wait=false")
 
 
