@@ -758,9 +758,12 @@ def lease_request(
     holder: str | None = "gpu-node-1",
     username: str = AGENT,
     claim: list[str] | None = None,
+    duration: int | None = 40,
 ) -> dict[str, Any]:
     """A create or update of the Lease `name` held by `holder` (oldObject null on a create)."""
-    spec: dict[str, Any] = {"leaseDurationSeconds": 40, "renewTime": "2026-01-01T00:00:00.000000Z"}
+    spec: dict[str, Any] = {"renewTime": "2026-01-01T00:00:00.000000Z"}
+    if duration is not None:
+        spec["leaseDurationSeconds"] = duration
     if holder is not None:
         spec["holderIdentity"] = holder
     obj = {
@@ -820,6 +823,35 @@ def test_the_agent_may_not_write_any_other_lease(
     assert decision.applies
     assert not decision.allowed
     assert "only the heartbeat Lease of the Node its pod runs on" in decision.message
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    "duration", [86400, 41, 0, None], ids=["a day", "a second past the chart's", "zero", "none"]
+)
+def test_the_agent_may_not_make_its_lease_vouch_longer_than_the_chart_says(
+    lease_policy: PolicyEvaluator, operation: str, duration: int | None
+) -> None:
+    decision = lease_policy.admit(lease_request(operation, "gpu-node-1", duration=duration))
+    assert decision.applies
+    assert not decision.allowed
+    assert "leaseDurationSeconds of 1 to 40 (availability.heartbeat.duration 40s)" in (
+        decision.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("duration", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1h", 3600)]
+)
+def test_the_lease_duration_bound_is_the_charts_duration_in_seconds(
+    duration: str, seconds: int
+) -> None:
+    values = {"availability": {"enabled": True, "heartbeat": {"duration": duration}}}
+    rendered = render(values, api_versions=(VAP_API,))
+    policy = PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-lease"))
+    own = "gpu-node-1"
+    assert policy.admit(lease_request("UPDATE", own, duration=seconds)).allowed
+    assert not policy.admit(lease_request("UPDATE", own, duration=seconds + 1)).allowed
 
 
 def test_other_writers_of_leases_are_not_judged_by_the_lease_policy(

@@ -337,9 +337,9 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
     assert [(o.kind, o.name, o.uid) for o in stored.metadata.owner_references] == [
         ("Node", agent.node_a, node_uid)
     ]
-    # A renewal (update) of its own Lease is admitted.
-    stored.spec.lease_duration_seconds = 41
-    leases.replace_namespaced_lease(agent.node_a, NAMESPACE, stored)
+    # A renewal (update) of its own Lease is admitted, up to the chart's duration (40 s).
+    stored.spec.lease_duration_seconds = 39
+    stored = leases.replace_namespaced_lease(agent.node_a, NAMESPACE, stored)
 
     refused: list[str] = []
     denied = 0
@@ -350,6 +350,11 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
             NAMESPACE, lease(f"{agent.node_a}-x", agent.node_b))),
         ("hand its own Lease to another node", lambda: leases.replace_namespaced_lease(
             agent.node_a, NAMESPACE, _held_by(leases, agent.node_a, agent.node_b))),
+        ("make its own Lease vouch for a day", lambda: leases.replace_namespaced_lease(
+            agent.node_a, NAMESPACE, _lasting(leases, agent.node_a, 86400))),
+        ("make its own Lease vouch one second past the chart's duration",
+         lambda: leases.replace_namespaced_lease(
+            agent.node_a, NAMESPACE, _lasting(leases, agent.node_a, 41))),
     ):  # fmt: skip
         try:
             call()
@@ -374,8 +379,14 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
         assert forbidden.value.status == 403
         assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
         denied += 1
-    assert denied == 3 + 5
+    assert denied == 5 + 5
     assert admin.read_namespaced_lease(agent.node_a, NAMESPACE).spec.holder_identity == agent.node_a
+
+
+def _lasting(leases: k8s.CoordinationV1Api, name: str, seconds: int) -> k8s.V1Lease:
+    current = leases.read_namespaced_lease(name, NAMESPACE)
+    current.spec.lease_duration_seconds = seconds
+    return current
 
 
 def _held_by(leases: k8s.CoordinationV1Api, name: str, holder: str) -> k8s.V1Lease:
