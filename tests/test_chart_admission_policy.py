@@ -652,6 +652,133 @@ def test_fabric_taint_policy_expressions_use_only_standard_cel_and_admission_var
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
 
 
+# --- managedFields: no server-side-apply manager gains a field ------------------------------------
+
+
+def managed(prefix: str, *, operator_labels: tuple[str, ...]) -> dict[str, Any]:
+    """The published node with managedFields: the kubelet's Update entry, a controller's Apply
+    entry owning `operator_labels`, the agent's Update entry owning its keys."""
+    n = published(prefix)
+    n["metadata"]["labels"] |= dict.fromkeys(operator_labels, "x")
+
+    def labels(*keys: str) -> dict[str, Any]:
+        return {"f:metadata": {"f:labels": {f"f:{k}": {} for k in keys}}}
+
+    n["metadata"]["managedFields"] = [
+        {"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+         "fieldsV1": labels("kubernetes.io/hostname"), "fieldsType": "FieldsV1"},
+        {"manager": "gpu-operator", "operation": "Apply", "apiVersion": "v1",
+         "fieldsV1": labels(*operator_labels), "fieldsType": "FieldsV1"},
+        {"manager": "topo-reporter", "operation": "Update", "apiVersion": "v1",
+         "fieldsV1": labels(f"{prefix}/count", f"{prefix}/interconnect"), "fieldsType": "FieldsV1"},
+    ]  # fmt: skip
+    return n
+
+
+def _applied_labels(n: dict[str, Any]) -> dict[str, Any]:
+    (entry,) = [m for m in n["metadata"]["managedFields"] if m["operation"] == "Apply"]
+    labels: dict[str, Any] = entry["fieldsV1"]["f:metadata"]["f:labels"]
+    return labels
+
+
+@pytest.fixture(scope="module", params=["default", "fabric taint"])
+def node_policy(request: pytest.FixtureRequest) -> PolicyEvaluator:
+    values = {} if request.param == "default" else TAINT_VALUES
+    rendered = render(values, api_versions=(VAP_API,))
+    return PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node"))
+
+
+def _take_over(key: str) -> Change:
+    """What the server does when the agent writes `key`, which the Apply entry owned."""
+
+    def change(n: dict[str, Any]) -> None:
+        n["metadata"]["labels"][key] = "8"
+        _applied_labels(n).pop(f"f:{key}")
+
+    return change
+
+
+def _hand_over(key: str) -> Change:
+    """A patch carrying managedFields that give the Apply entry `key` too."""
+    return lambda n: _applied_labels(n).__setitem__(f"f:{key}", {})
+
+
+def _drop_applied(n: dict[str, Any]) -> None:
+    n["metadata"]["managedFields"] = [
+        m for m in n["metadata"]["managedFields"] if m["operation"] != "Apply"
+    ]
+
+
+def _new_applier(n: dict[str, Any]) -> None:
+    n["metadata"]["managedFields"].append(
+        {"manager": "scheduler-x", "operation": "Apply", "apiVersion": "v1",
+         "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}}, "fieldsType": "FieldsV1"}
+    )  # fmt: skip
+
+
+P = "gpu.topology.io"
+MANAGED_ALLOWED = {
+    "the agent's write takes a key under its prefix from the applied set": (
+        ("example.com/a", f"{P}/count"),
+        _take_over(f"{P}/count"),
+    ),
+    "the applied set's last key, under the prefix, taken: its entry goes": (
+        (f"{P}/count",),
+        lambda n: (_take_over(f"{P}/count")(n), _drop_applied(n)),
+    ),
+    "managedFields unchanged": (("example.com/a",), publish(P)),
+}
+MANAGED_DENIED = {
+    "a foreign label handed to the applied set": (("example.com/a",), _hand_over("team")),
+    "a key under the prefix handed to the applied set": (("example.com/a",), _hand_over(f"{P}/x")),
+    "an applied set made for a manager that had none": (("example.com/a",), _new_applier),
+    "a foreign label taken from the applied set": (
+        ("example.com/a", "example.com/b"),
+        lambda n: _applied_labels(n).pop("f:example.com/b"),
+    ),
+    "an applied set of foreign labels dropped": (("example.com/a",), _drop_applied),
+}
+
+
+@pytest.mark.parametrize("case", MANAGED_ALLOWED.keys())
+def test_managed_fields_change_only_as_the_agents_own_write_changes_them(
+    node_policy: PolicyEvaluator, case: str
+) -> None:
+    operator, change = MANAGED_ALLOWED[case]
+    old, new = changed(change, managed(P, operator_labels=operator))
+    assert node_policy.admit(request(old, new)) == Decision(True, True)
+
+
+@pytest.mark.parametrize("case", MANAGED_DENIED.keys())
+def test_the_agent_may_not_hand_fields_to_a_server_side_apply_manager(
+    node_policy: PolicyEvaluator, case: str
+) -> None:
+    operator, change = MANAGED_DENIED[case]
+    old, new = changed(change, managed(P, operator_labels=operator))
+    decision = node_policy.admit(request(old, new))
+    assert not decision.allowed
+    assert "may not hand fields to a server-side-apply manager" in decision.message
+
+
+def test_an_applied_set_may_lose_the_agents_taint_only_with_the_fabric_taint_on(
+    node_policy: PolicyEvaluator,
+) -> None:
+    base = managed(P, operator_labels=("example.com/a",))
+    (entry,) = [m for m in base["metadata"]["managedFields"] if m["operation"] == "Apply"]
+    element = f'k:{{"effect":"NoSchedule","key":"{P}/fabric-health"}}'
+    entry["fieldsV1"]["f:spec"] = {"f:taints": {".": {}, element: {}}}
+    base["spec"]["taints"].append({"key": f"{P}/fabric-health", "effect": "NoSchedule"})
+
+    def untaint(n: dict[str, Any]) -> None:
+        n["spec"]["taints"] = [t for t in n["spec"]["taints"] if t["key"] != f"{P}/fabric-health"]
+        (applied,) = [m for m in n["metadata"]["managedFields"] if m["operation"] == "Apply"]
+        applied["fieldsV1"]["f:spec"]["f:taints"].pop(element)
+
+    old, new = changed(untaint, base)
+    taint_on = any("f:spec" in e for e in node_policy.expressions)
+    assert node_policy.admit(request(old, new)).allowed is taint_on
+
+
 # --- The NodeResourceTopology policy (nrt.enabled) ----------------------------------------------
 
 NRT_VALUES = {"availability": {"enabled": True}, "nrt": {"enabled": True}}

@@ -801,3 +801,71 @@ def test_the_pods_token_posts_events_only_about_its_own_node_and_the_doctor_show
         check=False,
     )
     assert "evidence: nvml: own word" in own.stdout, own.stdout
+
+
+# --- managedFields (issue 28): the agent cannot hand foreign fields to another manager ---------
+
+APPLY = "application/apply-patch+yaml"
+OPERATOR = "gpu-operator"
+
+
+def operator_apply(server: RealApiServer, node: str) -> None:
+    """What a server-side-applying controller does on the node: its own label, and (someone's
+    leftover) a key under our prefix, which the agent's next publish takes over."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "labels": {"example.com/operator": "on", f"{PREFIX}/count": "1"},
+        },
+    }
+    server.core().patch_node(node, body, field_manager=OPERATOR, force=True, _content_type=APPLY)
+
+
+def handed_over(server: RealApiServer, node: str, label: str) -> list[dict[str, Any]]:
+    """The Node's managedFields with `label` taken from every manager and given to OPERATOR's
+    applied set: its next apply, which omits the label, then deletes it."""
+    entries = server.api().sanitize_for_serialization(
+        server.core().read_node(node).metadata.managed_fields
+    )
+    for entry in entries:
+        labels = entry.get("fieldsV1", {}).get("f:metadata", {}).get("f:labels", {})
+        labels.pop(f"f:{label}", None)
+        if entry["manager"] == OPERATOR and entry["operation"] == "Apply":
+            labels[f"f:{label}"] = {}
+    return list(entries)
+
+
+def test_the_pods_token_cannot_hand_foreign_fields_to_another_manager(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    core = k8s.CoreV1Api(agent.api)
+    a = agent.node_a
+    operator_apply(real_apiserver, a)
+    # The agent's ordinary publish takes our key over from the operator's applied set: admitted.
+    assert run_agent(agent, a).returncode == 0
+    entries = real_apiserver.core().read_node(a).metadata.managed_fields
+    (applied,) = [e for e in entries if e.manager == OPERATOR]
+    assert f"f:{PREFIX}/count" not in applied.fields_v1["f:metadata"]["f:labels"]
+    refused: list[str] = []
+    for content_type in (MERGE, STRATEGIC):
+        body = {
+            "metadata": {
+                "managedFields": handed_over(real_apiserver, a, "team"),
+                "labels": {f"{PREFIX}/count": "8"},
+            }
+        }
+        try:
+            core.patch_node(a, body, _content_type=content_type)
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                continue
+            refused.append(f"{content_type}: {e.status} {e.body}")
+            continue
+        refused.append(f"{content_type}: admitted")
+    # The operator applies again, as it does on every reconcile: `team` stays, since nobody
+    # handed it to the operator.
+    operator_apply(real_apiserver, a)
+    assert real_apiserver.core().read_node(a).metadata.labels.get("team") == "ml"
+    assert refused == []
