@@ -82,8 +82,13 @@ def identities(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("sink", "policy", "has_policy"),
-    [("node", "auto", True), ("node", True, True), ("nodefeature", "auto", False)],
+    ("sink", "policy", "policies"),
+    [
+        ("node", "auto", {"own-node", "own-events"}),
+        ("node", True, {"own-node", "own-events"}),
+        # No Node rights, so no Node policy; its Events still go through the Event policy.
+        ("nodefeature", "auto", {"own-events"}),
+    ],
     ids=["node-policy-auto", "node-policy-true", "nodefeature"],
 )
 def test_install_upgrade_uninstall_through_the_helm_sdk(
@@ -92,7 +97,7 @@ def test_install_upgrade_uninstall_through_the_helm_sdk(
     helm_config: helm.Config,
     sink: str,
     policy: Any,
-    has_policy: bool,
+    policies: set[str],
 ) -> None:
     release = unique("tr")
     values: dict[str, Any] = {
@@ -105,7 +110,10 @@ def test_install_upgrade_uninstall_through_the_helm_sdk(
     objects = manifest_objects(installed)
     kinds = {o["kind"] for o in objects}
     # `auto` asks the real server's discovery (Helm's .Capabilities): v1.34 serves the policy API.
-    assert (kinds >= POLICY_KINDS) is has_policy
+    assert kinds >= POLICY_KINDS
+    for kind in POLICY_KINDS:
+        names = {o["metadata"]["name"] for o in objects if o["kind"] == kind}
+        assert names == {f"{release}-topo-reporter-{p}" for p in policies}
     assert {"DaemonSet", "ServiceAccount"} <= kinds
     held = on_server(real_apiserver, real_namespace, objects)
     assert identities(held) == identities(objects)
