@@ -192,3 +192,13 @@ def test_on_the_real_server_rules_follow_health_and_only_changes_are_written(
     # Never touched: the foreign rule and the other node's.
     kept = {r["metadata"]["name"] for r in rules.list_cluster_custom_object(*RULES)["items"]}
     assert {taken, dra.rule_name(other, "gpu-0")} <= kept
+
+    # Once the rule that held its name is gone, the next resync writes the agent's own.
+    rules.delete_cluster_custom_object(*RULES, taken)
+    clock.now = 900
+    assert sink.publish([taint(1)]) == 1
+    assert sink.blocked == ()
+    assert names(rules, node) == {
+        "gpu-1": dra.REASON_NVLINK_DEGRADED,
+        "gpu-4": dra.REASON_NVLINK_DEGRADED,  # the quarantine, still there
+    }
