@@ -189,8 +189,8 @@ def scan_outputs(
     log: Log,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Callable[[Topology], None], ...]:
-    """The per-scan outputs beside the sink: Koordinator's device file (its Warning Events go
-    through `sink`), DeviceTaintRules.
+    """The per-scan outputs beside the sink: Koordinator's device file, DeviceTaintRules (the
+    Warning Events of both go through `sink`).
 
     Raises ConfigError for a node name DeviceTaintRules cannot be labelled with."""
     outputs: list[Callable[[Topology], None]] = []
@@ -207,7 +207,7 @@ def scan_outputs(
             versions=(dra.DRY_RUN_VERSION,) if config.dry_run else dra.VERSIONS,
             clock=clock,
         )
-        outputs.append(DeviceTaintOutput(taints, log))
+        outputs.append(DeviceTaintOutput(taints, log, sink.event))
     return tuple(outputs)
 
 

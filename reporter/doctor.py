@@ -865,16 +865,23 @@ class ApiClusterReader:
 
 
 def is_agent_event(event: Mapping[str, Any], node: str) -> bool:
-    """An Event our agent posted about `node`: in NODE_EVENT_NAMESPACE, from COMPONENT, about the
-    cluster-scoped Node (no involvedObject namespace), as reporter.publish.client writes it.
+    """An Event the agent on `node` could have posted about it: in NODE_EVENT_NAMESPACE, from
+    COMPONENT, about the cluster-scoped Node (no involvedObject namespace), reported by `node`
+    itself (reportingInstance and source.host), as reporter.publish.client writes it.
 
     The API server takes an Event about a Node in any namespace whose name the involvedObject
     repeats, so whoever may create Events there can write any reason, source and message about
-    any Node; only these are the agent's word (a finding, its evidence)."""
+    any Node. The chart's `<fullname>-own-events` policy lets an agent post only Events about
+    its own Node that name no other reporter; so another node's agent cannot have written one
+    that passes here (an operator with `create events` still could)."""
     involved = event.get("involvedObject") or {}
+    source = event.get("source") or {}
     return (
         (event.get("metadata") or {}).get("namespace") == NODE_EVENT_NAMESPACE
-        and (event.get("source") or {}).get("component") == COMPONENT
+        and source.get("component") == COMPONENT
+        and source.get("host") == node
+        and event.get("reportingComponent") == COMPONENT
+        and event.get("reportingInstance") == node
         and involved.get("kind") == "Node"
         and involved.get("name") == node
         and not involved.get("namespace")

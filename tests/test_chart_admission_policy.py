@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import celpy
@@ -24,6 +25,9 @@ from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 
+from reporter.publish.client import EventType, event_body
+from reporter.publish.patch import NodeMetadata
+from reporter.schema import dra
 from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, NODE_POLICY, VAP_API, render
 
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
@@ -647,6 +651,133 @@ def test_fabric_taint_policy_expressions_use_only_standard_cel_and_admission_var
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
 
 
+# --- managedFields: no server-side-apply manager gains a field ------------------------------------
+
+
+def managed(prefix: str, *, operator_labels: tuple[str, ...]) -> dict[str, Any]:
+    """The published node with managedFields: the kubelet's Update entry, a controller's Apply
+    entry owning `operator_labels`, the agent's Update entry owning its keys."""
+    n = published(prefix)
+    n["metadata"]["labels"] |= dict.fromkeys(operator_labels, "x")
+
+    def labels(*keys: str) -> dict[str, Any]:
+        return {"f:metadata": {"f:labels": {f"f:{k}": {} for k in keys}}}
+
+    n["metadata"]["managedFields"] = [
+        {"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+         "fieldsV1": labels("kubernetes.io/hostname"), "fieldsType": "FieldsV1"},
+        {"manager": "gpu-operator", "operation": "Apply", "apiVersion": "v1",
+         "fieldsV1": labels(*operator_labels), "fieldsType": "FieldsV1"},
+        {"manager": "topo-reporter", "operation": "Update", "apiVersion": "v1",
+         "fieldsV1": labels(f"{prefix}/count", f"{prefix}/interconnect"), "fieldsType": "FieldsV1"},
+    ]  # fmt: skip
+    return n
+
+
+def _applied_labels(n: dict[str, Any]) -> dict[str, Any]:
+    (entry,) = [m for m in n["metadata"]["managedFields"] if m["operation"] == "Apply"]
+    labels: dict[str, Any] = entry["fieldsV1"]["f:metadata"]["f:labels"]
+    return labels
+
+
+@pytest.fixture(scope="module", params=["default", "fabric taint"])
+def node_policy(request: pytest.FixtureRequest) -> PolicyEvaluator:
+    values = {} if request.param == "default" else TAINT_VALUES
+    rendered = render(values, api_versions=(VAP_API,))
+    return PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-node"))
+
+
+def _take_over(key: str) -> Change:
+    """What the server does when the agent writes `key`, which the Apply entry owned."""
+
+    def change(n: dict[str, Any]) -> None:
+        n["metadata"]["labels"][key] = "8"
+        _applied_labels(n).pop(f"f:{key}")
+
+    return change
+
+
+def _hand_over(key: str) -> Change:
+    """A patch carrying managedFields that give the Apply entry `key` too."""
+    return lambda n: _applied_labels(n).__setitem__(f"f:{key}", {})
+
+
+def _drop_applied(n: dict[str, Any]) -> None:
+    n["metadata"]["managedFields"] = [
+        m for m in n["metadata"]["managedFields"] if m["operation"] != "Apply"
+    ]
+
+
+def _new_applier(n: dict[str, Any]) -> None:
+    n["metadata"]["managedFields"].append(
+        {"manager": "scheduler-x", "operation": "Apply", "apiVersion": "v1",
+         "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}}, "fieldsType": "FieldsV1"}
+    )  # fmt: skip
+
+
+P = "gpu.topology.io"
+MANAGED_ALLOWED = {
+    "the agent's write takes a key under its prefix from the applied set": (
+        ("example.com/a", f"{P}/count"),
+        _take_over(f"{P}/count"),
+    ),
+    "the applied set's last key, under the prefix, taken: its entry goes": (
+        (f"{P}/count",),
+        lambda n: (_take_over(f"{P}/count")(n), _drop_applied(n)),
+    ),
+    "managedFields unchanged": (("example.com/a",), publish(P)),
+}
+MANAGED_DENIED = {
+    "a foreign label handed to the applied set": (("example.com/a",), _hand_over("team")),
+    "a key under the prefix handed to the applied set": (("example.com/a",), _hand_over(f"{P}/x")),
+    "an applied set made for a manager that had none": (("example.com/a",), _new_applier),
+    "a foreign label taken from the applied set": (
+        ("example.com/a", "example.com/b"),
+        lambda n: _applied_labels(n).pop("f:example.com/b"),
+    ),
+    "an applied set of foreign labels dropped": (("example.com/a",), _drop_applied),
+}
+
+
+@pytest.mark.parametrize("case", MANAGED_ALLOWED.keys())
+def test_managed_fields_change_only_as_the_agents_own_write_changes_them(
+    node_policy: PolicyEvaluator, case: str
+) -> None:
+    operator, change = MANAGED_ALLOWED[case]
+    old, new = changed(change, managed(P, operator_labels=operator))
+    assert node_policy.admit(request(old, new)) == Decision(True, True)
+
+
+@pytest.mark.parametrize("case", MANAGED_DENIED.keys())
+def test_the_agent_may_not_hand_fields_to_a_server_side_apply_manager(
+    node_policy: PolicyEvaluator, case: str
+) -> None:
+    operator, change = MANAGED_DENIED[case]
+    old, new = changed(change, managed(P, operator_labels=operator))
+    decision = node_policy.admit(request(old, new))
+    assert not decision.allowed
+    assert "may not hand fields to a server-side-apply manager" in decision.message
+
+
+def test_an_applied_set_may_lose_the_agents_taint_only_with_the_fabric_taint_on(
+    node_policy: PolicyEvaluator,
+) -> None:
+    base = managed(P, operator_labels=("example.com/a",))
+    (entry,) = [m for m in base["metadata"]["managedFields"] if m["operation"] == "Apply"]
+    element = f'k:{{"effect":"NoSchedule","key":"{P}/fabric-health"}}'
+    entry["fieldsV1"]["f:spec"] = {"f:taints": {".": {}, element: {}}}
+    base["spec"]["taints"].append({"key": f"{P}/fabric-health", "effect": "NoSchedule"})
+
+    def untaint(n: dict[str, Any]) -> None:
+        n["spec"]["taints"] = [t for t in n["spec"]["taints"] if t["key"] != f"{P}/fabric-health"]
+        (applied,) = [m for m in n["metadata"]["managedFields"] if m["operation"] == "Apply"]
+        applied["fieldsV1"]["f:spec"]["f:taints"].pop(element)
+
+    old, new = changed(untaint, base)
+    taint_on = any("f:spec" in e for e in node_policy.expressions)
+    assert node_policy.admit(request(old, new)).allowed is taint_on
+
+
 # --- The NodeResourceTopology policy (nrt.enabled) ----------------------------------------------
 
 NRT_VALUES = {"availability": {"enabled": True}, "nrt": {"enabled": True}}
@@ -753,9 +884,12 @@ def lease_request(
     holder: str | None = "gpu-node-1",
     username: str = AGENT,
     claim: list[str] | None = None,
+    duration: int | None = 40,
 ) -> dict[str, Any]:
     """A create or update of the Lease `name` held by `holder` (oldObject null on a create)."""
-    spec: dict[str, Any] = {"leaseDurationSeconds": 40, "renewTime": "2026-01-01T00:00:00.000000Z"}
+    spec: dict[str, Any] = {"renewTime": "2026-01-01T00:00:00.000000Z"}
+    if duration is not None:
+        spec["leaseDurationSeconds"] = duration
     if holder is not None:
         spec["holderIdentity"] = holder
     obj = {
@@ -817,6 +951,35 @@ def test_the_agent_may_not_write_any_other_lease(
     assert "only the heartbeat Lease of the Node its pod runs on" in decision.message
 
 
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    "duration", [86400, 41, 0, None], ids=["a day", "a second past the chart's", "zero", "none"]
+)
+def test_the_agent_may_not_make_its_lease_vouch_longer_than_the_chart_says(
+    lease_policy: PolicyEvaluator, operation: str, duration: int | None
+) -> None:
+    decision = lease_policy.admit(lease_request(operation, "gpu-node-1", duration=duration))
+    assert decision.applies
+    assert not decision.allowed
+    assert "leaseDurationSeconds of 1 to 40 (availability.heartbeat.duration 40s)" in (
+        decision.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("duration", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1h", 3600)]
+)
+def test_the_lease_duration_bound_is_the_charts_duration_in_seconds(
+    duration: str, seconds: int
+) -> None:
+    values = {"availability": {"enabled": True, "heartbeat": {"duration": duration}}}
+    rendered = render(values, api_versions=(VAP_API,))
+    policy = PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-lease"))
+    own = "gpu-node-1"
+    assert policy.admit(lease_request("UPDATE", own, duration=seconds)).allowed
+    assert not policy.admit(lease_request("UPDATE", own, duration=seconds + 1)).allowed
+
+
 def test_other_writers_of_leases_are_not_judged_by_the_lease_policy(
     lease_policy: PolicyEvaluator,
 ) -> None:
@@ -849,18 +1012,50 @@ def taint_policy() -> PolicyEvaluator:
     return PolicyEvaluator(policy)
 
 
-def taint_rule(pool: str | None, *, selector: bool = True) -> dict[str, Any]:
-    rule: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1alpha3",
-        "kind": "DeviceTaintRule",
-        "metadata": {"name": f"topo-reporter.{pool}.gpu-1"},
-        "spec": {"taint": {"key": "gpu.topology.io/gpu-unhealthy", "effect": "NoSchedule"}},
-    }
-    if selector:
-        rule["spec"]["deviceSelector"] = {"driver": "gpu.nvidia.com", "device": "gpu-1"}
-        if pool is not None:
-            rule["spec"]["deviceSelector"]["pool"] = pool
+def taint_rule(
+    node: str = "gpu-node-1", change: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The rule the agent on `node` writes for its gpu-1 (reporter.schema.dra.rule), then
+    `change`d."""
+    rule = dra.rule(
+        dra.DeviceTaint(1, "gpu-1", dra.REASON_LOST),
+        node=node,
+        prefix="gpu.topology.io",
+        version="v1alpha3",
+    )
+    if change is not None:
+        change(rule)
     return rule
+
+
+def _selector(**fields: str | None) -> Callable[[dict[str, Any]], None]:
+    """Set (a value) or drop (None) fields of the rule's device selector."""
+
+    def change(rule: dict[str, Any]) -> None:
+        selector = rule["spec"]["deviceSelector"]
+        for field, value in fields.items():
+            if value is None:
+                selector.pop(field, None)
+            else:
+                selector[field] = value
+
+    return change
+
+
+def _set(path: str | tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    """Set (or with None drop) the field at `path` of the rule (dotted, or its parts)."""
+
+    def change(rule: dict[str, Any]) -> None:
+        *parents, last = path.split(".") if isinstance(path, str) else path
+        here = rule
+        for part in parents:
+            here = here[part]
+        if value is None:
+            here.pop(last, None)
+        else:
+            here[last] = value
+
+    return change
 
 
 def taint_request(
@@ -893,59 +1088,115 @@ def taint_request(
 @pytest.mark.parametrize(
     ("operation", "new", "old"),
     [
-        ("CREATE", "gpu-node-1", None),
-        ("DELETE", None, "gpu-node-1"),
-        ("UPDATE", "gpu-node-1", "gpu-node-1"),
+        ("CREATE", taint_rule(), None),
+        ("DELETE", None, taint_rule()),
+        ("UPDATE", taint_rule(change=_set("spec.taint.value", "nvlink-down")), taint_rule()),
     ],
     ids=["create", "delete", "update"],
 )
-def test_the_agent_may_write_rules_of_its_own_nodes_pool(
-    taint_policy: PolicyEvaluator, operation: str, new: str | None, old: str | None
-) -> None:
-    request = taint_request(
-        operation,
-        None if new is None else taint_rule(new),
-        None if old is None else taint_rule(old),
-    )
-    assert taint_policy.admit(request) == Decision(True, True)
-
-
-@pytest.mark.parametrize(
-    ("operation", "new", "old", "claim"),
-    [
-        ("CREATE", taint_rule("gpu-node-2"), None, None),
-        ("CREATE", taint_rule(None), None, None),
-        ("CREATE", taint_rule(None, selector=False), None, None),
-        ("CREATE", taint_rule("gpu-node-1"), None, []),
-        ("CREATE", taint_rule("gpu-node-1"), None, ["gpu-node-1", "gpu-node-2"]),
-        ("DELETE", None, taint_rule("gpu-node-2"), None),
-        ("DELETE", None, taint_rule(None), None),
-        ("UPDATE", taint_rule("gpu-node-2"), taint_rule("gpu-node-1"), None),
-        ("UPDATE", taint_rule("gpu-node-1"), taint_rule("gpu-node-2"), None),
-    ],
-    ids=[
-        "create for another node's pool",
-        "create without a pool: every pool's device",
-        "create without a selector",
-        "a token without the node claim",
-        "a token naming two nodes",
-        "delete another node's rule",
-        "delete a rule of every pool",
-        "move its rule to another pool",
-        "take over another node's rule",
-    ],
-)
-def test_the_agent_may_not_write_any_other_rule(
+def test_the_agent_may_write_the_rules_it_writes_for_its_own_node(
     taint_policy: PolicyEvaluator,
     operation: str,
     new: dict[str, Any] | None,
     old: dict[str, Any] | None,
-    claim: list[str] | None,
 ) -> None:
-    decision = taint_policy.admit(taint_request(operation, new, old, claim=claim))
+    assert taint_policy.admit(taint_request(operation, new, old)) == Decision(True, True)
+
+
+QUARANTINE = taint_rule(
+    change=lambda r: (
+        _set("metadata.name", "quarantine-gpu-1")(r),
+        _set("metadata.labels", None)(r),
+        _set("spec.taint", {"key": "example.com/quarantine", "effect": "NoExecute"})(r),
+    )
+)
+"""An administrator's quarantine of gpu-1 of the agent's own node, evicting its pods."""
+
+DENIED_WRITES = [
+    ("another node's rule", taint_rule("gpu-node-2"), None),
+    (
+        "another node's rule name in its own pool (a squat)",
+        taint_rule(change=_set("metadata.name", "topo-reporter.gpu-node-2.gpu-1")),
+        None,
+    ),
+    (
+        "a name that is not the device's",
+        taint_rule(change=_set("metadata.name", "topo-reporter.gpu-node-1.gpu-2")),
+        None,
+    ),
+    ("a name of its own choosing", taint_rule(change=_set("metadata.name", "mine")), None),
+    ("without its labels", taint_rule(change=_set("metadata.labels", None)), None),
+    (
+        "labelled for another node",
+        taint_rule(change=_set(("metadata", "labels", "gpu.topology.io/node"), "gpu-node-2")),
+        None,
+    ),
+    ("without a pool: every pool's device", taint_rule(change=_selector(pool=None)), None),
+    ("without a selector", taint_rule(change=_set("spec.deviceSelector", None)), None),
+    ("without a driver: every driver's", taint_rule(change=_selector(driver=None)), None),
+    ("another driver", taint_rule(change=_selector(driver="rdma.example.com")), None),
+    ("without a device: the whole pool", taint_rule(change=_selector(device=None)), None),
+    (
+        "a device that is not a whole GPU",
+        taint_rule(change=_selector(device="gpu-1-mig-1g10gb-0-0")),
+        None,
+    ),
+    ("a device class", taint_rule(change=_selector(deviceClassName="gpu.nvidia.com")), None),
+    ("a CEL selector", taint_rule(change=_set("spec.deviceSelector.selectors", [{}])), None),
+    ("effect NoExecute", taint_rule(change=_set("spec.taint.effect", "NoExecute")), None),
+    ("without an effect", taint_rule(change=_set("spec.taint.effect", None)), None),
+    ("another taint key", taint_rule(change=_set("spec.taint.key", "example.com/x")), None),
+    ("without a taint", taint_rule(change=_set("spec.taint", None)), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("new", "claim"),
+    [(new, None) for _, new, _ in DENIED_WRITES]
+    + [(taint_rule(), []), (taint_rule(), ["gpu-node-1", "gpu-node-2"])],
+    ids=[f"create {what}" for what, _, _ in DENIED_WRITES]
+    + ["a token without the node claim", "a token naming two nodes"],
+)
+def test_the_agent_may_create_only_the_rules_it_writes_for_its_own_node(
+    taint_policy: PolicyEvaluator, new: dict[str, Any], claim: list[str] | None
+) -> None:
+    decision = taint_policy.admit(taint_request("CREATE", new, None, claim=claim))
     assert decision.applies
     assert not decision.allowed
-    assert "DeviceTaintRules whose device selector names" in decision.message
+    assert "may write only DeviceTaintRules of the Node its pod runs on" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("operation", "new", "old"),
+    [("DELETE", None, old) for _, old, _ in DENIED_WRITES]
+    + [
+        ("DELETE", None, QUARANTINE),
+        ("UPDATE", taint_rule(), taint_rule("gpu-node-2")),
+        ("UPDATE", taint_rule(), QUARANTINE),
+    ],
+    ids=[f"delete {what}" for what, _, _ in DENIED_WRITES]
+    + [
+        "delete an administrator's NoExecute quarantine in its own pool",
+        "take over another node's rule",
+        "turn an administrator's quarantine into its own rule",
+    ],
+)
+def test_the_agent_may_delete_or_change_only_the_rules_it_writes_for_its_own_node(
+    taint_policy: PolicyEvaluator,
+    operation: str,
+    new: dict[str, Any] | None,
+    old: dict[str, Any],
+) -> None:
+    decision = taint_policy.admit(taint_request(operation, new, old))
+    assert decision.applies
+    assert not decision.allowed
+    assert "may change or delete only DeviceTaintRules it wrote" in decision.message
+
+
+def test_the_agent_may_not_move_its_rule_to_another_node(taint_policy: PolicyEvaluator) -> None:
+    decision = taint_policy.admit(taint_request("UPDATE", taint_rule("gpu-node-2"), taint_rule()))
+    assert not decision.allowed
+    assert "may write only DeviceTaintRules of the Node its pod runs on" in decision.message
 
 
 def test_other_writers_of_rules_are_not_judged_by_the_taint_policy(
@@ -963,6 +1214,164 @@ def test_taint_policy_expressions_use_only_standard_cel_and_admission_variables(
 ) -> None:
     env = celpy.Environment()
     for expression in taint_policy.expressions:
+        calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
+        assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
+        assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)
+
+
+# --- The Event policy (issue 28 item 9) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def event_policy() -> PolicyEvaluator:
+    rendered = render({}, api_versions=(VAP_API,))
+    (policy,) = [
+        p
+        for p in rendered.of_kind("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == f"{FULLNAME}-own-events"
+    ]
+    return PolicyEvaluator(policy)
+
+
+def agent_event(
+    about: str = "gpu-node-1", change: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The Event the agent posts about Node `about` (reporter.publish.client.event_body), then
+    `change`d."""
+    body = event_body(
+        NodeMetadata(name=about, uid="5b0b7c7e-2f1f-4a43-9a0e-6f3f2c1d9e10"),
+        EventType.WARNING,
+        "GPUTopologyDegraded",
+        "nvml failed",
+        datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    body["apiVersion"], body["kind"] = "v1", "Event"
+    body["metadata"] = {"name": f"{about}.1", "namespace": "default"}
+    if change is not None:
+        change(body)
+    return body
+
+
+def event_request(
+    new: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    username: str = AGENT,
+    claim: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "operation": operation,
+        "name": new["metadata"]["name"],
+        "namespace": "default",
+        "resource": {"group": "", "version": "v1", "resource": "events"},
+        "userInfo": {
+            "username": username,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {NODE_CLAIM: ["gpu-node-1"] if claim is None else claim},
+        },
+        "object": new,
+        "oldObject": copy.deepcopy(new) if operation == "UPDATE" else None,
+    }
+
+
+def _event_field(*path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(event: dict[str, Any]) -> None:
+        here = event
+        for part in path[:-1]:
+            here = here[part]
+        if value is None:
+            here.pop(path[-1], None)
+        else:
+            here[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        agent_event(),
+        agent_event(change=_event_field("reportingInstance", value=None)),
+        agent_event(change=_event_field("source", value=None)),
+    ],
+    ids=["as the agent posts it", "without reportingInstance", "without source"],
+)
+def test_the_agent_may_post_events_about_its_own_node(
+    event_policy: PolicyEvaluator, event: dict[str, Any], operation: str
+) -> None:
+    assert event_policy.admit(event_request(event, operation=operation)) == Decision(True, True)
+
+
+@pytest.mark.parametrize(
+    ("event", "claim", "message"),
+    [
+        (agent_event("gpu-node-2"), None, "only about the Node its pod runs on"),
+        (
+            agent_event(change=_event_field("involvedObject", "kind", value="Pod")),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (
+            agent_event(change=_event_field("involvedObject", "namespace", value="default")),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (
+            agent_event(
+                change=_event_field(
+                    "related", value={"kind": "Node", "name": "gpu-node-2", "apiVersion": "v1"}
+                )
+            ),
+            None,
+            "only about the Node its pod runs on",
+        ),
+        (agent_event(), [], "only about the Node its pod runs on"),
+        (agent_event(), ["gpu-node-1", "gpu-node-2"], "only about the Node its pod runs on"),
+        (
+            agent_event(change=_event_field("reportingInstance", value="gpu-node-2")),
+            None,
+            "reported only by the Node its pod runs on",
+        ),
+        (
+            agent_event(change=_event_field("source", "host", value="gpu-node-2")),
+            None,
+            "reported only by the Node its pod runs on",
+        ),
+    ],
+    ids=[
+        "about another node",
+        "about a Pod of the node's name",
+        "about a namespaced object of the node's name",
+        "naming another node as related",
+        "a token without the node claim",
+        "a token naming two nodes",
+        "reported by another node's instance",
+        "from another node's host",
+    ],
+)
+def test_the_agent_may_not_post_events_about_or_from_another_node(
+    event_policy: PolicyEvaluator, event: dict[str, Any], claim: list[str] | None, message: str
+) -> None:
+    decision = event_policy.admit(event_request(event, claim=claim))
+    assert decision.applies
+    assert not decision.allowed
+    assert message in decision.message
+
+
+def test_other_writers_of_events_are_not_judged_by_the_event_policy(
+    event_policy: PolicyEvaluator,
+) -> None:
+    kubelet = "system:node:gpu-node-2"
+    decision = event_policy.admit(event_request(agent_event("gpu-node-2"), username=kubelet))
+    assert decision == Decision(allowed=True, applies=False)
+
+
+def test_event_policy_expressions_use_only_standard_cel_and_admission_variables(
+    event_policy: PolicyEvaluator,
+) -> None:
+    env = celpy.Environment()
+    for expression in event_policy.expressions:
         calls, roots, loop_vars = _calls_and_roots(env.compile(expression))
         assert calls <= STANDARD_CEL, (expression, calls - STANDARD_CEL)
         assert roots - loop_vars <= ADMISSION_ROOTS, (expression, roots)

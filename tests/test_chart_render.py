@@ -190,6 +190,45 @@ def test_policy_binding_denies_and_names_the_policy(default: Rendered) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("mode", "cluster_serves_policy_api", "installed"),
+    [("auto", True, True), ("auto", False, False), (True, False, True), (False, True, False)],
+    ids=["auto, with the API", "auto, without the API", "forced on", "forced off"],
+)
+@pytest.mark.parametrize("sink", ["node", "nodefeature"])
+def test_the_own_events_policy_follows_the_admission_policy_switch_with_either_sink(
+    mode: object, cluster_serves_policy_api: bool, installed: bool, sink: str
+) -> None:
+    apis = (VAP_API,) if cluster_serves_policy_api else ()
+    values = {"admissionPolicy": {"enabled": mode}, "agent": {"sink": sink}}
+    rendered = render(values, api_versions=apis)
+    policies = [p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")]
+    bindings = [
+        b["spec"]["policyName"] for b in rendered.of_kind("ValidatingAdmissionPolicyBinding")
+    ]
+    assert (f"{FULLNAME}-own-events" in policies) is installed
+    assert (f"{FULLNAME}-own-events" in bindings) is installed
+
+
+def test_the_own_events_policy_covers_create_and_update_of_core_events(default: Rendered) -> None:
+    policy = default.named("ValidatingAdmissionPolicy", f"{FULLNAME}-own-events")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"] == {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["events"],
+            }
+        ],
+    }
+    assert all("\n" not in v["message"] for v in policy["spec"]["validations"])
+    binding = default.named("ValidatingAdmissionPolicyBinding", f"{FULLNAME}-own-events")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
 def test_policy_matches_the_agents_own_service_account(all_on: Rendered) -> None:
     (condition,) = all_on.named("ValidatingAdmissionPolicy", NODE_POLICY)["spec"]["matchConditions"]
     assert condition["expression"] == (
@@ -199,10 +238,10 @@ def test_policy_matches_the_agents_own_service_account(all_on: Rendered) -> None
 
 def test_nodefeature_sink_has_no_node_rights_and_no_node_policy(nodefeature: Rendered) -> None:
     assert not {"ClusterRole", "ClusterRoleBinding"} & nodefeature.kinds()
-    # The one policy rendered confines the prune hook, not the agent.
-    assert [p["metadata"]["name"] for p in nodefeature.of_kind("ValidatingAdmissionPolicy")] == [
-        f"{FULLNAME}-prune"
-    ]
+    # The Event policy (that sink posts Events about its Node too) and the prune hook's: no Node
+    # policy.
+    policies = [p["metadata"]["name"] for p in nodefeature.of_kind("ValidatingAdmissionPolicy")]
+    assert sorted(policies) == sorted([f"{FULLNAME}-own-events", f"{FULLNAME}-prune"])
     for role in nodefeature.of_kind("Role"):
         assert all("nodes" not in rule["resources"] for rule in role["rules"])
 

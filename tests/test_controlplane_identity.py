@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from reporter.doctor import DEGRADED_REASON
+from reporter.publish.client import EventType, event_body
+from reporter.publish.patch import NodeMetadata
 from reporter.schema import dra
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import EXTENDER_ALONE, FULLNAME, NAMESPACE, VAP_API, render
@@ -332,9 +337,9 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
     assert [(o.kind, o.name, o.uid) for o in stored.metadata.owner_references] == [
         ("Node", agent.node_a, node_uid)
     ]
-    # A renewal (update) of its own Lease is admitted.
-    stored.spec.lease_duration_seconds = 41
-    leases.replace_namespaced_lease(agent.node_a, NAMESPACE, stored)
+    # A renewal (update) of its own Lease is admitted, up to the chart's duration (40 s).
+    stored.spec.lease_duration_seconds = 39
+    stored = leases.replace_namespaced_lease(agent.node_a, NAMESPACE, stored)
 
     refused: list[str] = []
     denied = 0
@@ -345,6 +350,11 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
             NAMESPACE, lease(f"{agent.node_a}-x", agent.node_b))),
         ("hand its own Lease to another node", lambda: leases.replace_namespaced_lease(
             agent.node_a, NAMESPACE, _held_by(leases, agent.node_a, agent.node_b))),
+        ("make its own Lease vouch for a day", lambda: leases.replace_namespaced_lease(
+            agent.node_a, NAMESPACE, _lasting(leases, agent.node_a, 86400))),
+        ("make its own Lease vouch one second past the chart's duration",
+         lambda: leases.replace_namespaced_lease(
+            agent.node_a, NAMESPACE, _lasting(leases, agent.node_a, 41))),
     ):  # fmt: skip
         try:
             call()
@@ -369,8 +379,14 @@ def test_the_pods_token_renews_only_its_own_nodes_lease_and_rbac_denies_the_rest
         assert forbidden.value.status == 403
         assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
         denied += 1
-    assert denied == 3 + 5
+    assert denied == 5 + 5
     assert admin.read_namespaced_lease(agent.node_a, NAMESPACE).spec.holder_identity == agent.node_a
+
+
+def _lasting(leases: k8s.CoordinationV1Api, name: str, seconds: int) -> k8s.V1Lease:
+    current = leases.read_namespaced_lease(name, NAMESPACE)
+    current.spec.lease_duration_seconds = seconds
+    return current
 
 
 def _held_by(leases: k8s.CoordinationV1Api, name: str, holder: str) -> k8s.V1Lease:
@@ -443,49 +459,109 @@ def wait_for_rule_policy(api: k8s.CustomObjectsApi, node_b: str) -> None:
         time.sleep(0.1)
 
 
-def test_the_pods_token_taints_only_its_own_nodes_devices(
+def agent_rule(node: str, device: str = "gpu-0") -> dict[str, Any]:
+    """The rule the agent on `node` writes for `device` (reporter.schema.dra.rule)."""
+    return dra.rule(
+        dra.DeviceTaint(0, device, dra.REASON_LOST), node=node, prefix=PREFIX, version="v1alpha3"
+    )
+
+
+def changed_rule(rule: dict[str, Any], *path: str, value: Any) -> dict[str, Any]:
+    """`rule` with the field at `path` set to `value` (dropped for None)."""
+    rule = copy.deepcopy(rule)
+    here = rule
+    for part in path[:-1]:
+        here = here[part]
+    if value is None:
+        here.pop(path[-1], None)
+    else:
+        here[path[-1]] = value
+    return rule
+
+
+def test_the_pods_token_taints_only_its_own_nodes_devices_as_the_agent_writes_them(
     real_apiserver: RealApiServer, agent: Agent, tmp_path: Path
 ) -> None:
+    # Issue 28 items 5 to 8, each as the apiserver's own CEL decides it on the pod's token.
     rules = k8s.CustomObjectsApi(agent.api)
     admin = k8s.CustomObjectsApi(real_apiserver.api())
     wait_for_rule_policy(rules, agent.node_b)
-    foreign = f"foreign-{agent.node_b}"
-    admin.create_cluster_custom_object(*RULES, taint_rule(foreign, agent.node_b))
-    own = f"own-{agent.node_a}"
+    a, b = agent.node_a, agent.node_b
+    foreign = f"foreign-{b}"
+    admin.create_cluster_custom_object(*RULES, taint_rule(foreign, b))
+    # An administrator's quarantines of node A's gpu-1, evicting its pods: one of their own
+    # making, one that wears the agent's name and labels.
+    quarantine = changed_rule(
+        taint_rule(f"quarantine-{a}", a),
+        "spec",
+        "taint",
+        value={"key": "example.com/quarantine", "effect": "NoExecute"},
+    )
+    disguised = changed_rule(agent_rule(a, "gpu-1"), "spec", "taint", "effect", value="NoExecute")
+    for rule in (quarantine, disguised):
+        admin.create_cluster_custom_object(*RULES, rule)
+    own = agent_rule(a)
+    squat = changed_rule(agent_rule(a), "metadata", "name", value=dra.rule_name(b, "gpu-0"))
     try:
-        rules.create_cluster_custom_object(*RULES, taint_rule(own, agent.node_a))
+        rules.create_cluster_custom_object(*RULES, own)
         refused: list[str] = []
+        denied = 0
         for what, call in (
-            (
-                "create for another node's pool",
-                lambda: rules.create_cluster_custom_object(*RULES, taint_rule("b", agent.node_b)),
-            ),
-            (
-                "create without a pool (every pool's gpu-0)",
-                lambda: rules.create_cluster_custom_object(*RULES, taint_rule("any", None)),
-            ),
-            (
-                "delete another node's rule",
-                lambda: rules.delete_cluster_custom_object(*RULES, foreign),
-            ),
-        ):
+            ("create for another node's pool", lambda: rules.create_cluster_custom_object(
+                *RULES, agent_rule(b, "gpu-1"))),
+            ("create another node's rule name in its own pool (a squat)",
+             lambda: rules.create_cluster_custom_object(*RULES, squat)),
+            ("create a name of its own choosing", lambda: rules.create_cluster_custom_object(
+                *RULES, changed_rule(agent_rule(a, "gpu-2"), "metadata", "name", value="x"))),
+            ("create without a pool (every pool's gpu-2)",
+             lambda: rules.create_cluster_custom_object(*RULES, changed_rule(
+                 agent_rule(a, "gpu-2"), "spec", "deviceSelector", "pool", value=None))),
+            ("create NoExecute", lambda: rules.create_cluster_custom_object(*RULES, changed_rule(
+                agent_rule(a, "gpu-2"), "spec", "taint", "effect", value="NoExecute"))),
+            ("create another taint key", lambda: rules.create_cluster_custom_object(
+                *RULES, changed_rule(
+                    agent_rule(a, "gpu-2"), "spec", "taint", "key", value="example.com/x"))),
+            ("create without a driver (every driver's)",
+             lambda: rules.create_cluster_custom_object(*RULES, changed_rule(
+                 agent_rule(a, "gpu-2"), "spec", "deviceSelector", "driver", value=None))),
+            ("create without a device (the whole pool)",
+             lambda: rules.create_cluster_custom_object(*RULES, changed_rule(
+                 agent_rule(a, "gpu-2"), "spec", "deviceSelector", "device", value=None))),
+            ("delete another node's rule",
+             lambda: rules.delete_cluster_custom_object(*RULES, foreign)),
+            ("delete an administrator's NoExecute quarantine in its own pool",
+             lambda: rules.delete_cluster_custom_object(*RULES, quarantine["metadata"]["name"])),
+            ("delete a NoExecute quarantine under its own name and labels",
+             lambda: rules.delete_cluster_custom_object(*RULES, disguised["metadata"]["name"])),
+        ):  # fmt: skip
             try:
                 call()
             except k8s.ApiException as e:
                 if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                    denied += 1
                     continue
                 refused.append(f"{what}: {e.status} {e.body}")
                 continue
             refused.append(f"{what}: admitted")
         assert refused == []
+        assert denied == 11
         # RBAC, not the policy: the chart grants list, create and delete, no update.
         with pytest.raises(k8s.ApiException) as forbidden:
-            rules.patch_cluster_custom_object(*RULES, own, {"metadata": {"labels": {"x": "y"}}})
+            rules.patch_cluster_custom_object(
+                *RULES, own["metadata"]["name"], {"metadata": {"labels": {"x": "y"}}}
+            )
         assert forbidden.value.status == 403
         assert "ValidatingAdmissionPolicy" not in str(forbidden.value.body)
-        rules.delete_cluster_custom_object(*RULES, own)
+        rules.delete_cluster_custom_object(*RULES, own["metadata"]["name"])
+        kept = {r["metadata"]["name"] for r in admin.list_cluster_custom_object(*RULES)["items"]}
+        assert {foreign, quarantine["metadata"]["name"], disguised["metadata"]["name"]} <= kept
     finally:
-        for name in (own, foreign):
+        for name in (
+            own["metadata"]["name"],
+            foreign,
+            quarantine["metadata"]["name"],
+            disguised["metadata"]["name"],
+        ):
             with contextlib.suppress(k8s.ApiException):
                 admin.delete_cluster_custom_object(*RULES, name)
 
@@ -530,9 +606,7 @@ def test_the_agent_with_the_pods_token_writes_its_nodes_rule_and_not_anothers(
         assert rules_of(agent.node_a) == ["gpu-1"]
         other = agent_run(agent.node_b)
         assert other.returncode == 1
-        assert (
-            "may write only DeviceTaintRules whose device selector names the pool" in other.stderr
-        )
+        assert "may write only DeviceTaintRules of the Node its pod runs on" in other.stderr
         assert rules_of(agent.node_b) == []
     finally:
         for node in (agent.node_a, agent.node_b):
@@ -590,3 +664,208 @@ def test_a_rule_someone_labelled_for_the_agents_node_does_not_stop_the_agents_ru
         )
         for rule in found["items"]:
             admin.delete_cluster_custom_object(*RULES, rule["metadata"]["name"])
+
+
+def test_a_rule_someone_else_holds_under_the_agents_name_is_told_on_the_node(
+    real_apiserver: RealApiServer, agent: Agent, tmp_path: Path
+) -> None:
+    # Issue 28 item 5: no agent can squat another's rule name any more (the policy, above), but
+    # whoever else may create rules can. The agent cannot mark its GPU then; it says so, in its
+    # log and in a Warning Event on its Node, and goes on with its other work.
+    machine = profile(tmp_path, [1])
+    admin = k8s.CustomObjectsApi(real_apiserver.api())
+    wait_for_rule_policy(k8s.CustomObjectsApi(agent.api), agent.node_b)
+    squatted = taint_rule(dra.rule_name(agent.node_a, "gpu-1"), agent.node_b)
+    admin.create_cluster_custom_object(*RULES, squatted)
+    try:
+        run = subprocess.run(
+            [
+                *CLI,
+                "run",
+                "--simulate",
+                str(machine),
+                "--once",
+                "--listen",
+                "",
+                "--dra-device-taints",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env(
+                KUBECONFIG=str(agent.kubeconfig),
+                NODE_NAME=agent.node_a,
+                TOPO_REPORTER_LOG_FORMAT="json",
+            ),
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        assert "device_taint_rule_blocked" in run.stdout + run.stderr
+        events = real_apiserver.core().list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.kind=Node,involvedObject.name={agent.node_a}",
+        )
+        (blocked,) = [e for e in events.items if e.reason == "DeviceTaintRuleNameTaken"]
+        assert blocked.type == "Warning"
+        assert squatted["metadata"]["name"] in blocked.message
+        assert blocked.reporting_instance == agent.node_a
+        stored = admin.get_cluster_custom_object(*RULES, squatted["metadata"]["name"])
+        assert stored["spec"]["deviceSelector"] == squatted["spec"]["deviceSelector"]
+        labels = real_apiserver.core().read_node(agent.node_a).metadata.labels
+        assert labels[f"{PREFIX}/count"] == "4"
+    finally:
+        admin.delete_cluster_custom_object(*RULES, squatted["metadata"]["name"])
+
+
+# --- Events (issue 28 item 9): the agent's token speaks only about its own Node ----------------
+
+
+def event_about(node: str, message: str, *, reporter: str | None = None) -> dict[str, Any]:
+    """A GPUTopologyDegraded Event about `node` as the agent posts it (its own body builder),
+    reported by `reporter` (default: the node itself)."""
+    body = event_body(
+        NodeMetadata(node), EventType.WARNING, DEGRADED_REASON, message, datetime.now(UTC)
+    )
+    if reporter is not None:
+        body["reportingInstance"] = reporter
+        body["source"]["host"] = reporter
+    return body
+
+
+def wait_for_event_policy(core: k8s.CoreV1Api, node_b: str) -> None:
+    """As wait_for_policy, for the own-events policy: a dry-run Event about node B."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        try:
+            core.create_namespaced_event("default", event_about(node_b, "probe"), dry_run="All")
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                return
+            raise
+        assert time.monotonic() < deadline, f"policy not enforced within {POLICY_TIMEOUT_S:.0f} s"
+        time.sleep(0.1)
+
+
+def test_the_pods_token_posts_events_only_about_its_own_node_and_the_doctor_shows_only_those(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    core = k8s.CoreV1Api(agent.api)
+    wait_for_event_policy(core, agent.node_b)
+    a, b = agent.node_a, agent.node_b
+    # Both nodes carry a topology, so the doctor judges their agents: A's by A's own token, B's
+    # by the admin (A's token may not).
+    assert run_agent(agent, a).returncode == 0
+    published = subprocess.run(
+        [*CLI, "run", "--simulate", "dgx-h100", "--once", "--listen", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(KUBECONFIG=str(real_apiserver.kubeconfig), NODE_NAME=b),
+        check=False,
+    )
+    assert published.returncode == 0, published.stderr
+    core.create_namespaced_event("default", event_about(a, "nvml: own word"))
+    refused: list[str] = []
+    for what, body in (
+        ("about another node", event_about(b, "nvml: forged about b")),
+        ("about its node, reported by another", event_about(a, "nvml: forged", reporter=b)),
+        ("about another node, reported by it", event_about(b, "nvml: forged", reporter=b)),
+    ):
+        try:
+            core.create_namespaced_event("default", body)
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                continue
+            refused.append(f"{what}: {e.status} {e.body}")
+            continue
+        refused.append(f"{what}: admitted")
+    assert refused == []
+    # What another node's agent could post before the policy (or where it is off), written here
+    # by the admin: the doctor does not take it for node B's agent's word about B.
+    admin = real_apiserver.core()
+    admin.create_namespaced_event("default", event_about(b, "nvml: forged by a", reporter=a))
+    shown = subprocess.run(
+        [*CLI, "doctor", "--kubeconfig", str(real_apiserver.kubeconfig), "--node", b],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "forged" not in shown.stdout, shown.stdout
+    assert "agent-degraded" not in shown.stdout
+    own = subprocess.run(
+        [*CLI, "doctor", "--kubeconfig", str(real_apiserver.kubeconfig), "--node", a],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "evidence: nvml: own word" in own.stdout, own.stdout
+
+
+# --- managedFields (issue 28): the agent cannot hand foreign fields to another manager ---------
+
+APPLY = "application/apply-patch+yaml"
+OPERATOR = "gpu-operator"
+
+
+def operator_apply(server: RealApiServer, node: str) -> None:
+    """What a server-side-applying controller does on the node: its own label, and (someone's
+    leftover) a key under our prefix, which the agent's next publish takes over."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "labels": {"example.com/operator": "on", f"{PREFIX}/count": "1"},
+        },
+    }
+    server.core().patch_node(node, body, field_manager=OPERATOR, force=True, _content_type=APPLY)
+
+
+def handed_over(server: RealApiServer, node: str, label: str) -> list[dict[str, Any]]:
+    """The Node's managedFields with `label` taken from every manager and given to OPERATOR's
+    applied set: its next apply, which omits the label, then deletes it."""
+    entries = server.api().sanitize_for_serialization(
+        server.core().read_node(node).metadata.managed_fields
+    )
+    for entry in entries:
+        labels = entry.get("fieldsV1", {}).get("f:metadata", {}).get("f:labels", {})
+        labels.pop(f"f:{label}", None)
+        if entry["manager"] == OPERATOR and entry["operation"] == "Apply":
+            labels[f"f:{label}"] = {}
+    return list(entries)
+
+
+def test_the_pods_token_cannot_hand_foreign_fields_to_another_manager(
+    real_apiserver: RealApiServer, agent: Agent
+) -> None:
+    core = k8s.CoreV1Api(agent.api)
+    a = agent.node_a
+    operator_apply(real_apiserver, a)
+    # The agent's ordinary publish takes our key over from the operator's applied set: admitted.
+    assert run_agent(agent, a).returncode == 0
+    entries = real_apiserver.core().read_node(a).metadata.managed_fields
+    (applied,) = [e for e in entries if e.manager == OPERATOR]
+    assert f"f:{PREFIX}/count" not in applied.fields_v1["f:metadata"]["f:labels"]
+    refused: list[str] = []
+    for content_type in (MERGE, STRATEGIC):
+        body = {
+            "metadata": {
+                "managedFields": handed_over(real_apiserver, a, "team"),
+                "labels": {f"{PREFIX}/count": "8"},
+            }
+        }
+        try:
+            core.patch_node(a, body, _content_type=content_type)
+        except k8s.ApiException as e:
+            if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+                continue
+            refused.append(f"{content_type}: {e.status} {e.body}")
+            continue
+        refused.append(f"{content_type}: admitted")
+    # The operator applies again, as it does on every reconcile: `team` stays, since nobody
+    # handed it to the operator.
+    operator_apply(real_apiserver, a)
+    assert real_apiserver.core().read_node(a).metadata.labels.get("team") == "ml"
+    assert refused == []

@@ -228,6 +228,30 @@ def test_an_event_written_in_another_namespace_neither_speaks_for_the_agent_nor_
     assert not apiserver.reads("/api/v1/events")
 
 
+@pytest.mark.parametrize(
+    "field", ["reportingInstance", "source.host", "reportingComponent"], ids=str
+)
+def test_an_event_another_nodes_agent_could_write_does_not_speak_for_this_one(
+    field: str,
+    apiserver: ApiServerDouble,
+    admin_kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Issue 28 item 9: node B's agent posted GPUTopologyDegraded about node A, and the doctor
+    # showed it as A's evidence. Only an Event that A itself reported is A's agent's word.
+    publish(apiserver, "victim", dgx())
+    event = agents_event("victim", "nvml: forged by another node")
+    if field == "source.host":
+        event["source"]["host"] = "gpu-node-2"
+    else:
+        event[field] = "gpu-node-2"
+    apiserver.create_event("default", event)
+    for which in (["--node", "victim"], ["--all"]):
+        _, out, _ = doctor(admin_kubeconfig, capsys, *which)
+        assert "agent-degraded" not in out, which
+        assert "forged" not in out
+
+
 @pytest.mark.parametrize("escape", ESCAPES.values(), ids=ESCAPES.keys())
 def test_the_agents_own_event_is_shown_without_control_sequences(
     escape: str,

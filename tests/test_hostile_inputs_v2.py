@@ -458,6 +458,9 @@ PLANTED = {
     "this node's rule name, another node's pool": planted(
         dra.rule_name(TAINTED, "gpu-3"), "dgx-08"
     ),
+    "this node's rule name and pool, an administrator's NoExecute quarantine": planted(
+        dra.rule_name(TAINTED, "gpu-3"), TAINTED
+    ),
 }
 
 
@@ -513,7 +516,7 @@ def test_rules_of_odd_shapes_under_our_labels_neither_crash_nor_stop_the_sink(
 @fuzz(200)
 @given(JSON_VALUES)
 def test_a_listed_rule_of_any_shape_is_judged_without_raising(item: Any) -> None:
-    found = dra.own_rule(item, TAINTED)
+    found = dra.own_rule(item, TAINTED, PREFIX)
     assert found is None or found[0].startswith(f"topo-reporter.{TAINTED}.")
     assert dra.listed_name(item)
 

@@ -79,7 +79,7 @@ def test_a_refusal_is_logged_once_and_not_sent_again_until_health_changes(
         log=LOG,
         clock=clock,
     )
-    output = DeviceTaintOutput(sink, LOG)
+    output = DeviceTaintOutput(sink, LOG, lambda *event: None)
     topology = lost_topology((1,))
     with capture_logs() as logs:
         for _ in range(3):
@@ -156,11 +156,11 @@ def test_on_the_real_server_rules_follow_health_and_only_changes_are_written(
         log=LOG,
         clock=clock,
     )
-    with capture_logs() as logs:
-        assert sink.publish([taint(1), taint(2)]) == 1
-        assert sink.publish([taint(1), taint(2)]) == 0  # steady: nothing written
+    assert sink.publish([taint(1), taint(2)]) == 1
+    assert sink.blocked == (taken,)
+    assert sink.publish([taint(1), taint(2)]) == 0  # steady: nothing written
+    assert sink.blocked == (taken,)
     assert names(rules, node) == {"gpu-2": dra.REASON_NVLINK_DEGRADED}
-    assert [e["rule"] for e in logs if e["event"] == "device_taint_rule_foreign"] == [taken]
 
     assert sink.publish([taint(2, dra.REASON_LOST)]) == 2  # a new reason: delete, create
     assert names(rules, node) == {"gpu-2": dra.REASON_LOST}
@@ -176,6 +176,29 @@ def test_on_the_real_server_rules_follow_health_and_only_changes_are_written(
     assert sink.publish([taint(3)]) == 1
     assert names(rules, node) == {"gpu-3": dra.REASON_NVLINK_DEGRADED}
 
+    # An administrator's quarantine under the agent's name and labels, NoExecute: not a rule the
+    # agent writes, so it is neither deleted nor replaced, and the GPU's rule is told blocked.
+    quarantine = dra.rule(taint(4), node=node, prefix=PREFIX, version="v1alpha3")
+    quarantine["spec"]["taint"]["effect"] = "NoExecute"
+    rules.create_cluster_custom_object(*RULES, quarantine)
+    clock.now = 600
+    assert sink.publish([taint(3), taint(4)]) == 0
+    assert sink.blocked == (dra.rule_name(node, "gpu-4"),)
+    stored = rules.get_cluster_custom_object(*RULES, dra.rule_name(node, "gpu-4"))
+    assert stored["spec"]["taint"]["effect"] == "NoExecute"
+    assert sink.publish([]) == 1  # its own gpu-3 rule only
+    assert names(rules, node) == {"gpu-4": dra.REASON_NVLINK_DEGRADED}
+
     # Never touched: the foreign rule and the other node's.
     kept = {r["metadata"]["name"] for r in rules.list_cluster_custom_object(*RULES)["items"]}
     assert {taken, dra.rule_name(other, "gpu-0")} <= kept
+
+    # Once the rule that held its name is gone, the next resync writes the agent's own.
+    rules.delete_cluster_custom_object(*RULES, taken)
+    clock.now = 900
+    assert sink.publish([taint(1)]) == 1
+    assert sink.blocked == ()
+    assert names(rules, node) == {
+        "gpu-1": dra.REASON_NVLINK_DEGRADED,
+        "gpu-4": dra.REASON_NVLINK_DEGRADED,  # the quarantine, still there
+    }

@@ -85,12 +85,33 @@ def test_profile_files_drive_the_agent_per_node(
 
 @pytest.mark.parametrize(
     "argv",
-    [["--racks", "0"], ["--trays", "19"], ["--racks", "2", "--clique", "1"], ["--partitions", "0"]],
+    [
+        ["--racks", "0"],
+        ["--trays", "19"],
+        ["--racks", "2", "--clique", "1"],
+        ["--partitions", "0"],
+        ["--clique", "-1"],
+        ["--clique", str(2**32)],
+        ["--clique", str(2**32 - 1), "--partitions", "2"],
+    ],
+    ids=[
+        "no rack",
+        "more trays than a rack has",
+        "one clique for two racks",
+        "no partition",
+        "a negative clique",
+        "a clique over 32 bits",
+        "a second partition over 32 bits",
+    ],
 )
 def test_counts_out_of_range_are_one_line(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*argv, "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("racks: error: ")
-    assert err.count("\n") == 1
+    out = tmp_path / "profiles"
+    assert main([*argv, "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith("racks: error: ")
+    assert printed.err.count("\n") == 1
+    # Refused up front: no partition printed, no profile written.
+    assert printed.out == ""
+    assert not out.exists()

@@ -9,11 +9,14 @@ are missing and deletes the ones no longer wanted (a rule whose reason changed i
 created again: the agent holds no `update` right), and lists again once per resync period. So
 while health is steady it writes nothing.
 
-It touches only rules it listed with its own labels that are rules it writes (its name scheme,
-its node's pool): our labels are anyone's to write, and a rule they mark in another pool or in
-none is left alone and reported once. A create that meets an object of that name (409) met
-someone else's rule, which it leaves alone and reports once. The admission policy
-(chart) keeps each agent to rules whose pool is its own node.
+It touches only rules it listed with its own labels that are rules it writes (its name, its
+node's pool, its driver, one whole GPU, its taint key, NoSchedule): our labels are anyone's to
+write, and a rule they mark that is of any other shape (another pool, none, an administrator's
+NoExecute quarantine) is left alone and reported once. A create that meets an object of that name
+(409) met someone else's rule, which it leaves alone. Either way a GPU whose rule name someone
+else's rule holds stays unmarked by the agent: `blocked` names them, and the agent's output says
+so in a log line and a Warning Event on the Node, with the fix. The admission policy (chart) keeps
+each agent to rules of exactly that shape for its own node, so no agent can take another's name.
 
 It writes through `reporter.publish.api.ApiClient`, so the dry run prints each rule it would create.
 """
@@ -28,12 +31,15 @@ import structlog
 
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.publish.api import ApiClient, Resource, device_taint_rules
+from reporter.publish.client import EventType
 from reporter.schema import dra as devicetaints
 from reporter.schema.dra import DeviceTaint
 from reporter.schema.model import Topology
 
 RBAC_VERBS = ("list", "create", "delete")
 """Exactly the verbs the sink uses on devicetaintrules."""
+REASON_BLOCKED = "DeviceTaintRuleNameTaken"
+"""The Warning Event reason when someone else's rule holds the name of a rule the agent needs."""
 
 
 class DeviceTaintSink:
@@ -71,6 +77,7 @@ class DeviceTaintSink:
         """The names of the rules under our labels that are not ours, as last said."""
         self._foreign: set[str] = set()
         """Names taken by someone else's rule: not tried again until the next list."""
+        self._blocked: tuple[str, ...] = ()
         self._refused: tuple[tuple[DeviceTaint, ...], float, ApiPermanentError] | None = None
         """Taints whose writes the API refused for good, when, and the refusal: not sent again
         until they change or a resync period passed (the refusal is raised again meanwhile)."""
@@ -79,6 +86,12 @@ class DeviceTaintSink:
     def served(self) -> bool:
         """False when the cluster serves no DeviceTaintRules (told once, never asked again)."""
         return self._served
+
+    @property
+    def blocked(self) -> tuple[str, ...]:
+        """The rules wanted at the last publish whose names someone else's rule holds: the GPUs
+        they would mark stay unmarked by the agent."""
+        return self._blocked
 
     def publish(self, taints: Sequence[DeviceTaint]) -> int:
         """Make this node's rules be `taints`; returns the writes made (creates and deletes).
@@ -120,7 +133,10 @@ class DeviceTaintSink:
                     continue
                 raise
             self._resource = resource
-            own = [devicetaints.own_rule(item, self._node) for item in page["items"]]
+            own = [
+                devicetaints.own_rule(item, self._node, self._prefix, self._driver)
+                for item in page["items"]
+            ]
             self._known = dict(rule for rule in own if rule is not None)
             self._listed_at = self._clock()
             self._foreign.clear()
@@ -152,7 +168,8 @@ class DeviceTaintSink:
                 rules=[name[:80] for name in names[:8]],
                 count=len(names),
                 hint="these carry this agent's labels but are not rules it writes (another "
-                "pool, no pool, or not its name): left alone; delete them if nobody needs them",
+                "pool, no pool, not its name, another driver, device, taint or effect): left "
+                "alone; delete them if nobody needs them",
             )
         self._not_ours_told = names
 
@@ -185,11 +202,6 @@ class DeviceTaintSink:
                 if e.status != 409:
                     raise
                 self._foreign.add(name)
-                self._log.warning(
-                    "device_taint_rule_foreign",
-                    rule=name,
-                    hint="a DeviceTaintRule of this name exists without our labels: left alone",
-                )
                 continue
             known[name] = devicetaints.rule_content(body)
             writes += 1
@@ -200,17 +212,27 @@ class DeviceTaintSink:
                 device=spec["deviceSelector"]["device"],
                 reason=spec["taint"]["value"],
             )
+        self._blocked = tuple(sorted(name for name in want if name in self._foreign))
         return writes
 
 
 class DeviceTaintOutput:
-    """The agent's per-scan output: the rules for the chosen topology; failures are logged."""
+    """The agent's per-scan output: the rules for the chosen topology; failures are logged, and
+    a GPU left unmarked because someone else's rule holds its rule's name is told as a log line
+    and a Warning Event on the Node, once while it lasts."""
 
-    def __init__(self, sink: DeviceTaintSink, log: structlog.typing.FilteringBoundLogger) -> None:
+    def __init__(
+        self,
+        sink: DeviceTaintSink,
+        log: structlog.typing.FilteringBoundLogger,
+        event: Callable[[EventType, str, str], None],
+    ) -> None:
         self._sink = sink
         self._log = log
+        self._event = event
         self._error: str | None = None
         self._unnamed: tuple[int, ...] = ()
+        self._blocked: tuple[str, ...] = ()
 
     def __call__(self, topology: Topology) -> None:
         taints, unnamed = devicetaints.device_taints(topology)
@@ -232,3 +254,25 @@ class DeviceTaintOutput:
         if self._error is not None:
             self._log.info("device_taints_recovered")
         self._error = None
+        self._tell_blocked(self._sink.blocked)
+
+    def _tell_blocked(self, blocked: tuple[str, ...]) -> None:
+        told, self._blocked = self._blocked, blocked
+        if not blocked or blocked == told:
+            return
+        shown = ", ".join(name[:120] for name in blocked[:4])
+        more = f" and {len(blocked) - 4} more" if len(blocked) > 4 else ""
+        message = (
+            f"someone else's DeviceTaintRule holds the name this node's agent gives its rule "
+            f"for an unhealthy GPU, which the agent therefore does not mark: {shown}{more}. "
+            "Delete it if nobody needs it (kubectl delete devicetaintrule NAME): the agent "
+            "writes its own at its next resync"
+        )
+        self._log.warning(
+            "device_taint_rule_blocked", rules=[name[:120] for name in blocked[:8]], hint=message
+        )
+        try:
+            self._event(EventType.WARNING, REASON_BLOCKED, message)
+        except PublishError as e:
+            # Best effort, as every Event: the log line above says it too.
+            self._log.warning("event_failed", reason=REASON_BLOCKED, error=str(e))

@@ -51,6 +51,9 @@ REASON_FABRIC = "fabric-"
 # A DRA device name is a DNS label of at most 63 characters, so a minor has a few digits at most;
 # no sign, no leading zero.
 _MAX_DEVICE_NAME = 63
+_WHOLE_GPU = re.compile(r"gpu-(0|[1-9][0-9]{0,5})")
+"""The device name of a whole GPU, the only kind of device a rule of ours names (the admission
+policy's pattern too)."""
 _GPU_DEVICE = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-mig-[a-z0-9][a-z0-9-]*-[0-9]+-[0-9]+)?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE_MAX = 63
@@ -196,13 +199,23 @@ def listed_name(obj: Any) -> str:
     return "?" if name is None else str(name)
 
 
-def own_rule(obj: Any, node: str) -> tuple[str, tuple[Any, ...]] | None:
-    """(name, content) of a listed rule that is one this node's agent writes: named
-    `topo-reporter.<node>.<device>` and selecting devices in the node's own pool. None for any
-    other, whatever labels it carries: our labels are anyone's to write, and deleting what they
-    mark would delete another node's rule, or (the admission policy refusing) stop the sink."""
+def own_rule(
+    obj: Any, node: str, prefix: str, driver: str = DRIVER
+) -> tuple[str, tuple[Any, ...]] | None:
+    """(name, content) of a listed rule that is one this node's agent writes, as `rule` builds
+    it: named `topo-reporter.<node>.<device>` for the one whole GPU it selects of `driver` in the
+    node's own pool, nothing else selected, our taint key, effect NoSchedule. None for any other,
+    whatever labels it carries: our labels are anyone's to write, and deleting what they mark
+    would delete another node's rule or an administrator's (a NoExecute quarantine), or (the
+    admission policy refusing, as it refuses every rule of another shape) stop the sink."""
     name = _object(_object(obj).get("metadata")).get("name")
-    if not isinstance(name, str) or not name.startswith(rule_name(node, "")):
-        return None
     content = rule_content(obj)
-    return (name, content) if content[1] == node else None
+    sel_driver, pool, device, device_class, selectors, key, _, effect = content
+    own = (
+        isinstance(device, str)
+        and _WHOLE_GPU.fullmatch(device) is not None
+        and name == rule_name(node, device)
+        and (sel_driver, pool, device_class, selectors) == (driver, node, None, None)
+        and (key, effect) == (keys.key(prefix, keys.DEVICE_TAINT), EFFECT)
+    )
+    return (name, content) if own and isinstance(name, str) else None

@@ -124,6 +124,17 @@ heartbeat on, under the same admissionPolicy.enabled switch.
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the policy confining the agent's Events to its own Node is rendered: whatever the
+sink (both post Events), under the same admissionPolicy.enabled switch.
+*/}}
+{{- define "topo-reporter.eventPolicyEnabled" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if eq $mode "true" }}true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}true
+{{- end }}
+{{- end }}
+
 {{/* The agent's Kubernetes username, as the API server sees its service account token. */}}
 {{- define "topo-reporter.serviceAccountUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topo-reporter.serviceAccountName" .) }}

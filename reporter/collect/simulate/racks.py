@@ -65,6 +65,10 @@ class RackNode:
         return machine_from_profile(self.name, self.profile)
 
 
+MAX_CLIQUE = 2**32 - 1
+"""The largest clique ID: NVML's `cliqueId` is a 32-bit unsigned integer."""
+
+
 def rack_nodes(
     racks: int,
     *,
@@ -79,6 +83,14 @@ def rack_nodes(
         raise ValueError(f"racks >= 1, 1 <= trays <= {TRAYS_PER_RACK}, 1 <= partitions <= trays")
     if cliques is not None and len(cliques) != racks:
         raise ValueError(f"{len(cliques)} clique IDs for {racks} racks")
+    for rack, first in enumerate(cliques or ()):
+        # NVML's cliqueId is 32 bits; the profile loader refuses any other, so say it here,
+        # before a partition `<uuid>.-1` is printed that no node can ever carry.
+        if not 0 <= first <= MAX_CLIQUE - (partitions - 1):
+            raise ValueError(
+                f"clique ID {first} of rack {rack} is out of range: give 0 to "
+                f"{MAX_CLIQUE - (partitions - 1)} (NVML's 32 bits, less one per further partition)"
+            )
     base = shipped_profile(BASE_PROFILE)
     nodes = []
     for rack in range(racks):
