@@ -746,7 +746,10 @@ def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.
                 # A node without the annotation runs no agent (no GPUs); one that does not decode
                 # is said, since the template then leaves its GPUs out.
                 if keys.key(prefix, keys.TOPOLOGY) in (node["metadata"].get("annotations") or {}):
-                    terminal.write(sys.stderr, f"topo-reporter: warning: left out: {e}\n")
+                    terminal.write(
+                        sys.stderr,
+                        f"topo-reporter: warning: left out: node {node_name(node)}: {e}\n",
+                    )
                 continue
             digest = dra_template.wiring_digest(topology)
             kinds.setdefault(digest, []).append((node_name(node), topology))
