@@ -60,8 +60,10 @@ def nvidia_attributes(gpu: Gpu, *, bus_id: bool = True) -> dict[str, dict[str, A
 class Evaluation:
     cost: int
     """The compiler's worst-case cost estimate of `(E) == want` (E's own, plus the comparison)."""
-    results: list[dict[str, Any]]
-    """Per device: `matches` (E gave exactly `want`) and `error` (a CEL runtime error) if any."""
+    outcomes: list[tuple[bool, str | None]]
+    """Per device: whether E gave exactly `want`, and the CEL runtime error if there was one."""
+    costs: list[int]
+    """Per device: the cost its evaluation ran up (of E and the comparison)."""
 
 
 def evaluate(
@@ -83,4 +85,9 @@ def evaluate(
     )
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
-    return Evaluation(int(answer["cost"]), list(answer["results"]))
+    results = answer["results"]
+    return Evaluation(
+        int(answer["cost"]),
+        [(bool(r["matches"]), r.get("error")) for r in results],
+        [int(r["cost"]) for r in results],
+    )

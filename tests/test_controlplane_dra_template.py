@@ -144,7 +144,7 @@ def test_the_template_is_the_one_the_nodes_published_wiring_gives(
         held = [{n for n, i in enumerate(ids) if c in i} for c in shared]
         pairs_of[name] = sorted(held, key=min)
     evaluation = evaluate(dracel_bin, derived["expression"], devices)
-    assert evaluation.results == [{"matches": True}] * len(devices)
+    assert evaluation.outcomes == [(True, None)] * len(devices)
     assert pairs_of[names[0]] == pairs_of[names[1]] == [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
     assert pairs_of[names[2]] == [{0, 2}, {1, 3}, {4, 6}, {5, 7}]
     assert pairs_of[names[3]] == [set(range(8))]

@@ -12,7 +12,8 @@
 //
 // stdin: {"expression": E, "devices": [{"attributes": {name: {"string": s} | {"int": n} | ...},
 // "want": [ids]}]}. stdout: {"cost": the compiler's worst-case cost estimate of the check, "results":
-// [{"matches": bool, "error": text}]}; a compile error is one line on stderr and exit 1.
+// [{"matches": bool, "error": text, "cost": the cost the evaluation ran up}]}; a compile error is
+// one line on stderr and exit 1.
 package main
 
 import (
@@ -27,7 +28,7 @@ import (
 
 type device struct {
 	Attributes map[resourceapi.QualifiedName]resourceapi.DeviceAttribute `json:"attributes"`
-	Want       []string                                                 `json:"want"`
+	Want       []string                                                  `json:"want"`
 }
 
 type request struct {
@@ -40,6 +41,12 @@ type result struct {
 	Error   string `json:"error,omitempty"`
 }
 
+// evaluated is a result with the cost the evaluation actually ran up, for bench/.
+type evaluated struct {
+	result
+	Cost uint64 `json:"cost"`
+}
+
 func main() {
 	var req request
 	if err := json.NewDecoder(os.Stdin).Decode(&req); err != nil {
@@ -47,7 +54,7 @@ func main() {
 		os.Exit(2)
 	}
 	compiler := dracel.GetCompiler(dracel.Features{})
-	results := make([]result, 0, len(req.Devices))
+	results := make([]evaluated, 0, len(req.Devices))
 	var cost uint64
 	for n, d := range req.Devices {
 		want, err := json.Marshal(d.Want)
@@ -62,13 +69,16 @@ func main() {
 			os.Exit(1)
 		}
 		cost = max(cost, check.MaxCost)
-		matches, _, err := check.DeviceMatches(context.Background(), dracel.Device{
+		matches, details, err := check.DeviceMatches(context.Background(), dracel.Device{
 			Driver:     "gpu.nvidia.com",
 			Attributes: d.Attributes,
 		})
-		r := result{Matches: matches}
+		r := evaluated{result: result{Matches: matches}}
 		if err != nil {
 			r.Error = err.Error()
+		}
+		if details != nil && details.ActualCost() != nil {
+			r.Cost = *details.ActualCost()
 		}
 		results = append(results, r)
 	}
