@@ -382,14 +382,14 @@ def build(
         constrained = REQUEST
     digests = sorted({wiring_digest(t) for m in machines for t in m.topologies})
     metadata: dict[str, Any] = {
-        "name": name or f"nvlink-{gpus}-gpus{'-or-any' if fallback else ''}",
-        "annotations": {
-            keys.key(prefix, ANNOTATION_GATES): ",".join(GATES),
-            keys.key(prefix, ANNOTATION_MACHINES): ",".join(digests),
-        },
+        "name": name or f"nvlink-{gpus}-gpus{'-or-any' if fallback else ''}"
     }
     if namespace is not None:
         metadata["namespace"] = namespace
+    metadata["annotations"] = {
+        keys.key(prefix, ANNOTATION_GATES): ",".join(GATES),
+        keys.key(prefix, ANNOTATION_MACHINES): ",".join(digests),
+    }
     document = {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
