@@ -23,6 +23,7 @@ from reporter.schema.dra_template import Machine, TemplateError
 from reporter.schema.model import Topology
 from tests.controlplane_fixtures import go_binary
 from tests.dra_cel import evaluate, nvidia_attributes
+from tests.golden import DRA_TEMPLATES, dra_templates
 
 NV12, SYS = Link(LinkKind.NV, 12), Link(LinkKind.SYS)
 PROFILES = [p.name for p in list_profiles()]
@@ -347,3 +348,11 @@ def test_a_bad_request_is_one_line_on_stderr_and_exit_2(
     assert (status, out) == (2, "")
     assert err.count("\n") == 1, err
     assert said in err
+
+
+def test_every_profiles_template_is_its_golden_file() -> None:
+    """Reviewed as a diff when they change (`python -m tests.golden`)."""
+    made = dra_templates()
+    assert sorted(made) == sorted(p.name for p in DRA_TEMPLATES.glob("*.yaml"))
+    for name, text in made.items():
+        assert text == (DRA_TEMPLATES / name).read_text(encoding="utf-8"), name
