@@ -1,7 +1,7 @@
 """Golden files for the real `nvidia-smi topo -m` fixtures: regenerate with one explicit command.
 
-    python -m tests.golden        # rewrite tests/fixtures/nvidia-smi/*.expected.yaml and *.golden.*,
-                                  # and tests/fixtures/dra-template/*.yaml
+    python -m tests.golden    # rewrite tests/fixtures/nvidia-smi/*.expected.yaml and *.golden.*,
+                              # and tests/fixtures/dra-template/*.yaml
 
 Review the diff before committing: a golden file changes only when behaviour is meant to change.
 """
