@@ -718,6 +718,14 @@ def _doctor_command(commands: Commands) -> None:
     diagnose.set_defaults(handler=_cmd_doctor)
 
 
+def _claim_gpus(value: str) -> int:
+    # Any count reads; the template's builder refuses one it cannot serve in one line of its own.
+    try:
+        return parse_decimal(value, field="--gpus")
+    except ParseError:
+        raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
+
+
 def _simulated_machines(profiles: Sequence[str]) -> list[dra_template.Machine]:
     machines = []
     for profile in dict.fromkeys(profiles):
@@ -810,7 +818,11 @@ def _dra_template_command(commands: Commands) -> None:
         "kube-scheduler. Exit status 2 when no such template can be made (the reason on stderr).",
     )
     template.add_argument(
-        "--gpus", type=_gpu_count, required=True, metavar="K", help="GPUs per claim"
+        "--gpus",
+        type=_claim_gpus,
+        required=True,
+        metavar="K",
+        help="GPUs per claim, 2 or more (one GPU needs no NVLink)",
     )
     template.add_argument(
         "--simulate",

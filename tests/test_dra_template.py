@@ -337,9 +337,10 @@ def test_the_command_takes_its_class_name_namespace_and_fallback(
     [
         (["--gpus", "2", "--simulate", "dgx-h1000"], "unknown simulated machine 'dgx-h1000'"),
         (["--gpus", "9", "--simulate", "dgx-h100"], "--gpus 9: no machine given has 9 GPUs"),
+        (["--gpus", "0", "--simulate", "dgx-h100"], "--gpus 0: one GPU is connected by itself"),
         (["--gpus", "4", "--simulate", "pcie-8x-nvlink-pairs"], "the largest such set: 2"),
     ],
-    ids=["unknown-profile", "k-past-the-machine", "k-past-the-pairs"],
+    ids=["unknown-profile", "k-past-the-machine", "k-zero", "k-past-the-pairs"],
 )
 def test_a_bad_request_is_one_line_on_stderr_and_exit_2(
     argv: list[str], said: str, capsys: pytest.CaptureFixture[str]

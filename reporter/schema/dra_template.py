@@ -210,8 +210,8 @@ def resolve(
     profiles stand for kinds of machine, whose UUIDs differ node by node)."""
     if gpus < 2:
         raise TemplateError(
-            f"--gpus {gpus}: one GPU is connected by itself; request it with a plain claim "
-            "(deviceClassName gpu.nvidia.com, count 1), or give --gpus 2 or more"
+            f"--gpus {gpus}: one GPU is connected by itself, and fewer is no claim; request one "
+            "with a plain claim (deviceClassName gpu.nvidia.com, count 1), or give --gpus 2 or more"
         )
     by_uuid: frozenset[Key] = frozenset()
     while True:
