@@ -13,14 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from bench.dra_template import paired_kinds
-from parsers.links import Link, LinkKind
+from parsers.links import SELF, Link, LinkKind
 from reporter import cli
 from reporter.collect import build_scanner, list_profiles
 from reporter.schema import dra_template
 from reporter.schema.dra_template import Machine, TemplateError
-from reporter.schema.model import Topology
+from reporter.schema.model import Gpu, Source, Topology
 from tests.controlplane_fixtures import go_binary
 from tests.dra_cel import evaluate, nvidia_attributes
 from tests.golden import DRA_TEMPLATES, dra_templates
@@ -357,3 +359,57 @@ def test_every_profiles_template_is_its_golden_file() -> None:
     assert sorted(made) == sorted(p.name for p in DRA_TEMPLATES.glob("*.yaml"))
     for name, text in made.items():
         assert text == (DRA_TEMPLATES / name).read_text(encoding="utf-8"), name
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[Machine]:
+    """1 to 4 kinds of machine of 2 to 7 GPUs, two products and few bus IDs (so keys collide),
+    any NVLink graph, some GPUs lost, every GPU a UUID of its own."""
+    out = []
+    for kind in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(2, 7))
+        buses = draw(st.permutations([f"0000:{b:02x}:00.0" for b in range(1, 9)]))[:n]
+        model = draw(st.sampled_from(["NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"]))
+        edges = draw(st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))))
+        joined = {frozenset(e) for e in edges if e[0] != e[1]}
+        links = tuple(
+            tuple(
+                SELF if a == b else NV12 if frozenset((a, b)) in joined else SYS for b in range(n)
+            )
+            for a in range(n)
+        )
+        gpus = tuple(
+            Gpu(
+                i,
+                uuid=f"GPU-{kind:04d}-{i:04d}",
+                pci=buses[i],
+                model=model,
+                lost=draw(st.booleans()),
+            )
+            for i in range(n)
+        )
+        out.append(Machine(f"kind-{kind}", (Topology(Source.NVML, gpus, links),)))
+    return out
+
+
+@settings(max_examples=200)
+@given(cluster=clusters(), k=st.integers(2, 4), uuids_known=st.booleans())
+def test_any_cluster_gets_an_exact_map_or_one_refusal(
+    cluster: list[Machine], k: int, uuids_known: bool
+) -> None:
+    try:
+        template = dra_template.build(cluster, k, uuids_known=uuids_known)
+    except TemplateError as e:
+        refusal = str(e)
+    else:
+        refusal = ""
+    assert "\n" not in refusal
+    assume(not refusal)
+    for machine in cluster:
+        topology = machine.topologies[0]
+        for gpus in itertools.combinations(range(len(topology.gpus)), k):
+            shared = shares_an_id(template, topology, gpus)
+            if shared:  # sound: never an unconnected set, lost GPUs or not
+                assert connected(topology, gpus), (machine.name, gpus)
+            if not any(topology.gpus[i].lost for i in gpus):  # complete over usable GPUs
+                assert shared == connected(topology, gpus), (machine.name, gpus)
