@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.dra_template import paired_kinds
@@ -392,7 +392,12 @@ def clusters(draw: st.DrawFn) -> list[Machine]:
     return out
 
 
-@settings(max_examples=200)
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(cluster=clusters(), k=st.integers(2, 4), uuids_known=st.booleans())
 def test_any_cluster_gets_an_exact_map_or_one_refusal(
     cluster: list[Machine], k: int, uuids_known: bool
@@ -403,8 +408,10 @@ def test_any_cluster_gets_an_exact_map_or_one_refusal(
         refusal = str(e)
     else:
         refusal = ""
+    # A refusal is one line: no machine has k connected GPUs, or profiles' keys collide.
     assert "\n" not in refusal
-    assume(not refusal)
+    if refusal:
+        return
     for machine in cluster:
         topology = machine.topologies[0]
         for gpus in itertools.combinations(range(len(topology.gpus)), k):
