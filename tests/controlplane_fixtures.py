@@ -184,7 +184,8 @@ YUNIKORN_PROGRAM = GoProgram(
     package="github.com/apache/yunikorn-k8shim/pkg/cmd/shim",
     selected_by="yunikorn_bin",
 )
-PROGRAMS = (HARNESS_PROGRAM, CONSUMERS_PROGRAM, KUEUE_PROGRAM, YUNIKORN_PROGRAM)
+DRACEL_PROGRAM = GoProgram("dracel", HARNESS, package="./dracel", selected_by="dracel_bin")
+PROGRAMS = (HARNESS_PROGRAM, CONSUMERS_PROGRAM, KUEUE_PROGRAM, YUNIKORN_PROGRAM, DRACEL_PROGRAM)
 
 
 def build_harness() -> Path:
@@ -315,6 +316,12 @@ def consumers_bin() -> Path:
 def kueue_bin() -> Path:
     """Kueue's controller manager, its own main package, built in the consumers module."""
     return KUEUE_PROGRAM.build()
+
+
+@pytest.fixture(scope="session")
+def dracel_bin() -> Path:
+    """Kubernetes' DRA CEL compiler and evaluator over stdin (tests/controlplane/dracel)."""
+    return DRACEL_PROGRAM.build()
 
 
 @pytest.fixture(scope="session")

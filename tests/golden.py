@@ -1,6 +1,7 @@
 """Golden files for the real `nvidia-smi topo -m` fixtures: regenerate with one explicit command.
 
-    python -m tests.golden        # rewrite tests/fixtures/nvidia-smi/*.expected.yaml and *.golden.*
+    python -m tests.golden    # rewrite tests/fixtures/nvidia-smi/*.expected.yaml and *.golden.*,
+                              # and tests/fixtures/dra-template/*.yaml
 
 Review the diff before committing: a golden file changes only when behaviour is meant to change.
 """
@@ -15,11 +16,14 @@ import yaml
 from parsers.cpulist import format_cpulist
 from parsers.errors import ParseError
 from parsers.nvsmi import parse_topo
+from reporter.collect import build_scanner, list_profiles
+from reporter.schema import dra_template
 from reporter.schema.codec import encode
 from reporter.schema.labels import describe_matrix, labels, render_matrix
 from reporter.schema.normalize import topology_from_matrix
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
+DRA_TEMPLATES = Path(__file__).parent / "fixtures" / "dra-template"
 PROVENANCE_END = "# ---\n"
 
 
@@ -50,7 +54,29 @@ def expected(path: Path) -> dict[str, Any]:
     }
 
 
+def dra_templates() -> dict[str, str]:
+    """`dra-template --gpus K --simulate PROFILE` for every shipped profile with NVLink, K = 2
+    and K = its largest clique (with `--fallback`), by file name."""
+    out: dict[str, str] = {}
+    for profile in list_profiles():
+        topology = build_scanner("auto", Path("/"), profile.name).scan().topology
+        assert topology is not None
+        largest = max((len(c) for c in dra_template.maximal_cliques(topology)), default=1)
+        machines = [dra_template.Machine(profile.name, (topology,))]
+        for k, fallback in sorted({(2, False), (largest, True)}):
+            if largest < 2:
+                continue
+            template = dra_template.build(machines, k, fallback=fallback)
+            suffix = "-fallback" if fallback else ""
+            out[f"{profile.name}-k{k}{suffix}.yaml"] = dra_template.to_yaml(template, machines)
+    return out
+
+
 def main() -> None:
+    DRA_TEMPLATES.mkdir(exist_ok=True)
+    for name, text in dra_templates().items():
+        (DRA_TEMPLATES / name).write_text(text, encoding="utf-8")
+        print(f"wrote dra-template/{name}")
     for path in sorted(FIXTURES.glob("*.txt")):
         want = expected(path)
         stem = path.with_suffix("")

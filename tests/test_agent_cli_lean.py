@@ -60,6 +60,7 @@ COMMANDS = [
     ("parse", ["parse", str(NVIDIA_SMI)]),
     ("best-set", ["best-set", "--gpus", "2", str(NVIDIA_SMI)]),
     ("profiles", ["profiles"]),
+    ("dra-template --simulate", ["dra-template", "--gpus", "2", "--simulate", "dgx-h100"]),
 ]
 
 

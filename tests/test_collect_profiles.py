@@ -43,6 +43,7 @@ def test_the_machines_the_issue_names_are_shipped() -> None:
         "dgx-h100",
         "gb200-nvl",
         "pcie-8x",
+        "pcie-8x-nvlink-pairs",
         "workstation-nvlink-bridge",
         "single-gpu",
         "vm-no-numa",
@@ -101,6 +102,7 @@ def test_simulated_machine_reproduces_the_real_nvidia_smi_output(profile: str) -
         ("dgx-h100", True, (tuple(range(8)),)),
         ("gb200-nvl", True, ((0, 1, 2, 3),)),
         ("pcie-8x", False, ()),
+        ("pcie-8x-nvlink-pairs", False, ((0, 1), (2, 3), (4, 5), (6, 7))),
         ("workstation-nvlink-bridge", False, ((0, 1),)),
         ("single-gpu", False, ()),
     ],
@@ -118,6 +120,18 @@ def test_switch_attached_gpus_are_joined_by_the_narrower_bond() -> None:
     assert {c.token for i, row in enumerate(h100.links) for j, c in enumerate(row) if i != j} == {
         "NV18"
     }
+
+
+def test_nvlink_pairs_are_joined_only_within_a_pair_the_rest_over_pcie() -> None:
+    """dra-driver-nvidia-gpu#214's machine: NV12 inside each pair, NODE to the socket's other pair,
+    SYS across sockets; beneath its NVLinks a pair is two root ports of one host bridge (PHB)."""
+    rows = [" ".join(c.token for c in row) for row in scan("pcie-8x-nvlink-pairs", "nvml").links]
+    assert rows[0] == "X NV12 NODE NODE SYS SYS SYS SYS"
+    assert rows[2] == "NODE NODE X NV12 SYS SYS SYS SYS"
+    assert rows[7] == "SYS SYS SYS SYS NODE NODE NV12 X"
+    pcie = scan("pcie-8x-nvlink-pairs", "nvml").pcie
+    assert pcie is not None
+    assert pcie[0][1].token == "PHB"  # beneath the bridge: two root ports of one host bridge
 
 
 def test_pcie_8x_shows_every_pcie_class_between_gpus() -> None:

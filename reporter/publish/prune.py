@@ -174,7 +174,7 @@ def own_device_taint_rule(rule: Any, prefix: str) -> bool:
     node = _labels(rule).get(keys.key(prefix, keys.DEVICE_TAINT_NODE))
     if _labels(rule).get(MANAGED_BY_LABEL) != MANAGER or not isinstance(node, str):
         return False
-    return dra.own_rule(rule, node) is not None
+    return dra.own_rule(rule, node, prefix) is not None
 
 
 def own_node_resource_topology(obj: Any) -> bool:
