@@ -468,6 +468,22 @@ def _wait_for_signal(stop: threading.Event, log: structlog.typing.FilteringBound
             signal.signal(signum, handler)
 
 
+def _log_arguments(parser: argparse.ArgumentParser, *, default_level: str) -> None:
+    """--log-format and --log-level, with their environment defaults, for a command of its own."""
+    parser.add_argument(
+        "--log-format",
+        choices=settings.LOG_FORMATS,
+        default=os.environ.get("TOPO_REPORTER_LOG_FORMAT", "auto"),
+        help="auto (JSON unless stderr is a terminal), json or console",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=settings.LOG_LEVELS,
+        default=os.environ.get("TOPO_REPORTER_LOG_LEVEL", default_level),
+        help=f"debug, info, warning or error (default: {default_level})",
+    )
+
+
 def _cmd_extender(args: argparse.Namespace) -> int:
     from reporter.extender import cache, heartbeat, protocol, server  # noqa: PLC0415  # extender-only
     from reporter.publish.lease import LeaseWatch  # noqa: PLC0415
@@ -644,18 +660,7 @@ def _extender_command(commands: Commands) -> None:
         help="require a client certificate this CA signed (kube-scheduler's tlsConfig.certFile); "
         "read at start (env TOPO_REPORTER_TLS_CLIENT_CA_FILE)",
     )
-    extender.add_argument(
-        "--log-format",
-        choices=settings.LOG_FORMATS,
-        default=os.environ.get("TOPO_REPORTER_LOG_FORMAT", "auto"),
-        help="auto (JSON unless stderr is a terminal), json or console",
-    )
-    extender.add_argument(
-        "--log-level",
-        choices=settings.LOG_LEVELS,
-        default=os.environ.get("TOPO_REPORTER_LOG_LEVEL", "info"),
-        help="debug, info, warning or error (default: info)",
-    )
+    _log_arguments(extender, default_level="info")
     extender.set_defaults(handler=_cmd_extender)
 
 
@@ -783,18 +788,7 @@ def _prune_command(commands: Commands) -> None:
     prune.add_argument(
         "--dry-run", action="store_true", help="print what would be removed; change nothing"
     )
-    prune.add_argument(
-        "--log-format",
-        choices=settings.LOG_FORMATS,
-        default=os.environ.get("TOPO_REPORTER_LOG_FORMAT", "auto"),
-        help="auto (JSON unless stderr is a terminal), json or console",
-    )
-    prune.add_argument(
-        "--log-level",
-        choices=settings.LOG_LEVELS,
-        default=os.environ.get("TOPO_REPORTER_LOG_LEVEL", "warning"),
-        help="debug, info, warning or error (default: warning)",
-    )
+    _log_arguments(prune, default_level="warning")
     prune.set_defaults(handler=_cmd_prune)
 
 
