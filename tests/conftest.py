@@ -29,6 +29,7 @@ from tests.controlplane_fixtures import (
     real_nrt_crd,
     yunikorn_bin,
 )
+from tests.fuzz import PROFILE
 from tests.kube_double.fixtures import (
     admin_kubeconfig,
     apiserver,
@@ -106,3 +107,7 @@ def _restore_logging() -> Iterator[None]:
     events the next test's capture_logs() expects, in whatever order the tests run."""
     yield
     structlog.reset_defaults()
+
+
+def pytest_report_header() -> str:
+    return f"hypothesis profile: {PROFILE} (HYPOTHESIS_PROFILE=fuzz-long for a randomized run)"

@@ -22,19 +22,28 @@ from hypothesis import strategies as st
 T = TypeVar("T")
 LONG_RUN_FACTOR = 50
 
+# `ci` draws the same examples on every run and keeps no example database, so CI cannot go red on
+# a lucky draw or on what an earlier run on this machine found; `fuzz-long` draws anew each run.
 settings.register_profile(
     "ci",
     deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
     "fuzz-long",
     parent=settings.get_profile("ci"),
+    derandomize=False,
     max_examples=100 * LONG_RUN_FACTOR,
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in ("ci", "fuzz-long"):
     raise ValueError(f"HYPOTHESIS_PROFILE={PROFILE!r}: the fuzz suites know ci and fuzz-long")
+# Loaded for every test (tests/conftest.py imports this module), not only those using fuzz():
+# a plain @given or @settings inherits the profile's derandomize and database.
+settings.load_profile(PROFILE)
 
 
 def fuzz(examples: int) -> settings:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import structlog
 import urllib3
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
@@ -733,6 +733,14 @@ HOSTILE_WAITS = st.sampled_from(
 
 
 @fuzz(300)
+# The case CI drew once (stop 33): a pod created now, waiting 30m, is held.
+@example(
+    created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    wait="30m",
+    meta_shape="fields",
+    form="NodeNames",
+    gpus=4,
+)
 @given(
     created=HOSTILE_TIMES | JSON_VALUES,
     wait=HOSTILE_WAITS | JSON_VALUES,
@@ -782,8 +790,10 @@ def test_a_pods_creation_time_and_connected_wait_of_any_shape_are_answered(
         if form == "NodeNames"
         else [i["metadata"]["name"] for i in answer["Nodes"]["items"]]
     )
-    assert sorted(kept + list(answer["FailedNodes"])) == sorted(names)
+    # A held pod's nodes that eviction cannot help are unresolvable (issue 28); each node is
+    # answered exactly once, in one of the three.
+    failed = {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}
+    assert len(failed) == len(answer["FailedNodes"]) + len(answer["FailedAndUnresolvableNodes"])
+    assert sorted(kept + list(failed)) == sorted(names)
     assert "unseen" in kept  # never filtered, held or not
-    assert all(
-        isinstance(r, str) and r.isascii() and "\n" not in r for r in answer["FailedNodes"].values()
-    )
+    assert all(isinstance(r, str) and r.isascii() and "\n" not in r for r in failed.values())
