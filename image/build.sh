@@ -1,0 +1,113 @@
+#!/bin/sh
+# Build the topo-reporter image without Docker Hub and without a Docker daemon (docs/image.md).
+#
+#   sh image/build.sh [--arch amd64|arm64]
+#
+# 1. The base: Debian 12 (bookworm) minbase + python3 + ca-certificates, made by mmdebstrap from
+#    Debian's own signed packages, trimmed, the agent's user (65532) added, its package list
+#    checked against image/debian.lock (image/base.sh; reused until that script or the lock
+#    changes).
+# 2. The wheels: every package of image/requirements.txt, downloaded for the target architecture
+#    with their pinned SHA-256 (wheels only), and the package's own wheel built from this checkout.
+# 3. The image: image/Containerfile with podman, --network=none (the wheels are bind-mounted),
+#    file times and the creation time set to the last commit's time (SOURCE_DATE_EPOCH).
+# 4. dist/: the image as an OCI archive, and its CycloneDX SBOM (image/sbom.py, run in the image).
+#
+# Tagged localhost/topo-reporter:<version> for this machine's architecture, and
+# localhost/topo-reporter:<version>-<arch> always. Another architecture runs through QEMU user
+# emulation (qemu-user-static with binfmt_misc), or natively on a host of that architecture.
+# Environment: DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR (default: the mirrors of this machine's
+# apt sources, else deb.debian.org), TOPO_REPORTER_RELOCK=1 (accept a changed Debian package list
+# and rewrite image/debian.lock), SOURCE_DATE_EPOCH (default: the last commit's time).
+set -eu
+
+say() { printf 'image/build.sh: %s\n' "$*" >&2; }
+fail() { say "$*"; exit 1; }
+
+cd "$(dirname "$0")/.."
+ARCH=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --arch) [ $# -ge 2 ] || fail "--arch needs a value: amd64 or arm64"; ARCH=$2; shift 2 ;;
+        --arch=*) ARCH=${1#--arch=}; shift ;;
+        *) fail "unknown argument $1: the only option is --arch amd64|arm64" ;;
+    esac
+done
+
+for tool in podman mmdebstrap python3; do
+    command -v "$tool" >/dev/null 2>&1 ||
+        fail "$tool not found: install podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap), or build with Docker: docker build -t topo-reporter:VERSION ."
+done
+command -v runc >/dev/null 2>&1 ||
+    fail "runc not found: install it (apt-get install runc); podman's crun 1.8 fails on hybrid cgroups"
+python3 -m pip --version >/dev/null 2>&1 ||
+    fail "python3 has no pip: install python3-pip, or run this from a virtual environment"
+
+HOST_ARCH=$(dpkg --print-architecture 2>/dev/null || uname -m)
+case "$HOST_ARCH" in x86_64) HOST_ARCH=amd64 ;; aarch64) HOST_ARCH=arm64 ;; esac
+ARCH=${ARCH:-$HOST_ARCH}
+case "$ARCH" in
+    amd64) MACHINE=x86_64 ;;
+    arm64) MACHINE=aarch64 ;;
+    *) fail "unsupported architecture $ARCH: the image is built for amd64 and arm64" ;;
+esac
+if [ "$ARCH" != "$HOST_ARCH" ] && ! grep -qs enabled "/proc/sys/fs/binfmt_misc/qemu-$MACHINE"; then
+    fail "cannot run $ARCH programs on this $HOST_ARCH machine: install qemu-user-static and binfmt-support and enable qemu-$MACHINE (update-binfmts --enable qemu-$MACHINE), or build on an $ARCH host"
+fi
+
+VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+export SOURCE_DATE_EPOCH
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+# What the Python layer is made of: a changed source, lock or recipe gives another key (the test
+# suite reuses an image whose key matches).
+INPUTS=$( (git ls-files -s pyproject.toml README.md parsers reporter image 2>/dev/null;
+    git diff HEAD -- pyproject.toml README.md parsers reporter image 2>/dev/null) | sha256sum | cut -c1-16)
+IMAGE=localhost/topo-reporter
+RUNTIME="--runtime runc"
+mkdir -p dist
+
+# 1. The base (image/base.sh: made once per architecture and recipe, then reused).
+BASE=$(sh image/base.sh "$ARCH")
+
+# 2. The wheels, for the target architecture.
+WHEELS=dist/wheels-$ARCH
+rm -rf "$WHEELS"
+python3 -m pip download --quiet --disable-pip-version-check --dest "$WHEELS" --no-deps \
+    --require-hashes --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 \
+    --platform "manylinux2014_$MACHINE" --platform "manylinux_2_17_$MACHINE" \
+    --platform "manylinux_2_28_$MACHINE" -r image/requirements.txt ||
+    fail "the wheels of image/requirements.txt could not be downloaded for $ARCH (see above): is the package index reachable?"
+python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$WHEELS" . ||
+    fail "the topo-reporter wheel did not build (see above)"
+# pip is the installer, not a package of the image: it goes beside the wheels.
+rm -rf "dist/pip-$ARCH"
+mkdir -p "dist/pip-$ARCH"
+mv "$WHEELS"/pip-*.whl "dist/pip-$ARCH/"
+PIP_WHEEL=$(cd "dist/pip-$ARCH" && ls pip-*.whl)
+
+# 3. The image.
+say "building $IMAGE:$VERSION-$ARCH"
+podman build --quiet $RUNTIME --network=none --arch "$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
+    --build-arg BASE="$BASE" --build-arg PIP_WHEEL="$PIP_WHEEL" --build-arg VERSION="$VERSION" \
+    --label org.opencontainers.image.version="$VERSION" \
+    --label org.opencontainers.image.revision="$REVISION" \
+    --label io.github.topo-reporter.inputs="$INPUTS" \
+    --volume "$PWD/$WHEELS:/wheels:ro" --volume "$PWD/dist/pip-$ARCH:/pip:ro" \
+    --file image/Containerfile --tag "$IMAGE:$VERSION-$ARCH" image >/dev/null ||
+    fail "podman build failed (see above)"
+[ "$ARCH" = "$HOST_ARCH" ] && podman tag "$IMAGE:$VERSION-$ARCH" "$IMAGE:$VERSION"
+
+# 4. dist/: the OCI archive and the SBOM.
+SUFFIX=""
+[ "$ARCH" = "$HOST_ARCH" ] || SUFFIX=-$ARCH
+rm -f "dist/topo-reporter-$VERSION-$ARCH.oci.tar"
+podman save --quiet --format oci-archive -o "dist/topo-reporter-$VERSION-$ARCH.oci.tar" \
+    "$IMAGE:$VERSION-$ARCH"
+podman run $RUNTIME --rm --interactive --network=none --read-only --cap-drop=ALL \
+    --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --entrypoint /usr/bin/python3 \
+    "$IMAGE:$VERSION-$ARCH" - "$IMAGE:$VERSION" "$ARCH" "$REVISION" "$SOURCE_DATE_EPOCH" \
+    < image/sbom.py > "dist/topo-reporter-$VERSION$SUFFIX.cdx.json" ||
+    fail "the SBOM could not be written (see above)"
+size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION-$ARCH")
+say "built $IMAGE:$VERSION-$ARCH ($((size / 1000000)) MB), dist/topo-reporter-$VERSION-$ARCH.oci.tar, dist/topo-reporter-$VERSION$SUFFIX.cdx.json"
