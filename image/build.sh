@@ -59,55 +59,72 @@ VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", 
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 export SOURCE_DATE_EPOCH
 REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-# What the Python layer is made of: a changed source, lock or recipe gives another key (the test
-# suite reuses an image whose key matches).
-INPUTS=$( (git ls-files -s pyproject.toml README.md parsers reporter image 2>/dev/null;
-    git diff HEAD -- pyproject.toml README.md parsers reporter image 2>/dev/null) | sha256sum | cut -c1-16)
+# What the image is made of: a changed source, lock or recipe gives another key. An image that
+# carries this key, with its archive and SBOM in dist/, is up to date and not built again.
+INPUTS=$(find pyproject.toml README.md parsers reporter image -type f ! -path '*/__pycache__/*' |
+    LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 IMAGE=localhost/topo-reporter
 RUNTIME="--runtime runc"
 mkdir -p dist
+SUFFIX=""
+[ "$ARCH" = "$HOST_ARCH" ] || SUFFIX=-$ARCH
+ARCHIVE=dist/topo-reporter-$VERSION-$ARCH.oci.tar
+SBOM=dist/topo-reporter-$VERSION$SUFFIX.cdx.json
+built=$(podman image inspect --format '{{ index .Labels "io.github.topo-reporter.inputs" }}' \
+    "$IMAGE:$VERSION-$ARCH" 2>/dev/null || true)
+if [ "$built" = "$INPUTS" ] && [ -s "$ARCHIVE" ] && [ -s "$SBOM" ]; then
+    [ "$ARCH" = "$HOST_ARCH" ] && podman tag "$IMAGE:$VERSION-$ARCH" "$IMAGE:$VERSION"
+    say "$IMAGE:$VERSION-$ARCH is up to date (inputs $INPUTS), with $ARCHIVE and $SBOM"
+    exit 0
+fi
 
 # 1. The base (image/base.sh: made once per architecture and recipe, then reused).
 BASE=$(sh image/base.sh "$ARCH")
 
-# 2. The wheels, for the target architecture.
-WHEELS=dist/wheels-$ARCH
-rm -rf "$WHEELS"
-python3 -m pip download --quiet --disable-pip-version-check --dest "$WHEELS" --no-deps \
+# 2. The wheels, for the target architecture, in dist/build-<arch>/wheels; pip, the installer
+#    and not a package of the image, beside them in pip/. The build bind-mounts the folder on the
+#    base's empty /mnt, so that no mount point is left behind in the image.
+STAGE=dist/build-$ARCH
+rm -rf "$STAGE"
+mkdir -p "$STAGE/pip"
+python3 -m pip download --quiet --disable-pip-version-check --dest "$STAGE/wheels" --no-deps \
     --require-hashes --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 \
     --platform "manylinux2014_$MACHINE" --platform "manylinux_2_17_$MACHINE" \
     --platform "manylinux_2_28_$MACHINE" -r image/requirements.txt ||
     fail "the wheels of image/requirements.txt could not be downloaded for $ARCH (see above): is the package index reachable?"
-python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$WHEELS" . ||
+python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$STAGE/wheels" . ||
     fail "the topo-reporter wheel did not build (see above)"
-# pip is the installer, not a package of the image: it goes beside the wheels.
-rm -rf "dist/pip-$ARCH"
-mkdir -p "dist/pip-$ARCH"
-mv "$WHEELS"/pip-*.whl "dist/pip-$ARCH/"
-PIP_WHEEL=$(cd "dist/pip-$ARCH" && ls pip-*.whl)
+mv "$STAGE"/wheels/pip-*.whl "$STAGE/pip/"
+PIP_WHEEL=$(cd "$STAGE/pip" && ls pip-*.whl)
 
 # 3. The image.
 say "building $IMAGE:$VERSION-$ARCH"
-podman build --quiet $RUNTIME --network=none --arch "$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
+# --no-cache: podman's layer cache does not look into bind mounts, so it would reuse a layer
+# installed from other wheels; --layers=false: one commit, no intermediate images.
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE:$VERSION-$ARCH" 2>/dev/null || true)
+podman build --quiet --no-cache --layers=false $RUNTIME --network=none --arch "$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
     --build-arg BASE="$BASE" --build-arg PIP_WHEEL="$PIP_WHEEL" --build-arg VERSION="$VERSION" \
     --label org.opencontainers.image.version="$VERSION" \
     --label org.opencontainers.image.revision="$REVISION" \
     --label io.github.topo-reporter.inputs="$INPUTS" \
-    --volume "$PWD/$WHEELS:/wheels:ro" --volume "$PWD/dist/pip-$ARCH:/pip:ro" \
+    --volume "$PWD/$STAGE:/mnt:ro" \
     --file image/Containerfile --tag "$IMAGE:$VERSION-$ARCH" image >/dev/null ||
     fail "podman build failed (see above)"
 [ "$ARCH" = "$HOST_ARCH" ] && podman tag "$IMAGE:$VERSION-$ARCH" "$IMAGE:$VERSION"
+# The image this one replaces, untagged now: removed unless a container still uses it.
+current=$(podman image inspect --format '{{.Id}}' "$IMAGE:$VERSION-$ARCH")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 # 4. dist/: the OCI archive and the SBOM.
-SUFFIX=""
-[ "$ARCH" = "$HOST_ARCH" ] || SUFFIX=-$ARCH
-rm -f "dist/topo-reporter-$VERSION-$ARCH.oci.tar"
-podman save --quiet --format oci-archive -o "dist/topo-reporter-$VERSION-$ARCH.oci.tar" \
-    "$IMAGE:$VERSION-$ARCH"
+rm -f "$ARCHIVE" "$SBOM"
+podman save --quiet --format oci-archive -o "$ARCHIVE" "$IMAGE:$VERSION-$ARCH"
 podman run $RUNTIME --rm --interactive --network=none --read-only --cap-drop=ALL \
     --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --entrypoint /usr/bin/python3 \
     "$IMAGE:$VERSION-$ARCH" - "$IMAGE:$VERSION" "$ARCH" "$REVISION" "$SOURCE_DATE_EPOCH" \
-    < image/sbom.py > "dist/topo-reporter-$VERSION$SUFFIX.cdx.json" ||
+    < image/sbom.py > "$SBOM.tmp" ||
     fail "the SBOM could not be written (see above)"
+mv "$SBOM.tmp" "$SBOM"
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION-$ARCH")
-say "built $IMAGE:$VERSION-$ARCH ($((size / 1000000)) MB), dist/topo-reporter-$VERSION-$ARCH.oci.tar, dist/topo-reporter-$VERSION$SUFFIX.cdx.json"
+say "built $IMAGE:$VERSION-$ARCH ($((size / 1000000)) MB), $ARCHIVE, $SBOM"

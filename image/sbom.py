@@ -23,6 +23,7 @@ from urllib.parse import quote
 DPKG_STATUS = Path("/var/lib/dpkg/status")
 SITE_PACKAGES = next(Path("/opt/topo-reporter/lib").glob("python3*/site-packages"))
 OS_RELEASE = Path("/etc/os-release")
+DEBIAN_VERSION = Path("/etc/debian_version")
 
 
 def dpkg_packages() -> Iterator[dict[str, str]]:
@@ -91,7 +92,8 @@ def os_release() -> dict[str, str]:
 def main(image: str, arch: str, revision: str, epoch: str) -> int:
     name, _, version = image.rpartition(":")
     release = os_release()
-    distro = f"debian-{release.get('VERSION_ID', 'unknown')}"
+    debian_version = DEBIAN_VERSION.read_text().strip()
+    distro = f"debian-{debian_version}"
     debian = sorted(
         (debian_component(f, distro) for f in dpkg_packages()), key=lambda c: str(c["bom-ref"])
     )
@@ -122,7 +124,18 @@ def main(image: str, arch: str, revision: str, epoch: str) -> int:
                 ],
             },
         },
-        "components": [*debian, *python],
+        # The distribution as its own component: scanners (trivy, grype) match the Debian
+        # packages' advisories by it.
+        "components": [
+            {
+                "type": "operating-system",
+                "bom-ref": f"os:debian@{debian_version}",
+                "name": "debian",
+                "version": debian_version,
+            },
+            *debian,
+            *python,
+        ],
     }
     json.dump(bom, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
