@@ -95,6 +95,9 @@ python3 -m pip download --quiet --disable-pip-version-check --dest "$STAGE/wheel
 python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$STAGE/wheels" . ||
     fail "the topo-reporter wheel did not build (see above)"
 mv "$STAGE"/wheels/pip-*.whl "$STAGE/pip/"
+# Installed by name from the folder (not by file: pip would record each file's URL and hash in a
+# direct_url.json, and the package's own wheel differs from build to build).
+(cd "$STAGE/wheels" && ls ./*.whl | sed 's|^\./\([^-]*\)-\([^-]*\)-.*|\1==\2|') > "$STAGE/install.txt"
 PIP_WHEEL=$(cd "$STAGE/pip" && ls pip-*.whl)
 
 # 3. The image.
