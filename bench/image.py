@@ -32,7 +32,11 @@ def podman(*args: str) -> str:
 
 def build() -> float:
     started = time.monotonic()
-    subprocess.run(["sh", "image/build.sh"], cwd=REPO, check=True, capture_output=True)
+    built = subprocess.run(
+        ["sh", "image/build.sh"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        sys.exit(f"bench/image.py: image/build.sh failed:\n{built.stderr}")
     return time.monotonic() - started
 
 

@@ -51,8 +51,11 @@ case "$ARCH" in
     arm64) MACHINE=aarch64 ;;
     *) fail "unsupported architecture $ARCH: the image is built for amd64 and arm64" ;;
 esac
-if [ "$ARCH" != "$HOST_ARCH" ] && ! grep -qs enabled "/proc/sys/fs/binfmt_misc/qemu-$MACHINE"; then
-    fail "cannot run $ARCH programs on this $HOST_ARCH machine: install qemu-user-static and binfmt-support and enable qemu-$MACHINE (update-binfmts --enable qemu-$MACHINE), or build on an $ARCH host"
+if [ "$ARCH" != "$HOST_ARCH" ]; then
+    grep -qs enabled "/proc/sys/fs/binfmt_misc/qemu-$MACHINE" ||
+        fail "cannot run $ARCH programs on this $HOST_ARCH machine: install qemu-user-static and binfmt-support, mount binfmt_misc (mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc) and enable qemu-$MACHINE (update-binfmts --enable qemu-$MACHINE), or build on an $ARCH host"
+    command -v arch-test >/dev/null 2>&1 ||
+        fail "arch-test not found: mmdebstrap needs it to make a base for another architecture (apt-get install arch-test)"
 fi
 
 VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
@@ -92,8 +95,13 @@ python3 -m pip download --quiet --disable-pip-version-check --dest "$STAGE/wheel
     --platform "manylinux2014_$MACHINE" --platform "manylinux_2_17_$MACHINE" \
     --platform "manylinux_2_28_$MACHINE" -r image/requirements.txt ||
     fail "the wheels of image/requirements.txt could not be downloaded for $ARCH (see above): is the package index reachable?"
-python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$STAGE/wheels" . ||
-    fail "the topo-reporter wheel did not build (see above)"
+# From a copy of what `pip install .` reads: setuptools writes build/ and *.egg-info beside the
+# sources, which two builds at once (amd64 and arm64) would share.
+mkdir -p "$STAGE/src"
+cp -R pyproject.toml README.md parsers reporter "$STAGE/src/"
+python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$STAGE/wheels" \
+    "./$STAGE/src" || fail "the topo-reporter wheel did not build (see above)"
+rm -rf "$STAGE/src"
 mv "$STAGE"/wheels/pip-*.whl "$STAGE/pip/"
 # Installed by name from the folder (not by file: pip would record each file's URL and hash in a
 # direct_url.json, and the package's own wheel differs from build to build).
