@@ -249,6 +249,10 @@ def test_the_image_runs_as_the_daemonset_and_publishes_a_dgx_h100_on_its_node(
             assert status["Uid"].split()[:2] == [str(uid), str(uid)]
             assert status["CapEff"] == status["CapPrm"] == "0000000000000000"
             assert status["NoNewPrivs"] == "1"
+            if "--read-only" in security:
+                wrote = podman("exec", container, "touch", "/opt/topo-reporter/written")
+                assert wrote.returncode != 0
+                assert "Read-only file system" in wrote.stderr
             assert get(listen, "/healthz")[0] == 200
             code, metrics = get(listen, "/metrics")
             assert code == 200
