@@ -11,6 +11,9 @@
 # sources, else deb.debian.org); TOPO_REPORTER_RELOCK=1 accepts a changed package list and
 # rewrites image/debian.lock.
 set -eu
+# The whole script is one compound command: the shell reads all of it before it runs any, so an
+# edit while it runs cannot change what it does.
+{
 
 say() { printf 'image/base.sh: %s\n' "$*" >&2; }
 fail() { say "$*"; exit 1; }
@@ -46,7 +49,8 @@ mmdebstrap --quiet --variant=minbase --architectures="$ARCH" \
 # read stays true (dpkg refuses to purge what another package still needs); then its lists and
 # caches, the docs but the copyright files (the licences go where the binaries go), man pages,
 # locales, logs; glibc's iconv modules (Python decodes with its own codecs), and the standard
-# library's regression-test support and pydoc topics, which no command of the agent loads.
+# library's regression-test support and pydoc topics, which no command of the agent loads; the time
+# zone database (tzdata's files: the agent keeps and logs time in UTC).
 APT_ONLY="apt libapt-pkg6.0 gpgv debian-archive-keyring libgnutls30 libhogweed6 libnettle8 libp11-kit0 libtasn1-6 libidn2-0 libunistring2 libseccomp2 libxxhash0"
 # shellcheck disable=SC2086  # one word per package
 chroot "$root" dpkg --purge $APT_ONLY >/dev/null 2>"$work/purge.log" ||
@@ -57,7 +61,7 @@ rm -rf "$root/usr/share/man" "$root/usr/share/info" "$root/usr/share/locale" \
     "$root/usr/share/lintian" "$root/var/lib/apt" "$root/var/cache/apt" "$root/etc/apt" \
     "$root/var/cache/debconf/"*-old "$root/var/lib/dpkg/"*-old \
     "$root/usr/lib/"*-linux-gnu/gconv "$root/usr/lib/python3.11/test" \
-    "$root/usr/lib/python3.11/pydoc_data"
+    "$root/usr/lib/python3.11/pydoc_data" "$root/usr/share/zoneinfo"
 find "$root/var/log" -type f -delete
 # The agent's user, written by hand: useradd would date it (/etc/shadow's last change).
 echo "topo-reporter:x:65532:65532:topo-reporter:/nonexistent:/usr/sbin/nologin" >> "$root/etc/passwd"
@@ -78,3 +82,5 @@ tar -C "$root" --create --sort=name --numeric-owner . |
         --change 'ENV LANG=C.UTF-8' - "$BASE" >/dev/null ||
     fail "podman could not import the base"
 echo "$BASE"
+exit
+}

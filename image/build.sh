@@ -20,6 +20,9 @@
 # apt sources, else deb.debian.org), TOPO_REPORTER_RELOCK=1 (accept a changed Debian package list
 # and rewrite image/debian.lock), SOURCE_DATE_EPOCH (default: the last commit's time).
 set -eu
+# The whole script is one compound command: the shell reads all of it before it runs any, so an
+# edit while it runs cannot change what it does.
+{
 
 say() { printf 'image/build.sh: %s\n' "$*" >&2; }
 fail() { say "$*"; exit 1; }
@@ -139,3 +142,5 @@ podman run $RUNTIME --rm --interactive --network=none --read-only --cap-drop=ALL
 mv "$SBOM.tmp" "$SBOM"
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION-$ARCH")
 say "built $IMAGE:$VERSION-$ARCH ($((size / 1000000)) MB), $ARCHIVE, $SBOM"
+exit
+}
