@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from reporter.errors import ApiPermanentError, ApiTransientError
 from reporter.publish.api import NODES, ApiClient, WatchExpired
+from reporter.schema.keys import COUNT, NVLINK_PARTITION
 
 __all__ = [
     "MAX_PAGES",
@@ -35,10 +36,13 @@ MAX_PAGES = 1000
 
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
-    """One Node as the cache needs it: its name and its availability annotation (None: absent)."""
+    """One Node as the cache needs it: its name and its availability annotation (None: absent),
+    and for the capacity gauges its NVLink partition and GPU count labels (None: absent)."""
 
     name: str
     value: str | None
+    partition: str | None = None
+    gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +91,28 @@ def _forbidden(e: ApiPermanentError) -> ApiPermanentError:
     )
 
 
-def _annotation(obj: Any, key: str) -> NodeAnnotation:
+def node_annotation(obj: Any, key: str) -> NodeAnnotation:
+    """A listed or watched Node object as the cache needs it; raises ApiTransientError without a
+    name."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None)
+    # The agent's labels share its annotation's prefix.
+    prefix = key.rpartition("/")[0]
+    found = meta.get("labels")
+    labels: dict[str, Any] = found if isinstance(found, dict) else {}
+    partition = labels.get(f"{prefix}/{NVLINK_PARTITION}")
+    count = labels.get(f"{prefix}/{COUNT}")
+    return NodeAnnotation(
+        meta["name"],
+        value if isinstance(value, str) else None,
+        partition if isinstance(partition, str) and partition else None,
+        int(count)
+        if isinstance(count, str) and count.isascii() and count.isdigit() and len(count) <= 4
+        else None,
+    )
 
 
 class NodeWatch:
@@ -113,7 +132,7 @@ class NodeWatch:
                 if e.status == 403:
                     raise _forbidden(e) from e
                 raise
-            nodes.extend(_annotation(item, annotation) for item in page["items"])
+            nodes.extend(node_annotation(item, annotation) for item in page["items"])
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 return NodeSnapshot(tuple(nodes), str(meta.get("resourceVersion") or ""))
@@ -144,4 +163,4 @@ def _event(event: Mapping[str, Any], annotation: str) -> WatchEvent:
     version = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
     if event["type"] == "BOOKMARK":
         return WatchEvent("BOOKMARK", None, version)
-    return WatchEvent(str(event["type"]), _annotation(obj, annotation), version)
+    return WatchEvent(str(event["type"]), node_annotation(obj, annotation), version)
