@@ -178,10 +178,12 @@ def test_the_agents_metrics_equal_a_from_scratch_judgement_of_every_set(
         for seed in range(4):
             sets = chosen_sets(t, seed)
             kubelet.write(state(t, sets))
-            want = tuple(HeldSet("team-a", f"p{i}", "main", s) for i, s in enumerate(sets))
-            view: AllocationView = converge(
-                lambda: reader.allocated(t), lambda v, want=want: v.held_sets == tuple(sorted(want))
-            )
+            want = tuple(sorted(HeldSet("team-a", f"p{i}", "main", s) for i, s in enumerate(sets)))
+
+            def written(v: AllocationView, want: tuple[HeldSet, ...] = want) -> bool:
+                return v.held_sets == want
+
+            view: AllocationView = converge(lambda: reader.allocated(t), written)
             metrics.podresources_read(view, t)
             got = samples(metrics)
 

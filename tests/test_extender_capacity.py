@@ -54,11 +54,12 @@ def tray_topologies() -> tuple[tuple[str, str, Topology], ...]:
 def node_objects(seed: int) -> tuple[list[dict[str, Any]], dict[str, tuple[int, ...] | None]]:
     """The Node objects, and each node's free GPUs (None: no availability annotation)."""
     rng = random.Random(seed)
-    objects, free = [], {}
+    objects: list[dict[str, Any]] = []
+    free: dict[str, tuple[int, ...] | None] = {}
     for name, _, topology in tray_topologies():
         choice = rng.random()
         gpus = [g.index for g in topology.gpus]
-        annotations = {}
+        annotations: dict[str, str] = {}
         if choice < 0.1:
             free[name] = None  # an agent without availability: counts nowhere
         else:
