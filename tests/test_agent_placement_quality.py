@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,11 @@ from reporter.collect.nvml import NvmlCollector
 from reporter.collect.podresources import AllocationView, DraScope, PodResourcesReader
 from reporter.collect.simulate.fake_nvml import FakeNvml
 from reporter.collect.simulate.machine import load_machine
+from reporter.collect.simulate.racks import rack_nodes
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.errors import SchemaError
 from reporter.placement_quality import HeldSet, decode_held_sets, encode_held_sets
-from reporter.schema.model import Topology
+from reporter.schema.model import FabricState, Topology
 from reporter.serve.metrics import Metrics
 from tests.podresources_double import devices_state
 from tests.test_collect_podresources import GPU
@@ -244,3 +246,31 @@ def test_the_held_sets_annotation_reads_back_and_bounds_its_size() -> None:
 def test_a_held_sets_value_the_agent_did_not_write_is_refused(text: str) -> None:
     with pytest.raises(SchemaError, match="gpu-sets"):
         decode_held_sets(text)
+
+
+def fabric_gauges(t: Topology) -> tuple[float, float, float]:
+    metrics = Metrics()
+    metrics.topology(t)
+    got = samples(metrics)
+    return (
+        got["topo_reporter_gpus_lost"][()],
+        got["topo_reporter_fabric_unhealthy"][()],
+        got["topo_reporter_partition_withheld"][()],
+    )
+
+
+def test_lost_gpus_an_unready_fabric_and_a_withheld_partition_are_gauges() -> None:
+    """What the alerts TopoReporterGpuLost, ...FabricUnhealthy and ...PartitionWithheld read."""
+    (node,) = rack_nodes(1, trays=1)
+    t = NvmlCollector(FakeNvml(node.machine()), memory_hostfs(node.machine())).collect()
+    assert t is not None
+    assert fabric_gauges(t) == (0, 0, 0)
+    lost = replace(t, gpus=(replace(t.gpus[0], lost=True), *t.gpus[1:]))
+    assert fabric_gauges(lost)[0] == 1
+    joining = tuple(
+        replace(g, fabric=replace(g.fabric, state=FabricState.IN_PROGRESS))
+        for g in t.gpus
+        if g.fabric is not None
+    )
+    assert fabric_gauges(replace(t, gpus=joining)) == (0, 1, 1)
+    assert fabric_gauges(machine_topology("dgx-h100")) == (0, 0, 0)

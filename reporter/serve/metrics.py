@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from reporter.collect import ScanResult, SourceState
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.placement_quality import judge, largest_free_connected
+from reporter.schema.fabric import HEALTHY, node_fabric
 from reporter.schema.model import LinkKind, Topology
 
 if TYPE_CHECKING:
@@ -214,6 +215,24 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.gpus_lost = Gauge(
+            "topo_reporter_gpus_lost",
+            "GPUs of the published topology that NVML reports lost (fell off the bus).",
+            registry=r,
+        )
+        self.fabric_unhealthy = Gauge(
+            "topo_reporter_fabric_unhealthy",
+            "1 while the node's GPUs report a multi-node NVLink fabric that is not healthy (not "
+            "completed, degraded or unhealthy: the fabric-health label); 0 otherwise, also "
+            "without a fabric.",
+            registry=r,
+        )
+        self.partition_withheld = Gauge(
+            "topo_reporter_partition_withheld",
+            "1 while the GPUs have a fabric but no nvlink-partition label is published (not "
+            "completed, or GPUs that disagree: the doctor says why).",
+            registry=r,
+        )
         self.placement = PlacementQuality()
         r.register(self.placement)
 
@@ -256,6 +275,10 @@ class Metrics:
             self.links.labels(type=kind.value).set(count)
         self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
         self.nvlinks_down.set(sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None))
+        self.gpus_lost.set(sum(g.lost for g in t.gpus))
+        fabric = node_fabric(t)
+        self.fabric_unhealthy.set(int(fabric.health not in (None, HEALTHY)))
+        self.partition_withheld.set(int(fabric.withheld is not None))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
