@@ -29,6 +29,7 @@ from reporter.availability import (
     decode_availability,
 )
 from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.placement_quality import HELD_SETS_KEY, decode_held_sets, judge
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import describe_matrix
@@ -112,6 +113,70 @@ def allocation(node: Mapping[str, Any], prefix: str) -> Allocation | None:
         return decode_allocation(text)
     except SchemaError:
         return None
+
+
+def pod_set_rows(
+    node: Mapping[str, Any], prefix: str, topology: Topology
+) -> list[dict[str, Any]] | str:
+    """Each container holding two or more GPUs (the `gpu-sets` annotation) with its set's quality
+    judged on the topology; or why they cannot be shown. Empty: no such container, or the agent
+    does not publish availability."""
+    text = _annotation(node, prefix, HELD_SETS_KEY)
+    if text is None:
+        return []
+    try:
+        sets, left_out = decode_held_sets(text)
+        if any(g >= len(topology.gpus) for s in sets for g in s.gpus):
+            raise SchemaError(HELD_SETS_KEY, "names a GPU the topology does not have")
+    except SchemaError as e:
+        return f"unknown: the {keys.key(prefix, HELD_SETS_KEY)} annotation is damaged ({e})"
+    rows: list[dict[str, Any]] = []
+    for held in sets:
+        quality = judge(topology, held.gpus)
+        rows.append(
+            {
+                "namespace": held.namespace,
+                "pod": held.pod,
+                "container": held.container,
+                "gpus": list(held.gpus),
+                "connected": quality.connected,
+                "worst": quality.worst_token,
+                "numa": quality.numa,
+            }
+        )
+    if left_out:
+        rows.append({"left_out": left_out})
+    return rows
+
+
+def pod_sets_text(rows: list[dict[str, Any]] | str) -> str:
+    """`POD  CONTAINER  GPUS  CONNECTED  WORST  NUMA`, `kubectl get`'s layout, or why not."""
+    if isinstance(rows, str):
+        return f"Pod GPU sets: {rows}"
+    table = [["POD", "CONTAINER", "GPUS", "CONNECTED", "WORST", "NUMA"]]
+    more = ""
+    for row in rows:
+        if "left_out" in row:
+            more = f"  ... and {row['left_out']} more (the annotation lists the first ones)\n"
+            continue
+        table.append(
+            [
+                f"{row['namespace']}/{row['pod']}",
+                row["container"],
+                f"GPU{format_cpulist(frozenset(row['gpus']))}",
+                "yes" if row["connected"] else "no",
+                row["worst"],
+                row["numa"],
+            ]
+        )
+    widths = [max(len(line[c]) for line in table) for c in range(6)]
+    lines = "".join(
+        "  "
+        + "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        + "\n"
+        for line in table
+    )
+    return "Pod GPU sets (containers holding 2 or more GPUs):\n" + lines + more
 
 
 def gpu_rows(
@@ -234,6 +299,7 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
     free = availability(node, prefix)
     held = allocation(node, prefix)
     rows = [] if topology is None else gpu_rows(topology, free, held)
+    pod_sets = [] if topology is None else pod_set_rows(node, prefix, topology)
     if fmt in ("dot", "mermaid"):
         if topology is None:
             raise InputError(
@@ -251,6 +317,7 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
             "claimed": None if held is None else list(held.claimed),
             "counted": None if held is None else list(held.sources),
             "gpus": rows,
+            "pod_sets": pod_sets if isinstance(pod_sets, list) else None,
             "findings": report["findings"],
         }
         return json.dumps(doc, indent=2) + "\n"
@@ -265,6 +332,8 @@ def show_node(node: dict[str, Any], findings: list[doctor.Finding], fmt: str, pr
         out.append(f"Held by DRA claims: {claimed} (availability counts {', '.join(held.sources)})")
     if rows:
         out += ["", "GPUs:", gpus_text(rows).rstrip("\n")]
+    if pod_sets:
+        out += ["", pod_sets_text(pod_sets).rstrip("\n")]
     out += ["", doctor.report_text({name: findings}, summary=False).rstrip("\n")]
     return "\n".join(out) + "\n"
 

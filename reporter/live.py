@@ -42,6 +42,7 @@ import structlog
 from reporter.availability import Allocation, Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.placement import Policy
+from reporter.placement_quality import HeldSet
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.patch import Desired
@@ -51,6 +52,9 @@ from reporter.serve.state import AgentState
 
 if TYPE_CHECKING:
     from reporter.collect.podresources import AllocationView, PodResourcesError
+
+_Published = tuple[Availability, Allocation | None, tuple[HeldSet, ...]]
+"""What the Node carries of ours: availability, how it was counted, the sets containers hold."""
 
 
 class LiveOutput(Protocol):
@@ -148,10 +152,12 @@ class AvailabilityLoop:
         """The last good read: its topology, free GPUs and availability (kept on failures)."""
         self._allocation: Allocation | None = None
         """How the last good read counted, and the GPUs its claims hold."""
+        self._held_sets: tuple[HeldSet, ...] = ()
+        """The sets of two or more GPUs containers hold, in the last good read."""
         self._settled = False
         """Off: the Node is known to carry none of our keys; nothing more to do."""
         self._hold_until = -math.inf
-        self._refused: tuple[tuple[Availability, Allocation | None] | None, ...] = ()
+        self._refused: tuple[_Published | None, ...] = ()
         """What the API refused for good (one value, or empty): not sent again until resync."""
         self._write_error: str | None = None
         self._withdraw_after = withdraw_after
@@ -183,13 +189,13 @@ class AvailabilityLoop:
         if self._failures >= self._withdraw_after:
             # Nobody can vouch for the last value any more (the kubelet's API keeps failing):
             # say nothing rather than something stale, here and in every output.
-            want: tuple[Availability, Allocation | None] | None = None
+            want: _Published | None = None
             for output in self._outputs:
                 output.withdraw()
         elif self._computed is None:
             return False
         else:
-            want = (self._computed[2], self._allocation)
+            want = (self._computed[2], self._allocation, self._held_sets)
         carried = self._publish(want)
         if carried:
             self._withdrawn_now(want is None)
@@ -214,11 +220,12 @@ class AvailabilityLoop:
             return False
         self._failures = 0
         self._state.set_live_problem("podresources", None)
-        self._metrics.podresources_read(view)
+        self._metrics.podresources_read(view, topology)
         for output in self._outputs:
             output(topology, view)
         free = view.free
         self._allocation = Allocation(view.sources, tuple(sorted(view.claimed)))
+        self._held_sets = view.held_sets
         if self._computed is None or self._computed[:2] != (topology, free):
             self._computed = (
                 topology,
@@ -262,7 +269,7 @@ class AvailabilityLoop:
         self._metrics.heartbeat_renewals.labels(result="renewed").inc()
         self._renew_at = now + heartbeat.period_s
 
-    def _publish(self, published: tuple[Availability, Allocation | None] | None) -> bool:
+    def _publish(self, published: _Published | None) -> bool:
         now = self._clock()
         # Its own read only where the topology loop's resync read has not come for two periods
         # (that loop failing, or a dry run, which never reads): drift is still repaired.
@@ -274,8 +281,8 @@ class AvailabilityLoop:
         if now < self._hold_until or self._refused == (published,):
             return False
         try:
-            availability, allocation = published or (None, None)
-            wrote = self._sink.publish(availability, allocation)
+            availability, allocation, held_sets = published or (None, None, ())
+            wrote = self._sink.publish(availability, allocation, held_sets)
         except PublishError as e:
             self._metrics.api_errors.labels(kind=api_error_kind(e)).inc()
             self._metrics.availability_writes.labels(result="failed").inc()

@@ -8,6 +8,8 @@
 #   Go 1.26                   the real kube-apiserver, kube-scheduler and kubelet (tests/controlplane)
 #   gcc, libc6-dev, libpfm4-dev   cgo builds (Koordinator's koordlet links libpfm4)
 #   openssl                   the API server double's throwaway certificates
+#   podman, runc, mmdebstrap  the image tests build and run the image (image/build.sh): podman
+#                             with runc (crun 1.8 fails on hybrid cgroups), the base by mmdebstrap
 #
 # Idempotent: where everything is there it changes nothing and needs neither network nor sudo.
 # `sudo` only where not root. Node.js: NodeSource's `nodejs` package carries its own npm and
@@ -74,6 +76,9 @@ command -v openssl >/dev/null 2>&1 || want openssl
 command -v gcc >/dev/null 2>&1 || want gcc
 installed libc6-dev || want libc6-dev
 installed libpfm4-dev || want libpfm4-dev
+command -v podman >/dev/null 2>&1 || want podman
+command -v runc >/dev/null 2>&1 || want runc
+command -v mmdebstrap >/dev/null 2>&1 || want mmdebstrap
 command -v node >/dev/null 2>&1 || want nodejs
 need_go=""
 if ! go_found; then

@@ -20,6 +20,7 @@ from reporter.availability import compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
 from reporter.collect.podresources import AllocationView, PodResourcesError
 from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
+from reporter.placement_quality import HeldSet, decode_held_sets
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict
@@ -56,6 +57,7 @@ class FakeSource:
     error: PodResourcesError | None = None
     unknown: int = 0
     reads: int = 0
+    held: tuple[HeldSet, ...] = ()
 
     def allocated(self, t: Topology) -> AllocationView:
         self.reads += 1
@@ -68,6 +70,7 @@ class FakeSource:
             unhealthy=(),
             unknown_ids=self.unknown,
             unknown_examples=tuple(f"GPU-unknown-{i}" for i in range(self.unknown)),
+            held_sets=self.held,
         )
 
 
@@ -178,6 +181,29 @@ def test_the_first_step_publishes_topology_then_availability_outside_the_owned_l
     }
     # The agent's one read at start served both sinks.
     assert len(apiserver.reads(f"/api/v1/nodes/{NODE}")) == 1
+
+
+def test_the_sets_containers_hold_ride_in_the_availability_patch_and_idle_writes_none(
+    apiserver: ApiServerDouble, live: Callable[..., Live]
+) -> None:
+    train = HeldSet("ml", "train-0", "main", (0, 1, 2))
+    source = FakeSource(used={0, 1, 2, 5, 6}, held=(train, HeldSet("ml", "b", "c", (5, 6))))
+    w = live(source=source)
+    assert w.agent.step()
+    (body,) = availability_writes(apiserver)
+    sets = body["metadata"]["annotations"][f"{PREFIX}/gpu-sets"]  # type: ignore[index]
+    assert decode_held_sets(sets) == ((HeldSet("ml", "b", "c", (5, 6)), train), 0)
+    apiserver.clear_requests()
+    w.stop.waits = int(3600 / INTERVAL_S)
+    w.agent.run()
+    assert apiserver.writes() == []
+    # The pods end: the sets leave the Node in the same patch as the free GPUs.
+    source.used, source.held = set(), ()
+    w.clock.advance(INTERVAL_S)
+    assert w.loop.tick(topology())
+    (body,) = availability_writes(apiserver)
+    assert body["metadata"]["annotations"][f"{PREFIX}/gpu-sets"] is None  # type: ignore[index]
+    assert f"{PREFIX}/gpu-sets" not in apiserver.annotations(NODE)
 
 
 def test_an_idle_hour_writes_nothing_and_reads_only_at_resync(

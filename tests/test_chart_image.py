@@ -1,7 +1,8 @@
 """The Dockerfile builds the image the chart runs, the way the README installs the package.
 
-No container engine runs where the tests run, so the Dockerfile is checked statically: its
-stages, base image, user, entrypoint, and that it copies everything `pip install .` needs.
+The Dockerfile needs Docker Hub, which the test machines cannot reach, so it is checked
+statically: its stages, base image, user, entrypoint, and that it copies everything `pip install .`
+needs. The image the tests build and run is image/build.sh's (tests/test_image*.py).
 """
 
 from __future__ import annotations

@@ -537,7 +537,7 @@ def test_default_resource_names(name: str, managed: bool) -> None:
     assert PodResourcesReader().manages(name) is managed
 
 
-def test_metrics_show_the_last_good_read_and_count_failures() -> None:
+def test_metrics_show_the_last_good_read_and_count_failures(topology: Topology) -> None:
     metrics = Metrics()
     view = AllocationView(
         allocatable=frozenset({0, 1, 2}),
@@ -546,7 +546,7 @@ def test_metrics_show_the_last_good_read_and_count_failures() -> None:
         unknown_ids=2,
         unknown_examples=("GPU-x", "GPU-y"),
     )
-    metrics.podresources_read(view)
+    metrics.podresources_read(view, topology)
     metrics.podresources_failed(PodResourcesError("gone", reason="missing"))
     text = metrics.render().decode()
     assert 'topo_reporter_podresources_gpus{state="free"} 2.0' in text

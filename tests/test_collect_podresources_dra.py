@@ -220,7 +220,7 @@ def test_a_claimed_device_that_is_not_a_gpu_here_frees_nothing_and_crashes_nothi
     metrics = Metrics()
     with capture_logs() as logs:
         view = reader.allocated(topology)
-    metrics.podresources_read(view)
+    metrics.podresources_read(view, topology)
     assert view.claimed == {3}
     assert view.free == (0, 1, 2, 4, 5, 6, 7)
     assert view.unknown_ids == int(unknown)

@@ -50,6 +50,10 @@ PLACEHOLDERS = {"<gpu-node>": NODE}
 NOT_RUN_TOOLS = {
     "helm": "installs into a real cluster; tests/test_chart_*.py render and validate the chart",
     "docker": "builds an image; tests/test_chart_image.py checks the Dockerfile",
+    "sh image/build.sh": "builds the image (minutes); tests/test_image.py runs it",
+    "podman": "runs or pushes the image; tests/test_image*.py run it with podman",
+    "trivy": "needs a vulnerability database, which cannot be downloaded here",
+    "grype": "needs a vulnerability database, which cannot be downloaded here",
     "kind": "needs a kind cluster",
     "sh tests/prereqs.sh": "installs system packages; tests/test_readme_command.py runs it with "
     "doubles of apt-get and sudo",

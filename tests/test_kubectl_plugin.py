@@ -16,6 +16,7 @@ import yaml
 from parsers.kubelet import KubeletPolicies
 from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
+from reporter.placement_quality import HeldSet, encode_held_sets
 from reporter.schema.codec import encode, to_document
 from reporter.schema.labels import describe_matrix
 from reporter.schema.model import NvlinkHealth, Topology
@@ -338,3 +339,54 @@ def test_a_dra_node_shows_the_gpus_claims_hold_and_each_gpus_nvlinks(
         "state": "claimed",
         "nvlink": {"state": "degraded", "active": 16, "count": 18, "down": [0, 1]},
     }
+
+
+def test_a_node_shows_each_pods_gpu_set_and_its_quality(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    """Issue 31: which container holds which set (the `gpu-sets` annotation), judged on the
+    node's topology: a DGX-1's hybrid cube mesh has NVLink-connected sets and sets that are not."""
+    topology = machines()["profile dgx-1-v100"]
+    free = compute_availability(topology, [7])
+    sets = encode_held_sets(
+        [HeldSet("ml", "train", "main", (0, 1, 2, 3)), HeldSet("ml", "eval", "c", (4, 5, 6))]
+    )
+    published.edit_node(
+        NODE,
+        {
+            "metadata": {
+                "annotations": {
+                    f"{PREFIX}/topology": encode(topology),
+                    f"{PREFIX}/{AVAILABILITY_KEY}": encode_availability(free),
+                    f"{PREFIX}/gpu-sets": sets,
+                }
+            }
+        },
+    )
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert shown.returncode == 0, shown.stderr
+    # Every pair of 0-3 and of 4-6 is NVLink-joined, the weakest by one link (the matrix above).
+    assert (
+        "Pod GPU sets (containers holding 2 or more GPUs):\n"
+        "  POD        CONTAINER   GPUS     CONNECTED   WORST   NUMA\n"
+        "  ml/eval    c           GPU4-6   yes         NV1     one\n"
+        "  ml/train   main        GPU0-3   yes         NV1     one\n"
+    ) in shown.stdout
+    doc = json.loads(plugin(NODE, "--format", "json", "--kubeconfig", str(admin_kubeconfig)).stdout)
+    assert doc["pod_sets"][1] == {
+        "namespace": "ml",
+        "pod": "train",
+        "container": "main",
+        "gpus": [0, 1, 2, 3],
+        "connected": True,
+        "worst": "NV1",
+        "numa": "one",
+    }
+    unconnected = encode_held_sets([HeldSet("ml", "wide", "main", (0, 5))])
+    published.edit_node(NODE, {"metadata": {"annotations": {f"{PREFIX}/gpu-sets": unconnected}}})
+    shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig)).stdout
+    assert "  ml/wide   main        GPU0,5   no          SYS     several\n" in shown
+    published.edit_node(NODE, {"metadata": {"annotations": {f"{PREFIX}/gpu-sets": "1;x"}}})
+    damaged = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
+    assert damaged.returncode == 0, damaged.stderr
+    assert f"Pod GPU sets: unknown: the {PREFIX}/gpu-sets annotation is damaged (" in damaged.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ import structlog
 import urllib3
 import yaml
 
+import reporter.publish
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
 from reporter.publish.api import EVENTS, NODES, ApiClient
 from reporter.publish.client import EventType, event_body
@@ -385,3 +387,52 @@ def test_a_patch_whose_answer_was_lost_is_a_write_once_the_node_shows_it(
     assert api.lost == 1
     assert [r.method for r in apiserver.writes(f"/api/v1/nodes/{NODE}")] == ["PATCH"]
     assert sink.publish(want) is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["doctor", "--all", "--kubeconfig", "/nonexistent"],
+        ["run", "--kubeconfig", "EXEC", "--once"],
+    ],
+    ids=["the doctor", "an agent whose kubeconfig only the official client reads"],
+)
+def test_without_the_official_client_a_command_that_needs_it_says_so_in_one_line(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The image leaves `kubernetes` out (image/lock.py). Its absence is injected here (a None in
+    sys.modules makes `import kubernetes` fail as an uninstalled package does); the image test runs
+    the same commands in the real image."""
+    from reporter import cli  # noqa: PLC0415  # imported after the fault is in place
+
+    exec_kubeconfig = tmp_path / "exec.kubeconfig"
+    exec_kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"exec": {"command": "true"}}}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
+    argv = [str(exec_kubeconfig) if a == "EXEC" else a for a in argv]
+    if argv[0] == "run":
+        argv += ["--simulate", "dgx-h100", "--node", NODE]
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    monkeypatch.delitem(sys.modules, "reporter.publish.kube", raising=False)
+    # `from reporter.publish import kube` finds a loaded submodule as the package's attribute.
+    monkeypatch.delattr(reporter.publish, "kube", raising=False)
+    assert cli.main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "this needs the official kubernetes client, which is not installed (the topo-reporter "
+        "image leaves it out: docs/image.md): it serves exec and auth-provider kubeconfigs, "
+        "`doctor` and `kubectl gpu-topology`; pip install 'kubernetes>=29' here, or run it where "
+        "`pip install topo-reporter` installed it"
+    ), err

@@ -70,7 +70,7 @@ for p in $packages; do
             tool node
             ;;
         graphviz) tool dot ;;
-        npm|openssl|gcc|curl) tool "$p" ;;
+        npm|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
     esac
     echo "$p" >> "$MACHINE/installed"
 done
@@ -188,7 +188,8 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
     assert "\n" not in readme_command()
 
 
-EVERYTHING = ("dot", "openssl", "gcc", "node", "npm")
+IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
+EVERYTHING = ("dot", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS)
 BUILD = ("libc6-dev", "libpfm4-dev")
 
 
@@ -200,7 +201,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
-                "libpfm4-dev nodejs",
+                "libpfm4-dev podman runc mmdebstrap nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
             ],
         ),
@@ -209,7 +210,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
-                "libpfm4-dev",
+                "libpfm4-dev podman runc mmdebstrap",
             ],
         ),
         (
@@ -217,12 +218,12 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
-                "libpfm4-dev nodejs",
+                "libpfm4-dev podman runc mmdebstrap nodejs",
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
         (
-            {"commands": ("dot", "openssl", "gcc", "node"), "packages": BUILD},
+            {"commands": ("dot", "openssl", "gcc", "node", *IMAGE_TOOLS), "packages": BUILD},
             ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends npm"],
         ),
     ],
@@ -248,7 +249,9 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 
 
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
-    fresh = machine(tmp_path, commands=("dot", "openssl", "gcc", "node", "npm"), root=False)
+    fresh = machine(
+        tmp_path, commands=("dot", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS), root=False
+    )
     done = fresh.run(prerequisites())
     assert done.returncode == 0, done.stderr
     assert fresh.log() == [

@@ -63,6 +63,7 @@ import structlog
 
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
+from reporter.placement_quality import HeldSet
 from reporter.schema.dra import DRIVER, check_driver_name, gpu_minor
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
@@ -138,6 +139,18 @@ class ClaimedDevice:
         return f"{self.driver[:64]}/{self.pool[:64]}/{self.device[:64]}"
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerHold:
+    """What one container holds, as `List` reports it: device IDs of managed resources and the
+    devices of its ResourceClaims."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: tuple[str, ...] = ()
+    claims: tuple[ClaimedDevice, ...] = ()
+
+
 def gpu_minors(topology: Topology) -> dict[int, int]:
     """Minor number -> GPU index, for the GPUs whose minor the source observed."""
     return {g.minor: g.index for g in topology.gpus if g.minor is not None}
@@ -171,6 +184,9 @@ class AllocationView:
     sources: tuple[str, ...] = (SOURCE_DEVICE_PLUGIN,)
     """What the view counts: `device-plugin` (the kubelet offers GPUs and containers hold them),
     `dra` (claims hold GPUs), or both."""
+    held_sets: tuple[HeldSet, ...] = ()
+    """Every container holding two or more of the node's GPUs (devices and claims together),
+    sorted: what `reporter.placement_quality` judges."""
 
     @property
     def free(self) -> tuple[int, ...]:
@@ -228,9 +244,11 @@ def allocation_view(
     *,
     claims: Iterable[ClaimedDevice] = (),
     dra: DraScope | None = None,
+    containers: Iterable[ContainerHold] = (),
 ) -> AllocationView:
     """The view of `topology` given the device IDs the kubelet offers, those containers hold,
-    the devices their ResourceClaims hold, and the pods the kubelet lists.
+    the devices their ResourceClaims hold, and the pods the kubelet lists; `containers` says the
+    same per container, for the sets of two or more GPUs they hold (`held_sets`).
 
     Pure: the reader passes the IDs of the managed resources. Claims count only with `dra`; with
     it and nothing offered, the node is a DRA node (see the module docstring). Raises
@@ -279,6 +297,13 @@ def allocation_view(
     allocated = gpus(held)
     claimed = set() if dra is None else _claimed_gpus(topology, claims, dra, unknown)
     lost = frozenset(g.index for g in topology.gpus if g.lost)
+    held_sets = []
+    for c in containers:
+        held_gpus = gpus(c.device_ids)
+        if dra is not None:
+            held_gpus |= _claimed_gpus(topology, c.claims, dra, unknown)
+        if len(held_gpus) >= 2:
+            held_sets.append(HeldSet(c.namespace, c.pod, c.container, tuple(sorted(held_gpus))))
     return AllocationView(
         allocatable=frozenset(allocatable),
         allocated=frozenset(allocated | claimed),
@@ -290,6 +315,7 @@ def allocation_view(
         exclusive_cpus=frozenset(exclusive_cpus),
         claimed=frozenset(claimed),
         sources=sources,
+        held_sets=tuple(sorted(held_sets)),
     )
 
 
@@ -475,19 +501,23 @@ class PodResourcesReader:
                     reason="no_devices",
                     method="GetAllocatableResources",
                 )
-        held = (
-            device_id
+        containers = [
+            ContainerHold(
+                pod.namespace,
+                pod.name,
+                container.name,
+                tuple(self._managed_ids(container.devices)),
+                tuple(
+                    ClaimedDevice(r.driver_name, r.pool_name, r.device_name)
+                    for claim in container.dynamic_resources
+                    for r in claim.claim_resources
+                ),
+            )
             for pod in listed.pod_resources
             for container in pod.containers
-            for device_id in self._managed_ids(container.devices)
-        )
-        claims = (
-            ClaimedDevice(r.driver_name, r.pool_name, r.device_name)
-            for pod in listed.pod_resources
-            for container in pod.containers
-            for claim in container.dynamic_resources
-            for r in claim.claim_resources
-        )
+        ]
+        held = (device_id for c in containers for device_id in c.device_ids)
+        claims = (device for c in containers for device in c.claims)
         pods = (PodRef(pod.namespace, pod.name) for pod in listed.pod_resources)
         cpus = (
             cpu
@@ -495,7 +525,9 @@ class PodResourcesReader:
             for container in pod.containers
             for cpu in container.cpu_ids
         )
-        view = allocation_view(topology, offered, held, pods, cpus, claims=claims, dra=self.dra)
+        view = allocation_view(
+            topology, offered, held, pods, cpus, claims=claims, dra=self.dra, containers=containers
+        )
         self._note(view)
         return view
 

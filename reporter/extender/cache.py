@@ -56,6 +56,8 @@ class NodeCache:
         """Node name to `connected_whole` of its labels, as last judged."""
         self._facts: dict[str, NodeFacts] = {}
         """Node name to where pods may go on it (labels, taints), as last seen."""
+        self._place: dict[str, tuple[str | None, int | None]] = {}
+        """Each node's NVLink partition and GPU count labels, for `capacity`."""
         self._table = RankTable(resource)
         self._synced = threading.Event()
 
@@ -76,6 +78,7 @@ class NodeCache:
             for k in old.sizes():
                 table.verdicts(k)
             self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
+            self._place = {n.name: (n.partition, n.gpus) for n in listed}
         self._synced.set()
 
     def apply(self, event: WatchEvent) -> None:
@@ -88,8 +91,10 @@ class NodeCache:
                 self._text.pop(node.name, None)
                 self._whole.pop(node.name, None)
                 self._facts.pop(node.name, None)
+                self._place.pop(node.name, None)
                 self._table.drop(node.name)
                 return
+            self._place[node.name] = (node.partition, node.gpus)
             whole = connected_whole(_labels(node), self.prefix)
             facts = node_facts(node.node)
             if (
@@ -135,6 +140,30 @@ class NodeCache:
     def synced(self) -> bool:
         """True once a full list has been taken."""
         return self._synced.is_set()
+
+    def capacity(self, sizes: Iterable[int]) -> tuple[dict[int, int], dict[str, int]]:
+        """What the cluster can host now: per size k in `sizes`, the nodes that hand a pod of k
+        GPUs an NVLink-connected set now (`connected_now`); per NVLink partition, its nodes whose
+        GPUs are all free (free GPUs equal the `count` label). Every partition a node carries is
+        listed, with 0 where none is free. Nodes whose availability reads as None count nowhere."""
+        with self._lock:
+            ranks, place = self._table.ranks, dict(self._place)
+        capable = {
+            k: sum(
+                1
+                for r in ranks.values()
+                if r is not None and k <= len(r.connected) and r.connected[k - 1]
+            )
+            for k in sizes
+        }
+        free: dict[str, int] = {}
+        for name, (partition, gpus) in place.items():
+            if partition is None:
+                continue
+            r = ranks.get(name)
+            whole = r is not None and gpus is not None and gpus > 0 and r.free == gpus
+            free[partition] = free.get(partition, 0) + int(whole)
+        return capable, free
 
     def counts(self) -> tuple[int, int]:
         """(nodes known, nodes whose availability is missing or damaged)."""

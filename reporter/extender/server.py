@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import structlog
 from prometheus_client import (
@@ -24,6 +24,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
@@ -65,6 +67,38 @@ def peak_bytes(limits: Limits) -> int:
 
 
 VERBS = ("filter", "prioritize", "preempt")
+
+
+CAPABLE_SIZES = (2, 4, 8)
+"""The set sizes `topo_reporter_extender_connected_capable_nodes` counts nodes for."""
+
+
+class CapacityCollector(Collector):
+    """The cluster's free capacity, computed from the cache at each scrape (no state of its own):
+    nodes that can host a connected set of 2, 4 and 8 GPUs now, and whole free nodes per NVLink
+    partition (one series per partition a node carries: bounded by the partitions)."""
+
+    def __init__(self, cache: NodeCache) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        capable, free = self._cache.capacity(CAPABLE_SIZES)
+        nodes = GaugeMetricFamily(
+            "topo_reporter_extender_connected_capable_nodes",
+            "Nodes that hand a pod of this many GPUs an NVLink-connected set now.",
+            labels=["gpus"],
+        )
+        for k, n in capable.items():
+            nodes.add_metric([str(k)], n)
+        yield nodes
+        partitions = GaugeMetricFamily(
+            "topo_reporter_extender_partition_free_nodes",
+            "Nodes of each NVLink partition (the nvlink-partition label) whose GPUs are all free.",
+            labels=["partition"],
+        )
+        for partition, n in sorted(free.items()):
+            partitions.add_metric([partition], n)
+        yield partitions
 
 
 class ExtenderMetrics:
@@ -145,6 +179,7 @@ class ExtenderMetrics:
             "1 once the Node cache holds a full list.",
             registry=r,
         ).set_function(lambda: int(cache.synced))
+        r.register(CapacityCollector(cache))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,6 +1,6 @@
 """The availability annotations and their two labels on the agent's Node, written only on change.
 
-The keys (`<prefix>/availability`, `<prefix>/allocation`, `<prefix>/gpu-free`,
+The keys (`<prefix>/availability`, `<prefix>/allocation`, `<prefix>/gpu-sets`, `<prefix>/gpu-free`,
 `<prefix>/gpu-free-nvlink-max`) are this sink's alone. They are not listed in the Node sink's
 `owned` annotation, so the Node sink neither writes nor deletes them; this sink removes them when
 availability is off. Because no other writer sets them, a patch carries no resourceVersion: a
@@ -31,6 +31,7 @@ from reporter.availability import (
     encode_availability,
 )
 from reporter.errors import PublishError
+from reporter.placement_quality import HELD_SETS_KEY, HeldSet, encode_held_sets
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.patch import (
     Desired,
@@ -46,19 +47,27 @@ from reporter.schema import keys
 def availability_keys(prefix: str) -> tuple[frozenset[str], frozenset[str]]:
     """(label keys, annotation keys) this sink owns under `prefix`."""
     labels = frozenset(keys.key(prefix, n) for n in (GPU_FREE_LABEL, GPU_FREE_NVLINK_MAX_LABEL))
-    annotations = frozenset(keys.key(prefix, n) for n in (AVAILABILITY_KEY, ALLOCATION_KEY))
+    annotations = frozenset(
+        keys.key(prefix, n) for n in (AVAILABILITY_KEY, ALLOCATION_KEY, HELD_SETS_KEY)
+    )
     return labels, annotations
 
 
 def desired(
-    availability: Availability | None, prefix: str, allocation: Allocation | None = None
+    availability: Availability | None,
+    prefix: str,
+    allocation: Allocation | None = None,
+    held_sets: tuple[HeldSet, ...] = (),
 ) -> Desired:
-    """What the Node should carry of our keys; nothing when availability is off (None)."""
+    """What the Node should carry of our keys; nothing when availability is off (None). The
+    `gpu-sets` annotation only where some container holds two or more GPUs."""
     if availability is None:
         return Desired({}, {})
     annotations = {keys.key(prefix, AVAILABILITY_KEY): encode_availability(availability)}
     if allocation is not None and allocation != DEVICE_PLUGIN_ONLY:
         annotations[keys.key(prefix, ALLOCATION_KEY)] = encode_allocation(allocation)
+    if held_sets:
+        annotations[keys.key(prefix, HELD_SETS_KEY)] = encode_held_sets(held_sets)
     return Desired(availability_labels(availability, prefix), annotations)
 
 
@@ -110,10 +119,13 @@ class AvailabilitySink:
         self._known = None
 
     def publish(
-        self, availability: Availability | None, allocation: Allocation | None = None
+        self,
+        availability: Availability | None,
+        allocation: Allocation | None = None,
+        held_sets: tuple[HeldSet, ...] = (),
     ) -> bool:
-        """Make the Node carry `availability` and how it was counted (None: none of our keys);
-        True when it wrote.
+        """Make the Node carry `availability`, how it was counted and the sets containers hold
+        (None: none of our keys); True when it wrote.
 
         Raises PublishError; what the Node carries is then unknown and read again next time.
         """
@@ -121,7 +133,7 @@ class AvailabilitySink:
             if self._known is None:
                 node = read_node(self._api, self._node)
                 self._known = carried(node.labels, node.annotations, self._prefix)
-            want = desired(availability, self._prefix, allocation)
+            want = desired(availability, self._prefix, allocation, held_sets)
             body = patch_body(self._known, want)
             if body is None:
                 return False

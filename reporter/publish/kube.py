@@ -6,6 +6,9 @@ when running in a pod, else `~/.kube/config`. The client's own urllib3 retries a
 exception becomes a `PublishError` (`reporter.publish.errors_map`, shared with the lean client),
 with a message saying what to fix. It must never log or put into a message a token or kubeconfig
 content.
+
+The image leaves the official client out (image/lock.py): importing this module without it raises
+ConfigError with one line saying so, which every command that needs it prints.
 """
 
 from __future__ import annotations
@@ -16,16 +19,30 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config import incluster_config, kube_config
-from kubernetes.config.config_exception import ConfigException
 
 from reporter.errors import ConfigError
 from reporter.inputs import MAX_PEM_BYTES, read_bounded
 from reporter.publish import errors_map
 from reporter.publish.rest import MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
 from reporter.publish.wire import JSON, WireClient
+
+OFFICIAL_CLIENT_MISSING = (
+    "this needs the official kubernetes client, which is not installed (the topo-reporter image "
+    "leaves it out: docs/image.md): it serves exec and auth-provider kubeconfigs, `doctor` and "
+    "`kubectl gpu-topology`; pip install 'kubernetes>=29' here, or run it where "
+    "`pip install topo-reporter` installed it"
+)
+
+try:
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import incluster_config, kube_config
+    from kubernetes.config.config_exception import ConfigException
+except ModuleNotFoundError as e:
+    # Only the client's own absence is the user's to fix; a module missing inside it is a bug.
+    if (e.name or "").partition(".")[0] != "kubernetes":
+        raise
+    raise ConfigError(OFFICIAL_CLIENT_MISSING) from e
 
 
 def load_configuration(kubeconfig: str | None, context: str | None = None) -> client.Configuration:

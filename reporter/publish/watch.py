@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from reporter.errors import ApiPermanentError, ApiTransientError
 from reporter.publish.api import NODES, ApiClient, WatchExpired
+from reporter.schema.keys import COUNT, NVLINK_PARTITION
 
 __all__ = [
     "MAX_PAGES",
@@ -36,13 +37,16 @@ MAX_PAGES = 1000
 
 @dataclass(frozen=True, slots=True)
 class NodeAnnotation:
-    """One Node as the cache needs it: its name, its availability annotation (None: absent) and
+    """One Node as the cache needs it: its name, its availability annotation (None: absent),
     the parts of the object that say where pods may go (its labels, taints, `unschedulable` and
-    Ready condition, in the Node's own shape; empty when not sent)."""
+    Ready condition, in the Node's own shape; empty when not sent), and for the capacity gauges
+    its NVLink partition and GPU count labels (None: absent)."""
 
     name: str
     value: str | None
     node: Mapping[str, Any] = field(default_factory=dict)
+    partition: str | None = None
+    gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +95,29 @@ def _forbidden(e: ApiPermanentError) -> ApiPermanentError:
     )
 
 
-def _annotation(obj: Any, key: str) -> NodeAnnotation:
+def node_annotation(obj: Any, key: str) -> NodeAnnotation:
+    """A listed or watched Node object as the cache needs it; raises ApiTransientError without a
+    name."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise ApiTransientError("list or watch nodes: the API server sent an object without a name")
     annotations = meta.get("annotations")
     value = annotations.get(key) if isinstance(annotations, dict) else None
-    return NodeAnnotation(meta["name"], value if isinstance(value, str) else None, _placement(obj))
+    # The agent's labels share its annotation's prefix.
+    prefix = key.rpartition("/")[0]
+    found = meta.get("labels")
+    labels: dict[str, Any] = found if isinstance(found, dict) else {}
+    partition = labels.get(f"{prefix}/{NVLINK_PARTITION}")
+    count = labels.get(f"{prefix}/{COUNT}")
+    return NodeAnnotation(
+        meta["name"],
+        value if isinstance(value, str) else None,
+        _placement(obj),
+        partition if isinstance(partition, str) and partition else None,
+        int(count)
+        if isinstance(count, str) and count.isascii() and count.isdigit() and len(count) <= 4
+        else None,
+    )
 
 
 def _placement(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -137,7 +157,7 @@ class NodeWatch:
                 if e.status == 403:
                     raise _forbidden(e) from e
                 raise
-            nodes.extend(_annotation(item, annotation) for item in page["items"])
+            nodes.extend(node_annotation(item, annotation) for item in page["items"])
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 return NodeSnapshot(tuple(nodes), str(meta.get("resourceVersion") or ""))
@@ -167,4 +187,4 @@ def _event(event: Mapping[str, Any], annotation: str) -> WatchEvent:
     version = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
     if event["type"] == "BOOKMARK":
         return WatchEvent("BOOKMARK", None, version)
-    return WatchEvent(str(event["type"]), _annotation(obj, annotation), version)
+    return WatchEvent(str(event["type"]), node_annotation(obj, annotation), version)

@@ -6,12 +6,18 @@ kinds, link types, source names), never node or GPU identifiers, so cardinality 
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from reporter.collect import ScanResult, SourceState
 from reporter.errors import ApiPermanentError, PublishError
+from reporter.placement_quality import judge, largest_free_connected
+from reporter.schema.fabric import HEALTHY, node_fabric
 from reporter.schema.model import LinkKind, Topology
 
 if TYPE_CHECKING:
@@ -29,6 +35,63 @@ def api_error_kind(error: PublishError) -> str:
     if status in named:
         return named[status]
     return "server" if status >= 500 else "other"
+
+
+class PlacementQuality(Collector):
+    """The quality of the sets running containers hold, and the largest free connected set, from
+    the last good PodResources read (kept while reads fail, as the other PodResources gauges).
+
+    Built once per read that changed something and swapped in whole, so a scrape never sees half
+    of one read; labels are sizes and closed vocabularies, never pods.
+    """
+
+    def __init__(self) -> None:
+        self._key: object = None
+        self._families: tuple[Metric, ...] = ()
+
+    def observe(self, topology: Topology, view: AllocationView) -> None:
+        """A good read: judge every held set again where the sets or the free GPUs changed."""
+        key = (topology, view.held_sets, view.free)
+        if key == self._key:
+            return
+        qualities = [judge(topology, s.gpus) for s in view.held_sets]
+        sets = GaugeMetricFamily(
+            "topo_reporter_pod_gpu_sets",
+            "Containers holding 2 or more of the node's GPUs, by set size and whether every pair "
+            "of their set is NVLink-joined (true/false); both values for every size the node has.",
+            labels=["gpus", "connected"],
+        )
+        connected = Tally((len(q.gpus), q.connected) for q in qualities)
+        for k in range(2, len(topology.gpus) + 1):
+            for flag in (True, False):
+                sets.add_metric([str(k), str(flag).lower()], connected[k, flag])
+        worst = GaugeMetricFamily(
+            "topo_reporter_pod_gpu_sets_worst_link",
+            "Containers holding 2 or more GPUs, by set size and the farthest path between two GPUs "
+            "of the set (NV, PIX, PXB, PHB, NODE, SYS); sizes and paths that occur.",
+            labels=["gpus", "link"],
+        )
+        for (k, link), n in sorted(Tally((len(q.gpus), q.worst.value) for q in qualities).items()):
+            worst.add_metric([str(k), link], n)
+        numa = GaugeMetricFamily(
+            "topo_reporter_pod_gpu_sets_numa",
+            "Containers holding 2 or more GPUs, by set size and whether its GPUs sit on one NUMA "
+            "node (one, several, unknown); sizes and values that occur.",
+            labels=["gpus", "numa"],
+        )
+        for (k, where), n in sorted(Tally((len(q.gpus), q.numa) for q in qualities).items()):
+            numa.add_metric([str(k), where], n)
+        free_max = GaugeMetricFamily(
+            "topo_reporter_free_connected_max",
+            "The largest set of free GPUs all pairwise NVLink-joined (1: free GPUs share no "
+            "NVLink; 0: none free).",
+            value=largest_free_connected(topology, view.free),
+        )
+        self._families = (sets, worst, numa, free_max)
+        self._key = key
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
 
 
 class Metrics:
@@ -152,9 +215,30 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.gpus_lost = Gauge(
+            "topo_reporter_gpus_lost",
+            "GPUs of the published topology that NVML reports lost (fell off the bus).",
+            registry=r,
+        )
+        self.fabric_unhealthy = Gauge(
+            "topo_reporter_fabric_unhealthy",
+            "1 while the node's GPUs report a multi-node NVLink fabric that is not healthy (not "
+            "completed, degraded or unhealthy: the fabric-health label); 0 otherwise, also "
+            "without a fabric.",
+            registry=r,
+        )
+        self.partition_withheld = Gauge(
+            "topo_reporter_partition_withheld",
+            "1 while the GPUs have a fabric but no nvlink-partition label is published (not "
+            "completed, or GPUs that disagree: the doctor says why).",
+            registry=r,
+        )
+        self.placement = PlacementQuality()
+        r.register(self.placement)
 
-    def podresources_read(self, view: AllocationView) -> None:
-        """A good PodResources read: count it and show what it saw."""
+    def podresources_read(self, view: AllocationView, topology: Topology) -> None:
+        """A good PodResources read of `topology`: count it and show what it saw."""
+        self.placement.observe(topology, view)
         self.podresources_reads.labels(result="ok").inc()
         self.podresources_failures.set(0)
         self.podresources_gpus.labels(state="free").set(len(view.free))
@@ -191,6 +275,10 @@ class Metrics:
             self.links.labels(type=kind.value).set(count)
         self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
         self.nvlinks_down.set(sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None))
+        self.gpus_lost.set(sum(g.lost for g in t.gpus))
+        fabric = node_fabric(t)
+        self.fabric_unhealthy.set(int(fabric.health not in (None, HEALTHY)))
+        self.partition_withheld.set(int(fabric.withheld is not None))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
