@@ -26,6 +26,7 @@ from reporter.collect.kubelet import KubeletReading
 from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
 from reporter.errors import ApiPermanentError, InputError, PublishError
 from reporter.live import AvailabilityLoop
+from reporter.outputs import ScanOutput
 from reporter.publish import patch
 from reporter.publish.client import EventType
 from reporter.publish.patch import Desired
@@ -39,6 +40,7 @@ from reporter.schema.fabric import node_fabric, taint_value
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
+from reporter.telling import Told
 
 STALL_AFTER_S = 300.0
 """Liveness: the longest the loop may work without a beat or an announced wait before /healthz
@@ -145,7 +147,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         kubelet: Callable[[], KubeletReading] = lambda: KubeletReading(None),
-        outputs: Sequence[Callable[[Topology], None]] = (),
+        outputs: Sequence[ScanOutput] = (),
         live: AvailabilityLoop | None = None,
     ) -> None:
         self._scanner = scanner
@@ -166,14 +168,13 @@ class Agent:
         self._refused: Desired | None = None
         """Desired metadata the API refused permanently: not retried until it changes or resync."""
         self._refusal = ""
-        self._degraded_told = False
-        self._read_refusal: str | None = None
+        self._degraded: Told[bool] = Told(False)
+        self._read_refusal: Told[str | None] = Told(None)
         self._kubelet = kubelet
         self._outputs = tuple(outputs)
-        """Outputs beside the sink (files for other schedulers): they take each chosen topology
-        and handle their own failures."""
+        """Outputs beside the sink (files for other schedulers, DeviceTaintRules)."""
         self._policies: KubeletPolicies | None = None
-        self._kubelet_problem: str | None = None
+        self._kubelet_problem: Told[str | None] = Told(None)
         self._kubelet_changed = False
         """The kubelet problem changed since the findings were last reported."""
         self._findings_told: set[tuple[str, str]] | None = None
@@ -182,7 +183,7 @@ class Agent:
         """The availability loop, on its own cadence in `run()`; None when not wired."""
         self._chosen: Topology | None = None
         """The topology chosen by the last scan: the one the live loop reads availability for."""
-        self._fabric_told: tuple[str, ...] = ()
+        self._fabric_told: Told[tuple[str, ...]] = Told(())
         """The fabric problems last reported as a Warning Event."""
 
     # -- one step ------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class Agent:
                 if self._live is not None:
                     self._live.node_read(published)
                 self._started = True
-                self._read_refusal = None
+                self._read_refusal.changed(None)
             chosen = self._choose(result)
             self._chosen = chosen
             if chosen is None:
@@ -225,10 +226,9 @@ class Agent:
                 output(chosen)
             return self._publish(chosen) and not result.degraded
         except ApiPermanentError as e:
-            if str(e) != self._read_refusal:
-                # Once per distinct refusal: it is retried every interval, and repeats help nobody.
+            if self._read_refusal.changed(str(e)):
+                # It is retried every interval, and repeats help nobody.
                 self._log.error("node_read_refused", error=str(e))
-            self._read_refusal = str(e)
             self._failed(str(e))
             return False
         except PublishError as e:
@@ -255,7 +255,7 @@ class Agent:
                 self._log.info("recovered")
             self._state.set_degraded(None)
             self._metrics.degraded.set(0)
-            self._degraded_told = False
+            self._degraded.changed(False)
             if result.topology is None:
                 self._log.info("no_gpu_observed")
             return result.topology
@@ -263,8 +263,7 @@ class Agent:
         self._state.set_degraded(reason)
         self._metrics.degraded.set(1)
         keep = self._topology is not None
-        if not self._degraded_told:
-            self._degraded_told = True
+        if self._degraded.changed(True):
             if keep:
                 self._log.warning("degraded_keeping_last_topology", reason=reason)
                 message = f"{reason}; keeping the last published topology"
@@ -276,13 +275,12 @@ class Agent:
 
     def _read_kubelet(self) -> KubeletPolicies | None:
         reading = self._kubelet()
-        if reading.problem != self._kubelet_problem:
+        if self._kubelet_problem.changed(reading.problem):
+            # The file is read every interval: said when the problem starts, changes or clears.
             if reading.problem is not None:
-                # Once per distinct problem: the file is read every interval.
                 self._log.warning("kubelet_config_unreadable", error=reading.problem)
             else:
                 self._log.info("kubelet_config_read")
-            self._kubelet_problem = reading.problem
             self._kubelet_changed = True
             self._state.note(
                 NOTE_KUBELET,
@@ -296,7 +294,7 @@ class Agent:
         """Warning Events for node-local findings: at start, then on changes, once each."""
         if self._findings_told is not None and not changed:
             return
-        found = local_findings(topology, self._policies, self._kubelet_problem)
+        found = local_findings(topology, self._policies, self._kubelet_problem.last)
         current = {(f.code, f.summary): f for f in found}
         for key, finding in current.items():
             if key not in (self._findings_told or set()):
@@ -310,7 +308,8 @@ class Agent:
         withheld, garbage from the driver): said once, again when they change."""
         fabric = node_fabric(topology)
         self._state.set_fabric_problem(fabric.withheld)
-        if fabric.problems == self._fabric_told:
+        was = self._fabric_told.last
+        if not self._fabric_told.changed(fabric.problems):
             return
         if fabric.problems:
             self._log.warning("fabric_problem", problems=list(fabric.problems))
@@ -318,8 +317,7 @@ class Agent:
             message = event_message(fabric.problems, EVENT_MESSAGE_MAX_BYTES - len(lead) - 2)
             self._event(EventType.WARNING, REASON_FABRIC, f"{lead}: {message}")
         else:
-            self._log.info("fabric_problem_gone", was=list(self._fabric_told))
-        self._fabric_told = fabric.problems
+            self._log.info("fabric_problem_gone", was=list(was))
 
     def _publish(self, topology: Topology) -> bool:
         want = self._projection.desired(topology, self._policies)

@@ -35,13 +35,8 @@ from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.collect.sysfs import numa_memory, pcie_root
 from reporter.errors import ConfigError, PublishError
 from reporter.hostfs import DirHostFS, HostFS
-from reporter.live import (
-    AvailabilityLoop,
-    FreeSource,
-    LiveOutput,
-    SimulatedFreeSource,
-    check_simulated_used,
-)
+from reporter.live import AvailabilityLoop, FreeSource, SimulatedFreeSource, check_simulated_used
+from reporter.outputs import LiveOutput, ScanOutput
 from reporter.placement import Policy
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.availability import AvailabilitySink
@@ -55,7 +50,6 @@ from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, loa
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
 from reporter.schema import dra
-from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 
@@ -63,6 +57,8 @@ if TYPE_CHECKING:
     from reporter.serve.http import HealthServer
 
 Log = structlog.typing.FilteringBoundLogger
+NodeSink = NodePatchSink | NodeFeatureSink
+"""What the agent publishes its topology on: its Node, or NFD's NodeFeature (`--sink`)."""
 
 
 def agent_node(config: settings.Settings) -> str:
@@ -147,9 +143,7 @@ def host_sysfs(config: settings.Settings) -> HostFS:
     return memory_hostfs(load_machine(config.simulate))
 
 
-def koordinator_output(
-    config: settings.Settings, sink: NodePatchSink | NodeFeatureSink, log: Log
-) -> DeviceInfoOutput:
+def koordinator_output(config: settings.Settings, sink: NodeSink, log: Log) -> DeviceInfoOutput:
     """The output of `run --koordinator-dir`: koordlet's device-info file, each GPU's PCIe root
     complex from sysfs (or the simulated machine), a withheld file told on the Node."""
     assert config.koordinator_dir is not None
@@ -185,15 +179,15 @@ def free_source(config: settings.Settings) -> FreeSource:
 def scan_outputs(
     config: settings.Settings,
     api: ApiClient,
-    sink: NodePatchSink | NodeFeatureSink,
+    sink: NodeSink,
     log: Log,
     clock: Callable[[], float] = time.monotonic,
-) -> tuple[Callable[[Topology], None], ...]:
-    """The per-scan outputs beside the sink: Koordinator's device file, DeviceTaintRules (the
-    Warning Events of both go through `sink`).
+) -> tuple[ScanOutput, ...]:
+    """Every scan output `config` turns on: Koordinator's device file, DeviceTaintRules (the
+    Warning Events of both go through `sink`). A new one is added here, and only here.
 
     Raises ConfigError for a node name DeviceTaintRules cannot be labelled with."""
-    outputs: list[Callable[[Topology], None]] = []
+    outputs: list[ScanOutput] = []
     if config.koordinator_dir is not None:
         outputs.append(koordinator_output(config, sink, log))
     if config.dra_device_taints:
@@ -211,13 +205,29 @@ def scan_outputs(
     return tuple(outputs)
 
 
+def config_live_outputs(
+    config: settings.Settings,
+    api: ApiClient,
+    log: Log,
+    *,
+    stop: threading.Event,
+    metrics: Metrics,
+) -> tuple[LiveOutput, ...]:
+    """Every live output `config` turns on: NodeResourceTopology (`--nrt`). A new one is added
+    here, and only here."""
+    outputs: list[LiveOutput] = []
+    if config.nrt:
+        outputs.append(nrt_output(config, api, log, stop=stop, metrics=metrics))
+    return tuple(outputs)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentParts:
     """The agent and the objects around it, as `build_agent` joined them."""
 
     agent: Agent
     api: ApiClient
-    sink: NodePatchSink | NodeFeatureSink
+    sink: NodeSink
     live: AvailabilityLoop | None
     """The availability loop; None with the NodeFeature sink, and in a dry run without
     availability (no Node to keep our keys off)."""
@@ -288,7 +298,7 @@ def build_agent(
     if config.sink == "nodefeature":
         object_name(node)  # a name NFD cannot take is the one line said, before anything
     api = api if api is not None else api_client(config, log)
-    sink: NodePatchSink | NodeFeatureSink
+    sink: NodeSink
     if config.sink == "node":
         sink = NodePatchSink(
             api,
@@ -319,9 +329,7 @@ def build_agent(
         if config.availability and source is None:
             source = free_source(config)
         if live_outputs is None:
-            live_outputs = (
-                (nrt_output(config, api, log, stop=stop, metrics=metrics),) if config.nrt else ()
-            )
+            live_outputs = config_live_outputs(config, api, log, stop=stop, metrics=metrics)
         live = AvailabilityLoop(
             # Off: the loop only takes our keys off the Node, where an earlier run left them.
             source=source if config.availability else None,

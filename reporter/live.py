@@ -41,6 +41,7 @@ import structlog
 
 from reporter.availability import Allocation, Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.outputs import LiveOutput
 from reporter.placement import Policy
 from reporter.placement_quality import HeldSet
 from reporter.publish.availability import AvailabilitySink
@@ -49,26 +50,13 @@ from reporter.publish.patch import Desired
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
+from reporter.telling import Told
 
 if TYPE_CHECKING:
     from reporter.collect.podresources import AllocationView, PodResourcesError
 
 _Published = tuple[Availability, Allocation | None, tuple[HeldSet, ...]]
 """What the Node carries of ours: availability, how it was counted, the sets containers hold."""
-
-
-class LiveOutput(Protocol):
-    """An output that needs the allocation view (NodeResourceTopology, ...). It handles its own
-    failures (log and count, never raise) and writes only what changed."""
-
-    def __call__(self, topology: Topology, view: AllocationView) -> None:
-        """A good read: publish what follows from `view`."""
-        ...
-
-    def withdraw(self) -> None:
-        """Called at each tick while the loop withdraws (reads keep failing): take back what the
-        last view said, so that no scheduler goes on excluding the node on it."""
-        ...
 
 
 class FreeSource(Protocol):
@@ -159,14 +147,14 @@ class AvailabilityLoop:
         self._hold_until = -math.inf
         self._refused: tuple[_Published | None, ...] = ()
         """What the API refused for good (one value, or empty): not sent again until resync."""
-        self._write_error: str | None = None
+        self._write_error: Told[str | None] = Told(None)
         self._withdraw_after = withdraw_after
         self._failures = 0
         """Reads failed in a row since the last good one."""
-        self._withdrawn = False
+        self._withdrawn = Told(False)
         self._heartbeat = heartbeat
         self._renew_at = -math.inf
-        self._heartbeat_error: str | None = None
+        self._heartbeat_error: Told[str | None] = Told(None)
 
     def node_read(self, published: Desired) -> None:
         """What the Node carries under the prefix, as the topology loop just read it (at start and
@@ -236,9 +224,8 @@ class AvailabilityLoop:
 
     def _withdrawn_now(self, withdrawn: bool) -> None:
         """Note (log, metric) a change between published and withdrawn, once the Node says so."""
-        if withdrawn == self._withdrawn:
+        if not self._withdrawn.changed(withdrawn):
             return
-        self._withdrawn = withdrawn
         self._metrics.availability_withdrawn.set(int(withdrawn))
         if withdrawn:
             self._log.warning("availability_withdrawn", failed_reads=self._failures)
@@ -256,15 +243,13 @@ class AvailabilityLoop:
         except PublishError as e:
             self._metrics.api_errors.labels(kind=api_error_kind(e)).inc()
             self._metrics.heartbeat_renewals.labels(result="failed").inc()
-            if str(e) != self._heartbeat_error:
-                # Once per distinct error: it is tried again at every tick.
+            if self._heartbeat_error.changed(str(e)):
+                # It is tried again at every tick: said once per distinct error.
                 self._log.warning("heartbeat_failed", error=str(e))
-            self._heartbeat_error = str(e)
             self._state.set_live_problem("heartbeat", str(e))
             return
-        if self._heartbeat_error is not None:
+        if self._heartbeat_error.changed(None):
             self._log.info("heartbeat_recovered")
-        self._heartbeat_error = None
         self._state.set_live_problem("heartbeat", None)
         self._metrics.heartbeat_renewals.labels(result="renewed").inc()
         self._renew_at = now + heartbeat.period_s
@@ -286,20 +271,18 @@ class AvailabilityLoop:
         except PublishError as e:
             self._metrics.api_errors.labels(kind=api_error_kind(e)).inc()
             self._metrics.availability_writes.labels(result="failed").inc()
-            if str(e) != self._write_error:
-                # Once per distinct error: it is tried again every interval.
+            if self._write_error.changed(str(e)):
+                # It is tried again every interval: said once per distinct error.
                 off = published is None
                 event = "availability_removal_failed" if off else "availability_publish_failed"
                 self._log.warning(event, error=str(e))
-            self._write_error = str(e)
             if isinstance(e, ApiPermanentError):
                 self._refused = (published,)
             elif isinstance(e, ApiTransientError) and e.retry_after is not None:
                 self._hold_until = now + e.retry_after
             return False
-        if self._write_error is not None:
+        if self._write_error.changed(None):
             self._log.info("availability_publish_recovered")
-        self._write_error = None
         self._refused = ()
         self._settled = published is None
         self._metrics.availability_writes.labels(result="written" if wrote else "unchanged").inc()

@@ -19,7 +19,8 @@ from reporter.assembly import build_agent
 from reporter.availability import compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
 from reporter.collect.podresources import AllocationView, PodResourcesError
-from reporter.live import AvailabilityLoop, LiveOutput, SimulatedFreeSource
+from reporter.live import AvailabilityLoop, SimulatedFreeSource
+from reporter.outputs import LiveOutput
 from reporter.placement_quality import HeldSet, decode_held_sets
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics

@@ -67,6 +67,7 @@ from reporter.placement_quality import HeldSet
 from reporter.schema.dra import DRIVER, check_driver_name, gpu_minor
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
+from reporter.telling import Told
 
 log = structlog.get_logger(__name__)
 
@@ -365,10 +366,10 @@ class PodResourcesReader:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
-        self._last_unknown: tuple[str, ...] = ()
-        self._last_unhealthy: tuple[int, ...] = ()
-        self._last_sources: tuple[str, ...] = ()
-        self._last_failure: str | None = None
+        self._last_unknown: Told[tuple[str, ...]] = Told(())
+        self._last_unhealthy: Told[tuple[int, ...]] = Told(())
+        self._last_sources: Told[tuple[str, ...]] = Told(())
+        self._last_failure: Told[str | None] = Told(None)
 
     def __enter__(self) -> PodResourcesReader:
         return self
@@ -403,9 +404,9 @@ class PodResourcesReader:
             except PodResourcesError as e:
                 self._failed(e)
                 raise
-            if self._last_failure is not None:
-                log.info("podresources_recovered", previous=self._last_failure)
-                self._last_failure = None
+            previous = self._last_failure.last
+            if self._last_failure.changed(None):
+                log.info("podresources_recovered", previous=previous)
         return view
 
     # --- the calls -----------------------------------------------------------------------------
@@ -535,38 +536,32 @@ class PodResourcesReader:
 
     def _note(self, view: AllocationView) -> None:
         examples, unhealthy = view.unknown_examples, view.unhealthy
-        if view.sources != self._last_sources:
+        if self._last_sources.changed(view.sources):
             # DRA alone: the kubelet offers no managed device, so no device plugin runs here.
             log.info("podresources_counting", sources=list(view.sources))
-            self._last_sources = view.sources
-        if examples != self._last_unknown:
-            if view.unknown_ids:
-                log.warning(
-                    "podresources_unknown_devices",
-                    count=view.unknown_ids,
-                    examples=list(examples),
-                    hint="these IDs match no GPU UUID or MIG UUID of the topology, nor these DRA "
-                    "devices a GPU minor of this node's pool; no GPU changed",
-                )
-            self._last_unknown = examples
-        if unhealthy != self._last_unhealthy:
-            if unhealthy:
-                log.warning(
-                    "podresources_gpus_not_offered",
-                    gpus=list(unhealthy),
-                    hint="unhealthy, or not advertised under a managed resource name: not free",
-                )
-            self._last_unhealthy = unhealthy
+        if self._last_unknown.changed(examples) and view.unknown_ids:
+            log.warning(
+                "podresources_unknown_devices",
+                count=view.unknown_ids,
+                examples=list(examples),
+                hint="these IDs match no GPU UUID or MIG UUID of the topology, nor these DRA "
+                "devices a GPU minor of this node's pool; no GPU changed",
+            )
+        if self._last_unhealthy.changed(unhealthy) and unhealthy:
+            log.warning(
+                "podresources_gpus_not_offered",
+                gpus=list(unhealthy),
+                hint="unhealthy, or not advertised under a managed resource name: not free",
+            )
 
     def _failed(self, error: PodResourcesError) -> None:
-        if error.reason != self._last_failure:
+        if self._last_failure.changed(error.reason):
             log.warning(
                 "podresources_read_failed",
                 reason=error.reason,
                 method=error.method,
                 error=str(error),
             )
-        self._last_failure = error.reason
 
 
 def _rpc_error(method: str, error: grpc.RpcError, socket: Path) -> PodResourcesError:

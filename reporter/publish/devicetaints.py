@@ -35,6 +35,7 @@ from reporter.publish.client import EventType
 from reporter.schema import dra as devicetaints
 from reporter.schema.dra import DeviceTaint
 from reporter.schema.model import Topology
+from reporter.telling import Told
 
 RBAC_VERBS = ("list", "create", "delete")
 """Exactly the verbs the sink uses on devicetaintrules."""
@@ -73,7 +74,7 @@ class DeviceTaintSink:
         self._known: dict[str, tuple[Any, ...]] | None = None
         """Our rules on the cluster, by name, as last listed or written; None: list again."""
         self._listed_at = -float("inf")
-        self._not_ours_told: list[str] = []
+        self._not_ours_told: Told[tuple[str, ...]] = Told(())
         """The names of the rules under our labels that are not ours, as last said."""
         self._foreign: set[str] = set()
         """Names taken by someone else's rule: not tried again until the next list."""
@@ -162,7 +163,7 @@ class DeviceTaintSink:
             if rule is None
         )
         self._foreign.update(names)
-        if names and names != self._not_ours_told:
+        if self._not_ours_told.changed(tuple(names)) and names:
             self._log.warning(
                 "device_taint_rules_not_ours",
                 rules=[name[:80] for name in names[:8]],
@@ -171,7 +172,6 @@ class DeviceTaintSink:
                 "pool, no pool, not its name, another driver, device, taint or effect): left "
                 "alone; delete them if nobody needs them",
             )
-        self._not_ours_told = names
 
     def _converge(
         self, resource: Resource, known: dict[str, tuple[Any, ...]], taints: Sequence[DeviceTaint]
@@ -230,35 +230,31 @@ class DeviceTaintOutput:
         self._sink = sink
         self._log = log
         self._event = event
-        self._error: str | None = None
-        self._unnamed: tuple[int, ...] = ()
-        self._blocked: tuple[str, ...] = ()
+        self._error: Told[str | None] = Told(None)
+        self._unnamed: Told[tuple[int, ...]] = Told(())
+        self._blocked: Told[tuple[str, ...]] = Told(())
 
     def __call__(self, topology: Topology) -> None:
         taints, unnamed = devicetaints.device_taints(topology)
-        if unnamed != self._unnamed and unnamed:
+        if self._unnamed.changed(unnamed) and unnamed:
             self._log.warning(
                 "device_taint_unnamed",
                 gpus=list(unnamed),
                 hint="unhealthy, but its minor number is unknown: no DeviceTaintRule names it",
             )
-        self._unnamed = unnamed
         try:
             self._sink.publish(taints)
         except PublishError as e:
-            if str(e) != self._error:
-                # Once per distinct error: it is tried again at every scan.
+            if self._error.changed(str(e)):
+                # It is tried again at every scan: said once per distinct error.
                 self._log.warning("device_taints_failed", error=str(e))
-            self._error = str(e)
             return
-        if self._error is not None:
+        if self._error.changed(None):
             self._log.info("device_taints_recovered")
-        self._error = None
         self._tell_blocked(self._sink.blocked)
 
     def _tell_blocked(self, blocked: tuple[str, ...]) -> None:
-        told, self._blocked = self._blocked, blocked
-        if not blocked or blocked == told:
+        if not self._blocked.changed(blocked) or not blocked:
             return
         shown = ", ".join(name[:120] for name in blocked[:4])
         more = f" and {len(blocked) - 4} more" if len(blocked) > 4 else ""

@@ -33,6 +33,7 @@ from reporter.errors import PublishError
 from reporter.publish.client import EventType
 from reporter.schema.koordinator import FILE_NAME, KoordinatorFileError, device_infos_text
 from reporter.schema.model import Topology
+from reporter.telling import Told
 
 _SCRATCH = ".topo-reporter"
 MAX_FILE_BYTES = 1 << 20
@@ -181,8 +182,8 @@ class DeviceInfoOutput:
         self._pcie_root = pcie_root
         """A GPU's PCIe root complex from its PCI address (sysfs), None when it does not resolve."""
         self._event = event
-        self._error: str | None = None
-        self._withheld: str | None = None
+        self._error: Told[str | None] = Told(None)
+        self._withheld: Told[str | None] = Told(None)
 
     def __call__(self, topology: Topology) -> None:
         roots = {}
@@ -195,13 +196,13 @@ class DeviceInfoOutput:
         except KoordinatorFileError as e:
             self._withhold(str(e))
             return
-        self._withheld = None
+        self._withheld.changed(None)
         try:
             wrote = self._target.write(text)
         except OSError as e:
             self._failed(e)
             return
-        self._error = None
+        self._error.changed(None)
         if wrote:
             self._log.info("koordinator_file_written", path=str(self._target.path))
 
@@ -211,9 +212,8 @@ class DeviceInfoOutput:
         except OSError as e:
             self._failed(e)
             removed = False
-        if reason == self._withheld:
+        if not self._withheld.changed(reason):
             return
-        self._withheld = reason
         self._log.warning(
             "koordinator_file_withheld", reason=reason, path=str(self._target.path), removed=removed
         )
@@ -229,6 +229,5 @@ class DeviceInfoOutput:
 
     def _failed(self, e: OSError) -> None:
         error = f"{self._target.path}: {e.strerror or e}"
-        if error != self._error:
+        if self._error.changed(error):
             self._log.error("koordinator_file_failed", error=error)
-        self._error = error

@@ -30,6 +30,7 @@ from reporter.publish import retry
 from reporter.publish.api import NODE_RESOURCE_TOPOLOGIES, ApiClient
 from reporter.schema import nrt
 from reporter.schema.model import Topology
+from reporter.telling import Told
 
 if TYPE_CHECKING:
     # Types only: importing the reader loads grpc, which an agent without availability never needs.
@@ -227,7 +228,7 @@ class NrtOutput:
         self._on_result = on_result
         self._last_read = clock()
         self._refused: Mapping[str, Any] | None = None
-        self._error: str | None = None
+        self._error: Told[str | None] = Told(None)
         self._withdrawn = False
         """Withdrawn (or nothing to withdraw, or refused): nothing to do until a good read."""
 
@@ -262,9 +263,7 @@ class NrtOutput:
             self._failed("failed", str(e))
             return
         self._refused = None
-        if self._error is not None:
-            self._log.info("nrt_recovered", previous=self._error)
-            self._error = None
+        self._recovered()
         self._on_result("written" if wrote else "unchanged")
 
     def withdraw(self) -> None:
@@ -284,9 +283,7 @@ class NrtOutput:
             self._failed("failed", str(e))
             return
         self._withdrawn = True
-        if self._error is not None:
-            self._log.info("nrt_recovered", previous=self._error)
-            self._error = None
+        self._recovered()
         self._on_result("withdrawn" if wrote else "unchanged")
 
     def _resync(self) -> None:
@@ -298,8 +295,12 @@ class NrtOutput:
             self._withdrawn = False
 
     def _failed(self, result: str, error: str) -> None:
-        if error != self._error:
-            # Once per distinct error: the output is called every availability interval.
+        if self._error.changed(error):
+            # The output is called every availability interval: said once per distinct error.
             self._log.error("nrt_publish_failed", result=result, error=error)
-        self._error = error
         self._on_result(result)
+
+    def _recovered(self) -> None:
+        previous = self._error.last
+        if self._error.changed(None):
+            self._log.info("nrt_recovered", previous=previous)
