@@ -622,7 +622,12 @@ def test_servicemonitor_scrapes_metrics_through_the_headless_service(all_on: Ren
     (service,) = [
         s for s in all_on.of_kind("Service") if s["metadata"]["name"].endswith("-metrics")
     ]
-    monitor = all_on.one("ServiceMonitor")
+    # The agents' (the extender's has its own, tests/test_chart_dashboard.py).
+    (monitor,) = [
+        m
+        for m in all_on.of_kind("ServiceMonitor")
+        if not m["metadata"]["name"].endswith("-extender")
+    ]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"][0]["port"] == 9400
     pod_labels = all_on.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
