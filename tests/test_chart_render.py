@@ -37,8 +37,9 @@ from tests.helm_chart import (
 )
 
 NEWEST = kubernetes_validate.utils.latest_version()
-# Kinds kubernetes-validate has no schema for: CRDs of other projects. Checked field by field.
-CRD_KINDS = {"ServiceMonitor"}
+# Kinds kubernetes-validate has no schema for: CRDs of other projects. Checked field by field (the
+# PrometheusRule's rules by the real promtool, tests/test_chart_prometheus_rules.py).
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
 
 
