@@ -28,12 +28,19 @@ def dashboard() -> dict[str, Any]:
     return loaded
 
 
+LABEL_VALUES = re.compile(r"label_values\((?P<selector>.+), (?P<label>\w+)\)")
+"""Grafana's query-variable function: the values of a label over the series of a selector."""
+
+
 def expressions(board: dict[str, Any]) -> list[str]:
-    """Every Prometheus expression of the dashboard: panels' targets and query variables."""
+    """Every Prometheus expression of the dashboard: the panels' targets, and the selectors of
+    its query variables (`label_values(SELECTOR, LABEL)`)."""
     found = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
     for variable in board["templating"]["list"]:
         if variable["type"] == "query":
-            found.append(variable["query"]["query"])
+            call = LABEL_VALUES.fullmatch(variable["query"]["query"])
+            assert call, variable["query"]
+            found.append(call["selector"])
     return found
 
 
