@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
-from reporter.extender.cache import NodeCache
+from reporter.extender.cache import CAPABLE_SIZES, NodeCache
 from reporter.extender.holds import FORGET_S, HeldPods
 from reporter.schema.keys import CONNECTED_WAIT
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
@@ -68,10 +68,6 @@ def peak_bytes(limits: Limits) -> int:
 
 
 VERBS = ("filter", "prioritize", "preempt")
-
-
-CAPABLE_SIZES = (2, 4, 8)
-"""The set sizes `topo_reporter_extender_connected_capable_nodes` counts nodes for."""
 
 
 class CapacityCollector(Collector):
