@@ -10,8 +10,8 @@ import argparse
 import logging
 
 from bench.common import median_seconds, quiet_logs, table
-from reporter.extender.cache import NodeCache
-from reporter.extender.server import CAPABLE_SIZES, ExtenderMetrics
+from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.server import ExtenderMetrics
 from reporter.publish.watch import node_annotation
 from tests.test_extender_capacity import PREFIX, node_objects
 

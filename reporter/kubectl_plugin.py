@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter as Tally
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,9 @@ from reporter.availability import (
     decode_availability,
 )
 from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.extender.cache import CAPABLE_SIZES, NodeCache
 from reporter.placement_quality import HELD_SETS_KEY, decode_held_sets, judge
+from reporter.publish.watch import node_annotation
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.labels import describe_matrix
@@ -51,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         "line per GPU node. Exit status: 0 when shown, 1 when it could not be, 2 on bad usage.",
     )
     parser.add_argument("node", nargs="?", metavar="NODE", help="the node to show")
+    parser.add_argument(
+        "--partitions",
+        action="store_true",
+        help="the cluster's free capacity instead: per NVLink partition its nodes and its whole "
+        "free nodes, and the nodes that can host a connected set of 2, 4 and 8 GPUs now (what "
+        "the extender's capacity gauges count)",
+    )
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: KUBECONFIG, then ~/.kube/config)"
     )
@@ -78,6 +88,44 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
     )
     return parser
+
+
+def capacity(nodes: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, Any]:
+    """The cluster's free capacity from its Nodes, counted by the extender's own cache: the
+    nodes that hand a pod of k GPUs an NVLink-connected set now (k in CAPABLE_SIZES), and per
+    NVLink partition its nodes and those whose GPUs are all free."""
+    key = keys.key(prefix, AVAILABILITY_KEY)
+    cache = NodeCache(prefix)
+    listed = [node_annotation(n, key) for n in nodes]
+    cache.replace(listed)
+    capable, free = cache.capacity(CAPABLE_SIZES)
+    members = Tally(n.partition for n in listed if n.partition is not None)
+    return {
+        "connected_capable_nodes": {str(k): n for k, n in capable.items()},
+        "partitions": [
+            {"partition": p, "nodes": members[p], "free_nodes": free[p]} for p in sorted(free)
+        ],
+    }
+
+
+def capacity_text(found: Mapping[str, Any]) -> str:
+    """`capacity` as `kubectl get` lays out a table, then one line of connected capacity."""
+    rows = [[r["partition"], str(r["nodes"]), str(r["free_nodes"])] for r in found["partitions"]]
+    if rows:
+        out = _table(("PARTITION", "NODES", "WHOLE-FREE"), rows)
+    else:
+        out = "No node carries an NVLink partition label.\n"
+    sizes = ", ".join(f"{k} GPUs: {n}" for k, n in found["connected_capable_nodes"].items())
+    return out + f"Nodes that can host an NVLink-connected set now: {sizes}\n"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    table = [list(header), *rows]
+    widths = [max(len(line[c]) for line in table) for c in range(len(header))]
+    return "".join(
+        "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() + "\n"
+        for line in table
+    )
 
 
 def _labels(node: Mapping[str, Any]) -> dict[str, str]:
@@ -252,12 +300,7 @@ def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
 
 def list_text(rows: Sequence[Mapping[str, str]]) -> str:
     """The rows as `kubectl get` lays out a table: upper-case headers, columns three apart."""
-    table = [list(LIST_COLUMNS), *([*row.values()] for row in rows)]
-    widths = [max(len(line[c]) for line in table) for c in range(len(LIST_COLUMNS))]
-    return "".join(
-        "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() + "\n"
-        for line in table
-    )
+    return _table(LIST_COLUMNS, [[*row.values()] for row in rows])
 
 
 def islands_text(topology: Topology) -> str:
@@ -351,6 +394,11 @@ def run(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         tool=PROG,
     )
+    if args.partitions:
+        found = capacity(reader.list_nodes(), args.prefix)
+        text = json.dumps(found, indent=2) + "\n" if args.format == "json" else capacity_text(found)
+        terminal.write(sys.stdout, text)
+        return EXIT_OK
     if args.node is None:
         nodes = [n for n in reader.list_nodes() if doctor.is_gpu_node(n, args.prefix)]
         rows = [node_row(n, args.prefix) for n in nodes]
@@ -382,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kubectl-gpu_topology` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.partitions and (args.node is not None or args.format in ("dot", "mermaid")):
+        parser.error("--partitions counts every node: give no NODE, and --format text or json")
     if args.node is None and args.format in ("dot", "mermaid"):
         parser.error(f"--format {args.format} draws one node: name it")
     try:

@@ -188,6 +188,8 @@ ALL_ON: dict[str, Any] = {
     "metrics": {
         "service": {"enabled": True, "annotations": {"prometheus.io/scrape": "true"}},
         "serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kps"}},
+        "prometheusRule": {"enabled": True},
+        "dashboard": {"enabled": True, "annotations": {"grafana_folder": "GPU"}},
     },
     "extender": {
         "enabled": True,

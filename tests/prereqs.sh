@@ -4,7 +4,7 @@
 #
 #   python3 3.11+ with venv   the virtual environment
 #   graphviz                  `dot` checks every --format dot picture
-#   nodejs 20.19+, npm        the real Mermaid parser (tests/mermaid: jsdom, mermaid)
+#   nodejs 20.19+, npm        the real Mermaid parser (tests/mermaid) and TypeScript on Grafana's schema (tests/grafana)
 #   Go 1.26                   the real kube-apiserver, kube-scheduler and kubelet (tests/controlplane)
 #   gcc, libc6-dev, libpfm4-dev   cgo builds (Koordinator's koordlet links libpfm4)
 #   openssl                   the API server double's throwaway certificates

@@ -37,8 +37,9 @@ from tests.helm_chart import (
 )
 
 NEWEST = kubernetes_validate.utils.latest_version()
-# Kinds kubernetes-validate has no schema for: CRDs of other projects. Checked field by field.
-CRD_KINDS = {"ServiceMonitor"}
+# Kinds kubernetes-validate has no schema for: CRDs of other projects. Checked field by field (the
+# PrometheusRule's rules by the real promtool, tests/test_chart_prometheus_rules.py).
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 SA_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
 
 
@@ -622,7 +623,12 @@ def test_servicemonitor_scrapes_metrics_through_the_headless_service(all_on: Ren
     (service,) = [
         s for s in all_on.of_kind("Service") if s["metadata"]["name"].endswith("-metrics")
     ]
-    monitor = all_on.one("ServiceMonitor")
+    # The agents' (the extender's has its own, tests/test_chart_dashboard.py).
+    (monitor,) = [
+        m
+        for m in all_on.of_kind("ServiceMonitor")
+        if not m["metadata"]["name"].endswith("-extender")
+    ]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"][0]["port"] == 9400
     pod_labels = all_on.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]

@@ -21,7 +21,14 @@ from structlog.testing import capture_logs
 from parsers.errors import ParseError
 from parsers.nvidia_proc import parse_device_minor
 from reporter.cli import main
-from reporter.collect import CollectorScanner, LinkErrors, SourceState, build_scanner
+from reporter.collect import (
+    LINK_ERROR_COUNTERS,
+    CollectorScanner,
+    LinkErrors,
+    SourceState,
+    build_scanner,
+)
+from reporter.collect import nvml as nvml_module
 from reporter.collect.fabricinfo import decode_health_mask, health_mask
 from reporter.collect.nvml import NvmlCollector
 from reporter.collect.simulate import fake_nvml as fake
@@ -512,6 +519,11 @@ def counting_scanner(
     return CollectorScanner("auto", memory_hostfs(machine), load)
 
 
+def test_the_counters_nvml_reads_are_the_counters_the_metric_starts_at_zero() -> None:
+    read = {name for name, _ in nvml_module._ERROR_FIELDS} | {"recovery_failed"}
+    assert read == set(LINK_ERROR_COUNTERS)
+
+
 def test_nvlink_error_counters_are_reported_as_what_each_scan_added() -> None:
     machine = load_machine("dgx-h100")
     scanner = counting_scanner(
@@ -524,6 +536,10 @@ def test_nvlink_error_counters_are_reported_as_what_each_scan_added() -> None:
     )
     assert scanner.scan().link_errors == ()  # the first reading is the baseline
     metrics = Metrics()
+    # Every counter has a series from the start, so a rate over it reads 0, not nothing.
+    for counter in LINK_ERROR_COUNTERS:
+        line = f'topo_reporter_nvlink_errors_total{{counter="{counter}"}} 0.0'
+        assert line.encode() in metrics.render()
     second = scanner.scan()
     assert second.link_errors == (LinkErrors(0, "replay", 5), LinkErrors(4, "crc_data", 2))
     metrics.scanned(second, 0.01)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import random
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from reporter.collect import build_scanner
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics
+from reporter.kubectl_plugin import capacity, capacity_text
 from reporter.publish.watch import WatchEvent, node_annotation
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
@@ -118,6 +120,37 @@ def test_capacity_gauges_equal_a_from_scratch_count_over_20_racks() -> None:
             f = free[name]
             want[partition] += f is not None and len(f) == 4
         assert got["topo_reporter_extender_partition_free_nodes"] == want
+
+
+def test_the_plugins_partitions_count_what_the_gauges_count_from_the_same_nodes() -> None:
+    objects, free = node_objects(1)
+    cache = NodeCache(PREFIX)
+    cache.replace(node_annotation(o, f"{PREFIX}/availability") for o in objects)
+    got = gauges(ExtenderMetrics(cache))
+    found = capacity(objects, PREFIX)
+    assert found["connected_capable_nodes"] == {
+        k: int(v) for k, v in got["topo_reporter_extender_connected_capable_nodes"].items()
+    }
+    members = Counter(p for _, p, _ in tray_topologies())
+    assert found["partitions"] == [
+        {"partition": p, "nodes": members[p], "free_nodes": int(n)}
+        for p, n in sorted(got["topo_reporter_extender_partition_free_nodes"].items())
+    ]
+    # From scratch: a partition's whole free nodes are its trays with all 4 GPUs free.
+    for row in found["partitions"]:
+        assert row["free_nodes"] == sum(
+            1
+            for name, p, _ in tray_topologies()
+            if p == row["partition"] and (f := free[name]) is not None and len(f) == 4
+        )
+    text = capacity_text(found)
+    assert text.splitlines()[0].split() == ["PARTITION", "NODES", "WHOLE-FREE"]
+    assert len(text.splitlines()) == len(members) + 2
+    assert text.endswith(
+        "Nodes that can host an NVLink-connected set now: "
+        + ", ".join(f"{k} GPUs: {n}" for k, n in found["connected_capable_nodes"].items())
+        + "\n"
+    )
 
 
 def test_a_node_that_changes_partition_or_is_deleted_moves_in_the_counts() -> None:

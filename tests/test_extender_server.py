@@ -464,6 +464,39 @@ def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_f
     assert b"topo_reporter_extender_holds_total 1.0" in extender.call("GET", "/metrics")[1]
 
 
+def test_a_held_pod_is_counted_while_held_and_its_hold_timed_when_it_passes(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    apiserver.add_node("pcie", annotations={KEY: annotation("pcie-8x", tuple(range(8)))})
+    apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (5,))})
+    extender = extender_factory(connected_wait_s=600.0)
+    eventually(lambda: extender.cache.synced, "the first list")
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta = {"name": "p", "uid": "0f9e6d3c-held", "creationTimestamp": created}
+    held = pod(4) | {"metadata": meta}
+
+    def metric(name: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", extender.call("GET", "/metrics")[1].decode(), re.M)
+        assert found, name
+        return float(found.group(1))
+
+    assert metric("topo_reporter_extender_held_pods") == 0
+    for _ in range(2):  # held twice: one pod
+        assert extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})["NodeNames"] == []
+    assert metric("topo_reporter_extender_held_pods") == 1
+    assert metric("topo_reporter_extender_hold_duration_seconds_count") == 0
+
+    # A connected set comes free: the next call passes the pod, and its hold ends.
+    apiserver.add_node("dgx-free", annotations={KEY: annotation("dgx-a100", tuple(range(8)))})
+    eventually(lambda: "dgx-free" in extender.cache.table().ranks, "the new node")
+    answer = extender.post("filter", {"Pod": held, "NodeNames": ["pcie", "dgx-free"]})
+    assert answer["NodeNames"] == ["pcie", "dgx-free"]  # not held: prioritize ranks them
+    assert metric("topo_reporter_extender_held_pods") == 0
+    assert metric("topo_reporter_extender_held_longest_seconds") == 0
+    assert metric("topo_reporter_extender_hold_duration_seconds_count") == 1
+    assert metric('topo_reporter_extender_hold_duration_seconds_bucket{le="60.0"}') == 1
+
+
 def test_preempt_spares_the_pcie_node_while_a_pod_is_held_through_the_watched_labels(
     apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
 ) -> None:

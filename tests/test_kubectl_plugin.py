@@ -164,6 +164,47 @@ def test_without_a_node_one_line_per_gpu_node_from_kubeconfig_env(
     }
 
 
+def test_partitions_count_each_partitions_nodes_and_whole_free_ones(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    topology = machines()["profile dgx-h100"]
+    whole = encode_availability(compute_availability(topology, range(8)))
+    part = encode_availability(compute_availability(topology, [0, 1, 2, 3]))
+    partition = f"{PREFIX}/nvlink-partition"
+    count = f"{PREFIX}/count"
+    for name, value, where in [
+        ("r1-a", whole, "c1.1"),
+        ("r1-b", part, "c1.1"),
+        ("r2-a", whole, "c2.1"),
+    ]:
+        published.add_node(
+            name,
+            labels={partition: where, count: "8"},
+            annotations={f"{PREFIX}/{AVAILABILITY_KEY}": value},
+        )
+    result = plugin("--partitions", KUBECONFIG=str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # NODE, the agent's simulated DGX H100, is a partition of its own, without availability.
+    assert [line.split() for line in lines[:4]] == [
+        ["PARTITION", "NODES", "WHOLE-FREE"],
+        ["c1.1", "2", "1"],
+        ["c2.1", "1", "1"],
+        [f"node-{NODE}", "1", "0"],
+    ]
+    # Two nodes with 8 connected GPUs free, one more with 4.
+    assert lines[4] == (
+        "Nodes that can host an NVLink-connected set now: 2 GPUs: 3, 4 GPUs: 3, 8 GPUs: 2"
+    )
+    as_json = plugin("--partitions", "--format", "json", KUBECONFIG=str(admin_kubeconfig))
+    found = json.loads(as_json.stdout)
+    assert found["partitions"][0] == {"partition": "c1.1", "nodes": 2, "free_nodes": 1}
+    assert found["connected_capable_nodes"] == {"2": 3, "4": 3, "8": 2}
+    refused = plugin("--partitions", NODE, KUBECONFIG=str(admin_kubeconfig))
+    assert refused.returncode == 2
+    assert "--partitions counts every node" in refused.stderr
+
+
 @pytest.mark.parametrize(
     ("fmt", "draw"), [("dot", to_dot), ("mermaid", to_mermaid)], ids=["dot", "mermaid"]
 )

@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from tests.kube_double.tls import Certificate
 from tests.podresources_double import devices_state
 from tests.test_agent_cli import CLI, env
 from tests.test_agent_placement_quality import kubelet  # noqa: F401  # the fixture
+from tests.test_chart_dashboard import dashboard, expressions
 from tests.test_chart_prometheus_rules import rule_object
 from tests.test_collect_podresources import GPU
 from tests.test_collect_podresources_kubelet import KubeletPodResources
@@ -60,6 +62,15 @@ def query(port: int, path: str, **params: str) -> Any:
     url = f"http://127.0.0.1:{port}{path}?{urllib.parse.urlencode(params)}"
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.loads(answer.read())["data"]
+
+
+def parsed(port: int, expr: str) -> list[Any]:
+    """The instant result of `expr`; a query Prometheus cannot parse fails the test at once."""
+    try:
+        result: list[Any] = query(port, "/api/v1/query", query=expr)["result"]
+    except urllib.error.HTTPError as e:
+        pytest.fail(f"Prometheus refused {expr!r}: {e.read().decode(errors='replace')}")
+    return result
 
 
 def poll(check: Any, what: str) -> Any:
@@ -165,7 +176,11 @@ def test_prometheus_scrapes_the_agent_and_the_extender_and_the_nvlink_alert_fire
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["rules.yml"],
         "scrape_configs": [
-            {"job_name": "agent", "static_configs": [{"targets": [agent_address]}]},
+            # The node label, as the chart's ServiceMonitor adds it from the pod's node name.
+            {
+                "job_name": "agent",
+                "static_configs": [{"targets": [agent_address], "labels": {"node": "gpu-node-1"}}],
+            },
             {"job_name": "extender", "static_configs": [{"targets": [extender_address]}]},
         ],
     }
@@ -220,6 +235,17 @@ def test_prometheus_scrapes_the_agent_and_the_extender_and_the_nvlink_alert_fire
             for a in alerts
             if a["labels"]["alertname"] == "TopoReporterNvlinksDown" and a["state"] == "firing"
         ]
+
+    # Every query of the dashboard parses (a 400 is raised at once), and each of ours returns
+    # series; DCGM exporter's parse, with no series here (no DCGM exporter runs).
+    for expr in expressions(dashboard()):
+        concrete = expr.replace("$__rate_interval", "1m")
+        for variable in ("$node", "$gpu"):
+            concrete = concrete.replace(variable, ".*")
+        if "DCGM_" in concrete:
+            assert parsed(port, concrete) == []
+            continue
+        poll(lambda concrete=concrete: parsed(port, concrete), f"no series for the panel's {expr}")
 
     (alert,) = poll(firing, "TopoReporterNvlinksDown never fired")
     assert alert["labels"]["instance"] == agent_address

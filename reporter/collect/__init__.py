@@ -32,14 +32,19 @@ class SourceStatus:
     """For FAILED: one line saying what happened and what to check."""
 
 
+LINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "recovery_failed")
+"""Every `LinkErrors.counter`: the metric starts each at 0, so a rate over it has a series before
+the first error."""
+
+
 @dataclass(frozen=True, slots=True)
 class LinkErrors:
     """What one NVLink error counter of one GPU added since the previous scan."""
 
     gpu: int
     counter: str
-    """`replay`, `recovery`, `crc_flit`, `crc_data` (totals over the GPU's links) or
-    `recovery_failed` (link recoveries that failed and left the link down)."""
+    """One of LINK_ERROR_COUNTERS: `replay`, `recovery`, `crc_flit`, `crc_data` (totals over the
+    GPU's links) or `recovery_failed` (link recoveries that failed and left the link down)."""
     delta: int
 
 

@@ -34,6 +34,10 @@ from reporter.extender.protocol import (
 from reporter.extender.reflector import Reflector
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
 
+CAPABLE_SIZES = (2, 4, 8)
+"""The set sizes capacity is counted for (`topo_reporter_extender_connected_capable_nodes`,
+`kubectl gpu-topology --partitions`)."""
+
 
 class NodeCache:
     """Each node's rank by name, shared between the watch thread and the request threads."""

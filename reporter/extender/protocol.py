@@ -153,6 +153,9 @@ class ExtenderArgs:
     placement: Placement = ANYWHERE
     """Where the pod may run (its nodeSelector, required node affinity, tolerations), read only
     for a pod that could be held; ANYWHERE otherwise or when it does not read."""
+    uid: str | None = None
+    """The pod's `metadata.uid`, read only for a pod that could be held (what `HeldPods` counts
+    it by); None otherwise or when it is not a string of 1 to MAX_UID_CHARS characters."""
 
 
 def parse_args(
@@ -206,7 +209,12 @@ def _hold_facts(pod: Mapping[str, Any], wait_key: str, resource: str) -> Extende
         created_seconds(meta.get("creationTimestamp")),
         hold_limit(wait),
         pod_placement(pod.get("spec")),
+        _uid(meta.get("uid")),
     )
+
+
+def _uid(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_UID_CHARS else None
 
 
 def created_seconds(value: Any) -> float | None:

@@ -29,7 +29,8 @@ from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
-from reporter.extender.cache import NodeCache
+from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.holds import FORGET_S, HeldPods
 from reporter.schema.keys import CONNECTED_WAIT
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
@@ -67,10 +68,6 @@ def peak_bytes(limits: Limits) -> int:
 
 
 VERBS = ("filter", "prioritize", "preempt")
-
-
-CAPABLE_SIZES = (2, 4, 8)
-"""The set sizes `topo_reporter_extender_connected_capable_nodes` counts nodes for."""
 
 
 class CapacityCollector(Collector):
@@ -152,6 +149,25 @@ class ExtenderMetrics:
             "Filter calls that held a pod back for an NVLink-connected set (--connected-wait).",
             registry=r,
         )
+        self.hold_duration = Histogram(
+            "topo_reporter_extender_hold_duration_seconds",
+            "How long each ended hold for an NVLink-connected set lasted, first hold to the "
+            "call that passed the pod (or its last hold, for a pod no longer seen).",
+            buckets=(10, 30, 60, 300, 600, 1800, 3600, 7200, 14400, 86400),
+            registry=r,
+        )
+        self.held = HeldPods(self.hold_duration.observe)
+        Gauge(
+            "topo_reporter_extender_held_pods",
+            "Pods held for an NVLink-connected set now (seen held in the last "
+            f"{FORGET_S / 60:g} minutes).",
+            registry=r,
+        ).set_function(lambda: self.held.count(time.time()))
+        Gauge(
+            "topo_reporter_extender_held_longest_seconds",
+            "How long the pod held longest for an NVLink-connected set has been held (0: none).",
+            registry=r,
+        ).set_function(lambda: self.held.longest_s(time.time()))
         self.preemption_vetoed = Counter(
             "topo_reporter_extender_preemption_vetoed_nodes",
             "Nodes preempt took from the scheduler's candidates: no victims, or the pod is held "
@@ -266,13 +282,17 @@ class ExtenderServer:
         )
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":
+            now = time.time()
             held = protocol.hold_reason(
-                args, verdicts, now=time.time(), limit_s=self._connected_wait_s, facts=table.facts
+                args, verdicts, now=now, limit_s=self._connected_wait_s, facts=table.facts
             )
             answer, filtered = protocol.filter_answer(args, verdicts, held)
             self._metrics.filtered.inc(filtered)
             if held is not None:
                 self._metrics.holds.inc()
+                self._metrics.held.held(args.uid, now)
+            else:
+                self._metrics.held.passed(args.uid, now)
             return answer
         return protocol.prioritize_answer(args, verdicts)
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reporter.collect import ScanResult, SourceState
+from reporter.collect import LINK_ERROR_COUNTERS, ScanResult, SourceState
 from reporter.errors import ApiPermanentError, PublishError
 from reporter.placement_quality import judge, largest_free_connected
 from reporter.schema.fabric import HEALTHY, node_fabric
@@ -151,6 +151,8 @@ class Metrics:
             ["counter"],
             registry=r,
         )
+        for counter in LINK_ERROR_COUNTERS:
+            self.nvlink_errors.labels(counter=counter)
         self.nvlinks_down = Gauge(
             "topo_reporter_nvlinks_down",
             "NVLinks not active, over the GPUs of the published topology.",
