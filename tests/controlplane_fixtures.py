@@ -435,48 +435,51 @@ NodeFactory = Callable[..., str]
 NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 
 
-@pytest.fixture
-def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
-    """Makes fresh Nodes (no kubelet behind them: the object is all most tests need); deletes them
-    after the test. `make(labels=..., annotations=..., name=..., ready=..., allocatable=...)`
-    returns the name.
+def create_node(
+    core: k8s.CoreV1Api,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    name: str | None = None,
+    ready: bool = False,
+    allocatable: Mapping[str, str] | None = None,
+) -> str:
+    """A fresh Node (no kubelet behind it: the object is all most tests need); returns its name.
 
     `ready=True` does what a kubelet and the node lifecycle controller would: reports the Node
     Ready with NODE_CAPACITY plus `allocatable` (e.g. {"nvidia.com/gpu": "8"}), and lifts the
     `node.kubernetes.io/not-ready` taint the apiserver put on it, so the scheduler can use it."""
+    node = name or unique("node")
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "labels": {"kubernetes.io/hostname": node, **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
+    }
+    core.create_node(body)
+    if ready or allocatable:
+        resources = {**NODE_CAPACITY, **(allocatable or {})}
+        status: dict[str, Any] = {"capacity": resources, "allocatable": resources}
+        if ready:
+            status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        core.patch_node_status(node, {"status": status})
+    if ready:
+        core.patch_node(node, {"spec": {"taints": None}})
+    return node
+
+
+@pytest.fixture
+def real_node_factory(real_apiserver: RealApiServer) -> Iterator[NodeFactory]:
+    """Makes fresh Nodes with `create_node` (its keywords); deletes them after the test."""
     core = real_apiserver.core()
     made: list[str] = []
 
-    def make(
-        *,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        name: str | None = None,
-        ready: bool = False,
-        allocatable: Mapping[str, str] | None = None,
-    ) -> str:
-        node = name or unique("node")
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node,
-                "labels": {"kubernetes.io/hostname": node, **(labels or {})},
-                "annotations": dict(annotations or {}),
-            },
-        }
-        core.create_node(body)
+    def make(**kw: Any) -> str:
+        node = create_node(core, **kw)
         made.append(node)
-        if ready or allocatable:
-            resources = {**NODE_CAPACITY, **(allocatable or {})}
-            status: dict[str, Any] = {"capacity": resources, "allocatable": resources}
-            if ready:
-                status["conditions"] = [
-                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-                ]
-            core.patch_node_status(node, {"status": status})
-        if ready:
-            core.patch_node(node, {"spec": {"taints": None}})
         return node
 
     yield make
