@@ -23,12 +23,13 @@ import structlog
 from parsers.kubelet import KubeletPolicies
 from reporter.collect import Scanner, ScanResult
 from reporter.collect.kubelet import KubeletReading
-from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
+from reporter.doctor.node import local_findings
+from reporter.doctor.report import event_text
 from reporter.errors import ApiPermanentError, InputError, PublishError
 from reporter.live import AvailabilityLoop
 from reporter.outputs import ScanOutput
 from reporter.publish import patch
-from reporter.publish.client import EventType
+from reporter.publish.client import DEGRADED_REASON, FINDING_REASONS, EventType
 from reporter.publish.patch import Desired
 from reporter.publish.retry import Interrupted
 from reporter.publish.sink import Sink
