@@ -41,7 +41,7 @@ from reporter.agent import SchemaProjection
 from reporter.collect import build_scanner, list_profiles
 from reporter.schema import keys
 from reporter.schema.codec import encode
-from reporter.schema.labels import render_matrix
+from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
 

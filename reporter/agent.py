@@ -35,6 +35,7 @@ from reporter.publish.retry import Interrupted
 from reporter.publish.sink import Sink
 from reporter.schema import keys
 from reporter.schema import labels as projections
+from reporter.schema.annotations import annotations as annotation_values
 from reporter.schema.codec import decode
 from reporter.schema.diff import EVENT_MESSAGE_MAX_BYTES, changes, event_message
 from reporter.schema.fabric import node_fabric, taint_value
@@ -90,7 +91,7 @@ class SchemaProjection:
             taint = patch.OwnTaint(keys.key(self.prefix, keys.FABRIC_TAINT), value)
         return patch.desired(
             projections.labels(topology, self.prefix, self.node) | kubelet,
-            projections.annotations(topology, self.prefix),
+            annotation_values(topology, self.prefix),
             self.prefix,
             taint,
         )
