@@ -1,4 +1,4 @@
-"""What others can write or answer since schema v2, DRA and heartbeats, end to end (third review).
+"""Values and shapes others can write or answer (schema v2, DRA, heartbeats), end to end.
 
 An outsider who may edit Nodes (another tool), create DeviceTaintRules, or a broken driver or
 host mount answering garbage: each case here failed before its fix (a traceback that stopped the
