@@ -307,9 +307,7 @@ def from_document(doc: Any) -> Topology:
     _validate(doc, version)
     if "gpu_common" in doc:
         doc = expand(doc)
-        # Each GPU must now have every field, its own or gpu_common's: the schema says so of a
-        # document without gpu_common.
-        _validate(doc, version)
+        _check_whole(doc["gpus"], version)
     _check_identities(doc["gpus"])
     try:
         topology = Topology(
@@ -354,6 +352,17 @@ def _validate(doc: dict[str, Any], version: int) -> None:
             missing = next(k for k in error.validator_value if k not in error.instance)
             raise SchemaError(f"{path}.{missing}" if path else missing, "is required")
         raise SchemaError(path, _schema_message(error))
+
+
+def _check_whole(gpus: list[dict[str, Any]], version: int) -> None:
+    """Raise SchemaError, naming the field, where a GPU expanded from `gpu_common` lacks a field
+    the schema requires of every GPU of a document without it. Only presence is left to check:
+    gpu_common's values were validated against the same definitions as a GPU's own."""
+    required: list[str] = json_schema(version)["then"]["properties"]["gpus"]["items"]["required"]
+    for i, gpu in enumerate(gpus):
+        missing = next((k for k in required if k not in gpu), None)
+        if missing is not None:
+            raise SchemaError(f"gpus[{i}].{missing}", "is required")
 
 
 _IDENTITIES = ("uuid", "pci", "minor", "mig_devices")
