@@ -7,7 +7,7 @@ Nodes: `reporter.collect.simulate.racks`, each tray scanned as the agent scans i
 annotated as the agent publishes it; one tray missing from one rack (a `partition-short` finding)
 and two racks on one clique ID (`clique-id-shared`), so the checks find something.
 Measured, median and minimum of `--repeat` runs after a warm-up:
-- `fabric checks`: `reporter.doctor.fabric_cluster_findings` over every Node object (pure: the
+- `fabric checks`: `reporter.doctor.racks.fabric_cluster_findings` over every Node object (pure: the
   labels only);
 - `node findings`: `examine` per node without the API (decode of each topology annotation and
   every node finding), the part of `doctor --all` that grows with the annotation;
@@ -29,7 +29,9 @@ from bench.common import median_seconds, quiet_logs, table
 from reporter.cli import main as cli_main
 from reporter.collect import build_scanner
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
-from reporter.doctor import AgentObservation, fabric_cluster_findings, node_findings
+from reporter.doctor.model import AgentObservation
+from reporter.doctor.node import node_findings
+from reporter.doctor.racks import fabric_cluster_findings
 from reporter.schema.codec import decode, encode
 from reporter.schema.labels import labels
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig

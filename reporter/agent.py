@@ -23,17 +23,19 @@ import structlog
 from parsers.kubelet import KubeletPolicies
 from reporter.collect import Scanner, ScanResult
 from reporter.collect.kubelet import KubeletReading
-from reporter.doctor import DEGRADED_REASON, FINDING_REASONS, event_text, local_findings
+from reporter.doctor.node import local_findings
+from reporter.doctor.report import event_text
 from reporter.errors import ApiPermanentError, InputError, PublishError
 from reporter.live import AvailabilityLoop
 from reporter.outputs import ScanOutput
 from reporter.publish import patch
-from reporter.publish.client import EventType
+from reporter.publish.client import DEGRADED_REASON, FINDING_REASONS, EventType
 from reporter.publish.patch import Desired
 from reporter.publish.retry import Interrupted
 from reporter.publish.sink import Sink
 from reporter.schema import keys
 from reporter.schema import labels as projections
+from reporter.schema.annotations import annotations as annotation_values
 from reporter.schema.codec import decode
 from reporter.schema.diff import EVENT_MESSAGE_MAX_BYTES, changes, event_message
 from reporter.schema.fabric import node_fabric, taint_value
@@ -89,7 +91,7 @@ class SchemaProjection:
             taint = patch.OwnTaint(keys.key(self.prefix, keys.FABRIC_TAINT), value)
         return patch.desired(
             projections.labels(topology, self.prefix, self.node) | kubelet,
-            projections.annotations(topology, self.prefix),
+            annotation_values(topology, self.prefix),
             self.prefix,
             taint,
         )

@@ -102,8 +102,6 @@ FORMAT_VERSION = 3
 """The version `encode_availability` writes; `decode_availability` reads it and versions 1 and 2."""
 NEUTRAL_SCORE = 5
 """`node_score` of a node whose availability is missing or damaged: neither for nor against."""
-MAX_SCORE = 10
-"""kube-scheduler's MaxExtenderPriority: extender scores run 0..10."""
 
 AVAILABILITY_BUDGET = 4_000_000
 """Search work units for all k of one node together (a few seconds of one core at worst)."""

@@ -82,7 +82,7 @@ def topology_from_text(text: str, source: str) -> Topology:
         # What `parse` prints, `render` must read back: the schema is the one judge of both.
         from_document(to_document(topology))
     except SchemaError as e:
-        raise InputError(f"{source}: the matrix does not fit schema v1: {e}") from None
+        raise InputError(f"{source}: the matrix does not fit the schema: {e}") from None
     return topology
 
 

@@ -3,7 +3,7 @@
     TopoReporterError                 anything we raise on purpose; the CLI prints it as one line
     ├── ConfigError                   a bad flag, environment variable or settings file
     ├── InputError                    a file or annotation we were handed does not read
-    │   ├── SchemaError               JSON that is not valid schema v1 (names the field)
+    │   ├── SchemaError               a topology document our schema refuses (names the field)
     │   └── PlacementError            a GPU request the topology cannot meet (a ValueError too)
     ├── CollectError                  a source failed as a whole
     │   └── NvmlUnavailable           NVML could not be initialised (driver, runtime, permissions)
@@ -30,7 +30,7 @@ class InputError(TopoReporterError):
 
 
 class SchemaError(InputError):
-    """A topology document does not validate against schema v1."""
+    """A topology document does not validate against the schema (v2, or v1 where it says v1)."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field

@@ -35,7 +35,7 @@ from reporter.placement_quality import HELD_SETS_KEY, decode_held_sets, judge
 from reporter.publish.watch import node_annotation
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
-from reporter.schema.labels import describe_matrix
+from reporter.schema.matrix import describe_matrix
 from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 

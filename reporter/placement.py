@@ -88,8 +88,9 @@ PCIE_POINTS = {
 _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 
 DEFAULT_BUDGET = 2_000_000
-"""Work units one search may spend before it settles for the best set known: 1 to 3.5 s of one
-core, measured (bench/README.md); a search over 8 GPUs of a real machine spends under 2,100."""
+"""Work units one search may spend before it settles for the best set known: seconds of one core
+at worst, and far more than a search over a real machine's GPUs spends (bench/README.md,
+"`best_gpu_set`", has both figures)."""
 
 
 class Policy(StrEnum):

@@ -19,7 +19,8 @@ from parsers.nvsmi import parse_topo
 from reporter.collect import build_scanner, list_profiles
 from reporter.schema import dra_template
 from reporter.schema.codec import encode
-from reporter.schema.labels import describe_matrix, labels, render_matrix
+from reporter.schema.labels import labels
+from reporter.schema.matrix import describe_matrix, render_matrix
 from reporter.schema.normalize import topology_from_matrix
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"

@@ -10,8 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from reporter.doctor import DEGRADED_REASON
-from reporter.publish.client import EventType, event_body
+from reporter.publish.client import DEGRADED_REASON, EventType, event_body
 from reporter.publish.patch import NodeMetadata
 
 ESCAPES = {

@@ -9,7 +9,7 @@ import pytest
 
 from parsers.kubelet import KubeletPolicies
 from reporter.collect.kubelet import KubeletReading
-from reporter.schema.labels import describe_matrix
+from reporter.schema.matrix import describe_matrix
 from tests.agent_support import NODE, PREFIX, FakeScanner, WireAgent, ok, topology, wire_agent
 from tests.describe_machines import machines
 from tests.kube_double import ApiServerDouble

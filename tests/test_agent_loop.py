@@ -22,8 +22,9 @@ from reporter.collect.simulate.fake_nvml import Faults
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
 from reporter.publish.retry import Backoff, Interrupted
+from reporter.schema.annotations import annotations
 from reporter.schema.codec import decode
-from reporter.schema.labels import annotations, labels
+from reporter.schema.labels import labels
 from reporter.schema.model import Link, LinkKind, Topology
 from reporter.serve.state import Verdict
 from tests.agent_support import (

@@ -16,8 +16,8 @@ from kubernetes.client import V1Node, V1ObjectMeta
 import reporter
 from reporter.cli import main
 from reporter.errors import InputError, SchemaError
+from reporter.schema.annotations import annotations
 from reporter.schema.codec import encode
-from reporter.schema.labels import annotations
 from tests.golden import FIXTURES
 from tests.test_placement_best_set import REAL
 

@@ -17,8 +17,9 @@ from parsers.kubelet import KubeletPolicies
 from reporter.collect.kubelet import KubeletReading
 from reporter.publish import patch as node_patch
 from reporter.publish.patch import NodeMetadata
+from reporter.schema.annotations import annotations
 from reporter.schema.codec import decode
-from reporter.schema.labels import annotations, labels
+from reporter.schema.labels import labels
 from reporter.schema.model import Link, LinkKind, Topology
 from tests.agent_support import PREFIX, FakeScanner, WireAgent, ok, topology
 from tests.controlplane_fixtures import NodeFactory, RealApiServer

@@ -22,8 +22,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from reporter.doctor import DEGRADED_REASON
-from reporter.publish.client import EventType, event_body
+from reporter.publish.client import DEGRADED_REASON, EventType, event_body
 from reporter.publish.patch import NodeMetadata
 from reporter.schema import dra
 from tests.controlplane_fixtures import NodeFactory, RealApiServer

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from reporter.doctor import AgentObservation, DraObservation, dra_observation, node_findings
+from reporter.doctor.model import AgentObservation, DraObservation
+from reporter.doctor.node import node_findings
+from reporter.doctor.reader import dra_observation
 from tests.test_doctor_findings import dgx, node
 
 PREFIX = "gpu.topology.io"

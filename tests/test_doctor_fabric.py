@@ -18,15 +18,9 @@ import structlog
 from reporter.cli import main
 from reporter.collect import build_scanner
 from reporter.collect.simulate.racks import RackNode, rack_nodes, write_profiles
-from reporter.doctor import (
-    GFD_CLIQUE_LABEL,
-    AgentObservation,
-    Finding,
-    Severity,
-    fabric_cluster_findings,
-    fabric_node_findings,
-    node_findings,
-)
+from reporter.doctor.model import GFD_CLIQUE_LABEL, AgentObservation, Finding, Severity
+from reporter.doctor.node import fabric_node_findings, node_findings
+from reporter.doctor.racks import fabric_cluster_findings
 from reporter.schema.codec import encode
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology

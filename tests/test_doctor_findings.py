@@ -10,19 +10,10 @@ import pytest
 
 from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF, Link, LinkKind
-from reporter.doctor import (
-    AgentObservation,
-    DraObservation,
-    Severity,
-    examine,
-    local_findings,
-    node_findings,
-    observe_agent,
-    report_json,
-    report_text,
-    summarize,
-    worst,
-)
+from reporter.doctor.model import AgentObservation, DraObservation, Severity
+from reporter.doctor.node import local_findings, node_findings
+from reporter.doctor.reader import examine, observe_agent
+from reporter.doctor.report import report_json, report_text, summarize, worst
 from reporter.schema.codec import encode
 from reporter.schema.model import Gpu, NumaNode, Source, Topology
 from tests.hostile_text import agents_event, foreign_event

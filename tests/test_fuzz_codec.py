@@ -37,8 +37,14 @@ GOLDENS = [
 FIELD_NAMES = [
     "v", "source", "driver", "nvswitch", "nvlink_observed", "gpus", "links", "pcie", "nics",
     "numa_nodes", "islands", "hash", "index", "uuid", "pci", "model", "numa", "cpus", "mem_mib",
-    "mig", "gpu_numa", "clique", "lost", "name", "peers", "id", "distances", "x",
+    "mig", "gpu_numa", "clique", "lost", "name", "peers", "id", "distances", "x", "gpu_common",
+    "nvlink", "minor",
 ]  # fmt: skip
+GPU_FIELDS = [
+    "index", "uuid", "pci", "model", "numa", "cpus", "mem_mib", "mig", "minor", "gpu_numa",
+    "clique", "fabric", "nvlink", "mig_devices", "lost",
+]  # fmt: skip
+"""A GPU's fields in docs/schema.md's order, the order the hash reads each GPU whole in."""
 INTERESTING = st.sampled_from(
     [
         "X", "NV18", "X NV18", "NV18 X", "PIX SYS", "SYS", "", " ", "0-65535", "0-1,1-2", "3-1",
@@ -74,10 +80,22 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+def _whole(gpu: dict[str, Any], common: dict[str, Any]) -> dict[str, Any]:
+    merged = {**gpu, **common}
+    last = len(GPU_FIELDS)
+    order = sorted(merged, key=lambda k: GPU_FIELDS.index(k) if k in GPU_FIELDS else last)
+    return {k: merged[k] for k in order}
+
+
 def _rehash(doc: Any) -> None:
-    # The hash as DESIGN.md defines it, computed here rather than borrowed from the codec.
+    # The hash as docs/schema.md defines it, computed here rather than borrowed from the codec:
+    # over the document without it, `gpu_common` written into every GPU.
     if isinstance(doc, dict):
         body = {k: v for k, v in doc.items() if k != "hash"}
+        common, gpus = body.get("gpu_common"), body.get("gpus")
+        if isinstance(common, dict) and isinstance(gpus, list):
+            del body["gpu_common"]
+            body["gpus"] = [_whole(g, common) if isinstance(g, dict) else g for g in gpus]
         canonical = json.dumps(body, separators=(",", ":"), ensure_ascii=True)
         doc["hash"] = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
 

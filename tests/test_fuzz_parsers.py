@@ -26,7 +26,7 @@ from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_numa_n
 from reporter.cli import topology_from_document_text, topology_from_text
 from reporter.errors import InputError
 from reporter.schema.formats import format_topology
-from reporter.schema.labels import render_matrix
+from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
 from tests.fuzz import ANSI_CODES, CELLS, HUGE, fuzz, outcome
 from tests.strategies import text_topologies

@@ -19,7 +19,7 @@ from tests import (
     test_fuzz_documents,
     test_fuzz_numbers,
     test_fuzz_parsers,
-    test_hostile_inputs_v2,
+    test_hostile_values_and_shapes,
 )
 from tests.fuzz import CELLS, replay
 
@@ -37,10 +37,10 @@ STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "test_fuzz_parsers.DRIVERS": test_fuzz_parsers.DRIVERS,
     "test_fuzz_documents.DOCUMENTS": test_fuzz_documents.DOCUMENTS,
     "test_fuzz_numbers.NUMBER_TEXTS": test_fuzz_numbers.NUMBER_TEXTS,
-    "test_hostile_inputs_v2.documents_with_a_float": (
-        test_hostile_inputs_v2.documents_with_a_float()
+    "test_hostile_values_and_shapes.documents_with_a_float": (
+        test_hostile_values_and_shapes.documents_with_a_float()
     ),
-    "test_hostile_inputs_v2.LINES": test_hostile_inputs_v2.LINES,
+    "test_hostile_values_and_shapes.LINES": test_hostile_values_and_shapes.LINES,
 }
 
 

@@ -18,7 +18,7 @@ from reporter.availability import AVAILABILITY_KEY, compute_availability, encode
 from reporter.collect.kubelet import KubeletReading
 from reporter.placement_quality import HeldSet, encode_held_sets
 from reporter.schema.codec import encode, to_document
-from reporter.schema.labels import describe_matrix
+from reporter.schema.matrix import describe_matrix
 from reporter.schema.model import NvlinkHealth, Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent

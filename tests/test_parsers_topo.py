@@ -12,7 +12,7 @@ from parsers.errors import ParseError
 from parsers.links import Link, LinkKind
 from parsers.nvsmi import parse_topo
 from reporter.schema.codec import encode
-from reporter.schema.labels import describe_matrix, render_matrix
+from reporter.schema.matrix import describe_matrix, render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
 from tests.golden import FIXTURES, body, expected

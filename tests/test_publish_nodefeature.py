@@ -30,7 +30,7 @@ from reporter.publish.api import NODE_FEATURES
 from reporter.publish.patch import Desired
 from reporter.publish.retry import Backoff
 from reporter.schema import keys
-from reporter.schema.codec import decode, to_document
+from reporter.schema.codec import compact, decode, expand, to_document
 from reporter.schema.labels import labels as label_projection
 from reporter.schema.model import Gpu, Source
 from reporter.serve.metrics import Metrics
@@ -161,7 +161,8 @@ def test_the_topology_document_travels_in_the_object_and_reads_back_exactly() ->
     body = body_for(t)
     documents = body["spec"]["features"]["attributes"]["gputopology.annotations"]["elements"]
     assert decode(documents["topology"]) == t
-    assert json.loads(documents["topology"]) == to_document(t)
+    assert json.loads(documents["topology"]) == compact(to_document(t))
+    assert expand(json.loads(documents["topology"])) == to_document(t)
     assert documents["matrix"].startswith("8x NVIDIA H100 80GB HBM3, NVSwitch NV18")
     assert nf.read_back(body, PREFIX) == want_for(t)
     assert nf.read_back(None, PREFIX) == Desired({}, {})

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 
 from parsers.links import SELF, Link, LinkKind
 from reporter.errors import SchemaError
-from reporter.schema.codec import decode, encode, json_schema, to_document
+from reporter.schema.codec import compact, decode, encode, expand, json_schema, to_document
 from reporter.schema.fabric import CONDITIONS
 from reporter.schema.model import (
     FabricHealth,
@@ -89,6 +89,7 @@ def test_encoding_is_compact_ordered_and_stable() -> None:
         "source",
         "driver",
         "nvswitch",
+        "gpu_common",
         "gpus",
         "links",
         "pcie",
@@ -98,8 +99,9 @@ def test_encoding_is_compact_ordered_and_stable() -> None:
         "hash",
     ]
     # The hash is part of the contract: it must not change across runs, machines or versions.
+    # It is the expanded document's (each GPU whole), however the annotation writes the GPUs.
     doc = json.loads(text)
-    body = json.dumps({k: v for k, v in doc.items() if k != "hash"}, separators=(",", ":"))
+    body = json.dumps({k: v for k, v in expand(doc).items() if k != "hash"}, separators=(",", ":"))
     assert doc["hash"] == hashlib.sha256(body.encode()).hexdigest()[:16] == "a506e988c623ba61"
     assert encode(EXAMPLE) == text
 
@@ -348,7 +350,7 @@ GOLDEN_A100 = (
 
 
 def _rehash(doc: dict[str, Any]) -> None:
-    body = {k: v for k, v in doc.items() if k != "hash"}
+    body = {k: v for k, v in expand(doc).items() if k != "hash"}
     canonical = json.dumps(body, separators=(",", ":"), ensure_ascii=True)
     doc["hash"] = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
 
@@ -373,7 +375,8 @@ TRAILING_NEWLINE_FIELDS: list[tuple[tuple[str | int, ...], str]] = [
 def test_a_trailing_newline_is_refused_in_every_patterned_field(
     path: tuple[str | int, ...], value: str
 ) -> None:
-    doc = json.loads(GOLDEN_A100.read_text(encoding="utf-8"))
+    # Expanded, as an earlier v2 agent wrote it: every field in its GPU (gpu_common's below).
+    doc = expand(json.loads(GOLDEN_A100.read_text(encoding="utf-8")))
     target = doc
     for part in path[:-1]:
         target = target[part]
@@ -383,4 +386,59 @@ def test_a_trailing_newline_is_refused_in_every_patterned_field(
     target[path[-1]] = value + "\n"
     _rehash(doc)
     with pytest.raises(SchemaError, match=r"does not match"):
+        decode(json.dumps(doc))
+
+
+def test_a_trailing_newline_is_refused_in_gpu_common() -> None:
+    doc = json.loads(GOLDEN_A100.read_text(encoding="utf-8"))
+    doc["gpu_common"]["model"] = "NVIDIA A100-SXM4-40GB"
+    _rehash(doc)
+    decode(json.dumps(doc))  # the value itself is valid
+    doc["gpu_common"]["model"] += "\n"
+    _rehash(doc)
+    with pytest.raises(SchemaError, match=r"gpu_common\.model.*does not match"):
+        decode(json.dumps(doc))
+
+
+@settings(max_examples=100, deadline=None)
+@given(topologies())
+def test_the_annotation_writes_shared_gpu_fields_once_and_expands_to_the_document(
+    topology: Topology,
+) -> None:
+    doc = to_document(topology)
+    written = json.loads(encode(topology))
+    assert written == compact(doc)
+    if "gpu_common" in written:
+        assert len(doc["gpus"]) >= 2
+        assert all(not set(g) & set(written["gpu_common"]) for g in written["gpus"])
+    # Byte for byte: the expanded form is the document, key order included (the hash is its).
+    assert json.dumps(expand(written)) == json.dumps(doc)
+
+
+def test_an_annotation_an_earlier_v2_agent_wrote_each_gpu_whole_still_decodes() -> None:
+    earlier = json.dumps(to_document(EXAMPLE), separators=(",", ":"))
+    assert "gpu_common" not in earlier
+    assert decode(earlier) == EXAMPLE == decode(encode(EXAMPLE))
+    assert json.loads(earlier)["hash"] == json.loads(encode(EXAMPLE))["hash"]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda d: d["gpus"][1].update(model="other"), r"gpus\[1\]\.model: is also in gpu_common"),
+        (lambda d: d["gpus"][0].pop("numa"), r"gpus\[0\]\.numa: is required"),
+        (lambda d: d["gpu_common"].update(index=0), r"gpu_common: unknown field"),
+        (lambda d: d.update(gpu_common={}), r"gpu_common"),
+    ],
+    ids=[
+        "a GPU that repeats a shared field is refused: which value would hold",
+        "a field neither the GPU nor gpu_common has is missing",
+        "gpu_common holds only the fields GPUs can share",
+        "an empty gpu_common is not ours",
+    ],
+)
+def test_gpu_common_is_checked(change: Any, error: str) -> None:
+    doc = json.loads(encode(EXAMPLE))
+    change(doc)
+    with pytest.raises(SchemaError, match=error):
         decode(json.dumps(doc))

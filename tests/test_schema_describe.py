@@ -10,7 +10,8 @@ from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF
 from reporter.agent import SchemaProjection
 from reporter.schema.keys import DEFAULT_PREFIX
-from reporter.schema.labels import DESCRIBE_WIDTH, describe_matrix, summary
+from reporter.schema.labels import summary
+from reporter.schema.matrix import DESCRIBE_WIDTH, describe_matrix
 from reporter.schema.model import Gpu, Nic, Source, Topology
 from tests.describe_machines import NODE, NV12, SYS, generated_16_gpus_12_nics, machines
 from tests.strategies import topologies

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 
 from parsers.links import SELF, Link, LinkKind
-from reporter.schema.labels import labels, render_matrix, summary
+from reporter.schema.labels import labels, summary
+from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Gpu, Nic, NumaNode, Source, Topology
 from tests.strategies import topologies
 

@@ -64,7 +64,7 @@ import structlog
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
 from reporter.placement_quality import HeldSet
-from reporter.schema.dra import DRIVER, check_driver_name, gpu_minor
+from reporter.schema.dra import check_driver_name, gpu_minor
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
 from reporter.telling import Told
@@ -83,8 +83,6 @@ _MAX_RESOURCE_PATTERNS = 32
 _MAX_EXAMPLES = 8
 _MAX_DETAIL = 200
 
-DEFAULT_DRA_DRIVERS = (DRIVER,)
-"""NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu)."""
 _MAX_DRA_DRIVERS = 8
 
 SOURCE_DEVICE_PLUGIN = "device-plugin"

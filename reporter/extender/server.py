@@ -49,13 +49,12 @@ STARVED_S = 10.0
 body: two readiness probes (5 s apart), one fewer than the chart's failure threshold, so a single
 refusal never takes the replica out of the Service, and a steady stream of them does."""
 PARSE_COST = 40
-"""Memory per body byte at the peak of answering, at worst. Measured as the process's peak RSS:
-26 for a body of `{}` objects, 31.5 to 34.2 for objects of one key nested 1 to 3 deep (each level
-a dict of 184 bytes for 6 bytes of text), 7 for whole Nodes; Python's own count (tracemalloc),
-which the tests check, is lower (25 to 31)."""
+"""Memory per body byte at the peak of answering, at worst: above every body shape measured
+(bench/README.md, "Scheduler extender"), the worst being objects of one key nested a few deep;
+the tests check it with Python's own count (tracemalloc)."""
 IDLE_BYTES = 64 * 1024 * 1024
-"""The extender with 5,000 nodes cached (availability, labels, taints, readiness) and nothing to do:
-62 MiB measured (`bench/extender.py`); about 2 KB more for each further node."""
+"""The extender with 5,000 nodes cached (availability, labels, taints, readiness) and nothing to do,
+rounded up from what `bench/extender.py` measures (bench/README.md, "Scheduler extender")."""
 READ_BYTES = 256 * 1024
 """What one read brings from one connection (asyncio's), held until its request is answered."""
 

@@ -20,6 +20,18 @@ a core/v1 Event about a cluster-scoped object (an involvedObject without a names
 and the node controller post theirs there too, and `kubectl describe node` finds them. The chart
 grants `create` on events in this namespace only, with a Role."""
 
+DEGRADED_REASON = "GPUTopologyDegraded"
+"""The Event reason the agent uses when a source fails; the doctor looks for it."""
+FINDING_REASONS = {
+    "gpu-lost": "GPULost",
+    "nvlink-degraded": "NVLinkDegraded",
+    "numa-unknown": "GPUNUMAUnknown",
+    "numa-alignment-limit": "TopologyManagerLimit",
+    "kubelet-policy-unknown": "KubeletPolicyUnknown",
+}
+"""Event reasons of the node-local findings the agent reports itself, by finding code
+(reporter.doctor.node.local_findings)."""
+
 
 class EventType(enum.Enum):
     NORMAL = "Normal"

@@ -21,7 +21,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +35,7 @@ from reporter.publish.api import EVENTS, NODE_FEATURES, ApiClient
 from reporter.publish.client import NODE_EVENT_NAMESPACE, EventType, event_body
 from reporter.publish.patch import Desired, NodeMetadata, desired, under_prefix
 from reporter.schema import keys
+from reporter.schema.codec import expand
 
 GROUP = NODE_FEATURES.group
 VERSION = NODE_FEATURES.version
@@ -143,7 +144,8 @@ def features(label_values: Mapping[str, str], document: Mapping[str, Any]) -> di
 def spec(want: Desired, prefix: str) -> dict[str, Any]:
     """The NodeFeature spec carrying `want`: its labels, and its documents as features."""
     topology = want.annotations.get(keys.key(prefix, keys.TOPOLOGY))
-    document = json.loads(topology) if topology is not None else {}
+    # The annotation writes the GPUs' shared fields once: the features list each GPU whole.
+    document = expand(json.loads(topology)) if topology is not None else {}
     short = {k.removeprefix(prefix + "/"): v for k, v in want.labels.items()}
     out = features(short, document)
     documents = {
@@ -229,8 +231,8 @@ class NodeFeatureSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Any = lambda e: None,
-        on_wait: Any = lambda seconds: None,
+        on_error: Callable[[PublishError], None] = lambda e: None,
+        on_wait: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
         self._api = api

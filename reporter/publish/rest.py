@@ -1,10 +1,10 @@
 """The agent's lean Kubernetes client: its HTTP transport over urllib3, without `kubernetes`.
 
-Importing the official client costs the agent about 33 MiB of RSS and 0.18 s (its package imports
-every generated model), for a handful of calls. `RestTransport` sends them itself, and
-`RestApiClient` is the resource-generic `reporter.publish.api.ApiClient` over it
-(`reporter.publish.wire`, shared with the official client, so messages, retries and Retry-After
-are the same with either).
+Importing the official client nearly doubles the agent's memory and was most of its start-up (its
+package imports every generated model; bench/README.md, "Footprint"), for a handful of calls.
+`RestTransport` sends them itself, and `RestApiClient` is the resource-generic
+`reporter.publish.api.ApiClient` over it (`reporter.publish.wire`, shared with the official
+client, so messages, retries and Retry-After are the same with either).
 
 Credentials come from the pod's service account or from a kubeconfig that uses only what this
 module understands (`load_rest_config`); a kubeconfig needing an `exec` or `auth-provider`

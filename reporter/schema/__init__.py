@@ -1,1 +1,2 @@
-"""The one topology model and its projections: schema v1 JSON, labels, the matrix text."""
+"""The one topology model and its projections: the JSON of schema v2 (v1 still read), labels, the
+matrix text."""

@@ -7,6 +7,12 @@ documents, written by earlier agents, still read), then checked for what a schem
 (square matrices with X on the diagonal, islands, a clique that matches its fabric, link indexes,
 GPU identities unique within the node, hash); every rejection is a `SchemaError` naming the field.
 It never returns a partly decoded topology.
+
+The annotation writes once what every GPU shares (`gpu_common`: on a DGX each GPU's model, memory,
+MIG mode and NVLink count), which keeps what we add to a Node under 5 KiB. The document
+(`to_document`, what `--format json` and the plugin print) is the expanded form, one object per
+GPU with all its fields; the hash is that form's, so it does not depend on the encoding, and an
+annotation an earlier v2 agent wrote (expanded) still decodes.
 """
 
 from __future__ import annotations
@@ -48,6 +54,19 @@ MAX_DOCUMENT_BYTES = 256 * 1024
 MAX_DOCUMENT_DEPTH = 8
 READ_VERSIONS = (1, SCHEMA_VERSION)
 """The schema versions `decode` reads; it writes only SCHEMA_VERSION."""
+COMMON_GPU_FIELDS = ("model", "numa", "cpus", "mem_mib", "mig", "nvlink")
+"""The GPU fields the annotation writes once, in `gpu_common`, where every GPU has one value."""
+_GPU_FIELD_ORDER = {
+    name: i
+    for i, name in enumerate(
+        (
+            *("index", "uuid", "pci", "model", "numa", "cpus", "mem_mib", "mig", "minor"),
+            *("gpu_numa", "clique", "fabric", "nvlink", "mig_devices", "lost"),
+        )
+    )
+}
+"""A GPU's fields in the order `to_document` writes them: an expanded GPU is in that order too,
+so its canonical JSON (and the hash over it) is the document's."""
 
 
 def schema_file(version: int = SCHEMA_VERSION) -> str:
@@ -203,9 +222,51 @@ def _hash(doc: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(body).encode("ascii")).hexdigest()[:16]
 
 
+def compact(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (as `to_document` makes it) with the fields every GPU shares written once, in
+    `gpu_common` before `gpus`; unchanged with fewer than two GPUs or nothing shared."""
+    gpus: list[dict[str, Any]] = doc["gpus"]
+    if len(gpus) < 2:
+        return doc
+    first = gpus[0]
+    common = {
+        k: first[k]
+        for k in COMMON_GPU_FIELDS
+        if k in first and all(k in g and g[k] == first[k] for g in gpus[1:])
+    }
+    if not common:
+        return doc
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key == "gpus":
+            out["gpu_common"] = common
+            out[key] = [{k: v for k, v in g.items() if k not in common} for g in gpus]
+        else:
+            out[key] = value
+    return out
+
+
+def expand(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (validated, or our own encoding) with `gpu_common` written into every GPU, each GPU's
+    fields in `to_document`'s order. Raises SchemaError for a GPU that repeats a field of
+    `gpu_common` (which value would hold?)."""
+    common: dict[str, Any] | None = doc.get("gpu_common")
+    if common is None:
+        return doc
+    gpus = []
+    for i, gpu in enumerate(doc["gpus"]):
+        repeated = next((k for k in COMMON_GPU_FIELDS if k in common and k in gpu), None)
+        if repeated is not None:
+            raise SchemaError(f"gpus[{i}].{repeated}", "is also in gpu_common")
+        whole = {**gpu, **common}
+        order = sorted(whole, key=lambda k: _GPU_FIELD_ORDER.get(k, len(_GPU_FIELD_ORDER)))
+        gpus.append({k: whole[k] for k in order})
+    return {**{k: v for k, v in doc.items() if k != "gpu_common"}, "gpus": gpus}
+
+
 def encode(topology: Topology) -> str:
     """The `topology` annotation value: compact canonical JSON, one line."""
-    return _canonical(to_document(topology))
+    return _canonical(compact(to_document(topology)))
 
 
 def decode(text: str | bytes) -> Topology:
@@ -226,7 +287,7 @@ def decode(text: str | bytes) -> Topology:
 def check(topology: Topology) -> None:
     """Raise SchemaError (naming the field) when `decode` would refuse what `encode` writes of
     `topology`: what a source observed is checked with this before anyone publishes it."""
-    from_document(to_document(topology))
+    from_document(compact(to_document(topology)))
 
 
 def from_document(doc: Any) -> Topology:
@@ -243,13 +304,10 @@ def from_document(doc: Any) -> Topology:
         raise SchemaError(
             "v", f"schema version {excerpt(doc['v'])} is not supported (this reads v1 and v2)"
         )
-    error = jsonschema.exceptions.best_match(_validator(version).iter_errors(doc))
-    if error is not None:
-        path = _path(error.absolute_path)
-        if error.validator == "required":
-            missing = next(k for k in error.validator_value if k not in error.instance)
-            raise SchemaError(f"{path}.{missing}" if path else missing, "is required")
-        raise SchemaError(path, _schema_message(error))
+    _validate(doc, version)
+    if "gpu_common" in doc:
+        doc = expand(doc)
+        _check_whole(doc["gpus"], version)
     _check_identities(doc["gpus"])
     try:
         topology = Topology(
@@ -283,6 +341,28 @@ def from_document(doc: Any) -> Topology:
             "is not in canonical form",
         )
     return topology
+
+
+def _validate(doc: dict[str, Any], version: int) -> None:
+    """Raise SchemaError, naming the field, where `doc` breaks the JSON Schema of `version`."""
+    error = jsonschema.exceptions.best_match(_validator(version).iter_errors(doc))
+    if error is not None:
+        path = _path(error.absolute_path)
+        if error.validator == "required":
+            missing = next(k for k in error.validator_value if k not in error.instance)
+            raise SchemaError(f"{path}.{missing}" if path else missing, "is required")
+        raise SchemaError(path, _schema_message(error))
+
+
+def _check_whole(gpus: list[dict[str, Any]], version: int) -> None:
+    """Raise SchemaError, naming the field, where a GPU expanded from `gpu_common` lacks a field
+    the schema requires of every GPU of a document without it. Only presence is left to check:
+    gpu_common's values were validated against the same definitions as a GPU's own."""
+    required: list[str] = json_schema(version)["then"]["properties"]["gpus"]["items"]["required"]
+    for i, gpu in enumerate(gpus):
+        missing = next((k for k in required if k not in gpu), None)
+        if missing is not None:
+            raise SchemaError(f"gpus[{i}].{missing}", "is required")
 
 
 _IDENTITIES = ("uuid", "pci", "minor", "mig_devices")

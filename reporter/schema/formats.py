@@ -7,9 +7,10 @@ import json
 import yaml
 
 from parsers.errors import excerpt
+from reporter.schema.annotations import annotations as annotation_values
 from reporter.schema.codec import encode, to_document
-from reporter.schema.labels import annotations as annotation_values
-from reporter.schema.labels import labels, render_matrix
+from reporter.schema.labels import labels
+from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 

@@ -12,7 +12,7 @@ This module only reads profiles; it never touches the real host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -601,8 +601,3 @@ class _TreeBuilder:
             add(0, vendor, pci_class)
         else:
             raise ValueError(f"unknown PCI tree node {dict(node)}")
-
-
-def iter_nics(machine: Machine) -> Iterator[PciFunction]:
-    """The machine's RDMA NICs, in the order the profile lists them."""
-    return (f for f in machine.functions if f.nic is not None)

@@ -1,4 +1,4 @@
-"""What others can write or answer since schema v2, DRA and heartbeats, end to end (third review).
+"""Values and shapes others can write or answer (schema v2, DRA, heartbeats), end to end.
 
 An outsider who may edit Nodes (another tool), create DeviceTaintRules, or a broken driver or
 host mount answering garbage: each case here failed before its fix (a traceback that stopped the
@@ -31,7 +31,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from reporter import doctor
 from reporter.availability import (
     Allocation,
     compute_availability,
@@ -48,6 +47,7 @@ from reporter.collect.simulate.fake_nvml import FakeNvml, c_nvmlMemory_t
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs, memory_procfs
 from reporter.collect.sysfs import SysfsCollector, SysfsView
+from reporter.doctor import reader as doctor_reader
 from reporter.errors import ApiTransientError, PublishError, SchemaError
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics, ExtenderServer
@@ -628,7 +628,7 @@ def test_the_doctor_reads_resource_slices_and_claims_of_any_shape(
     slices: list[Any] | None, claims: list[Any] | None
 ) -> None:
     # Held: anyone who may create ResourceSlices or ResourceClaims writes their insides.
-    seen = doctor.dra_observation(NODE, slices, claims)
+    seen = doctor_reader.dra_observation(NODE, slices, claims)
     assert (seen.slices is None) == (slices is None)
     assert (seen.claims is None) == (claims is None)
 

@@ -1,4 +1,4 @@
-"""What a careless or hostile hand can put in front of the program, end to end (issue 11).
+"""Input past every bound a careless or hostile hand can reach: depth, size, no end, digits.
 
 A Node annotation nested ~985 deep, YAML alias bombs, deep nesting and 5,000-digit integers in
 every YAML file the program reads, and files with no end (`/dev/zero`): each ends in a SchemaError

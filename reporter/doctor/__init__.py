@@ -1,0 +1,45 @@
+"""The operator's checklist for GPU pods that stay Pending or run slow, walked automatically.
+
+Five modules, by job:
+- reporter.doctor.model: a finding, what was observed, how a Node object is read (pure);
+- reporter.doctor.node: findings about one node (pure; the agent runs `local_findings` itself);
+- reporter.doctor.racks: findings across nodes and racks, from the Nodes' labels (pure);
+- reporter.doctor.reader: the API reads (`ClusterReader`) and `examine`, the one part that reads;
+- reporter.doctor.report: the report as text or JSON, and a finding as an Event message (pure).
+
+This package re-exports what the commands (`topo-reporter doctor`, `kubectl gpu-topology`) use.
+"""
+
+from reporter.doctor.model import (
+    GPU_RESOURCE,
+    AgentObservation,
+    DraObservation,
+    Finding,
+    Severity,
+)
+from reporter.doctor.racks import fabric_cluster_findings
+from reporter.doctor.reader import (
+    AGENT_POD_SELECTOR,
+    ApiClusterReader,
+    ClusterReader,
+    examine,
+    is_gpu_node,
+)
+from reporter.doctor.report import report_json, report_text, worst
+
+__all__ = [
+    "AGENT_POD_SELECTOR",
+    "GPU_RESOURCE",
+    "AgentObservation",
+    "ApiClusterReader",
+    "ClusterReader",
+    "DraObservation",
+    "Finding",
+    "Severity",
+    "examine",
+    "fabric_cluster_findings",
+    "is_gpu_node",
+    "report_json",
+    "report_text",
+    "worst",
+]

@@ -1,0 +1,73 @@
+"""What the doctor works with: a finding, what was observed of the agent and of DRA, and how a
+Node object (a dict, as the API serves it) is read.
+
+Pure: values and constants only. It reads nothing, and knows no check: the checks live in
+reporter.doctor.node (one node) and reporter.doctor.racks (across nodes).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GFD_CLIQUE_LABEL = "nvidia.com/gpu.clique"
+"""GPU Feature Discovery's partition label, `<clusterUUID>.<cliqueId>`: ours must say the same."""
+FABRIC_CHECK = (
+    "`nvidia-smi -q | grep -A12 Fabric` on the node (State, Status, ClusterUUID, CliqueId, Health)"
+)
+"""Where an operator sees the fabric as the driver does: the fabric findings' fixes quote it."""
+
+
+class Severity(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong on a node: what, the evidence that shows it, and what to do."""
+
+    code: str
+    severity: Severity
+    summary: str
+    evidence: tuple[str, ...]
+    fix: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentObservation:
+    """What the operator's view of the cluster says about the agent on one node; None is unknown."""
+
+    pod_found: bool | None = None
+    pod_ready: bool | None = None
+    degraded_reason: str | None = None
+    """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraObservation:
+    """What the cluster's DRA objects say of one node's GPUs; None where they cannot be read
+    (a cluster before 1.32 serves none; an operator may not be allowed to list them)."""
+
+    slices: int | None = None
+    """ResourceSlices of NVIDIA's GPU driver (`gpu.nvidia.com`) for the node."""
+    claims: tuple[tuple[str, str], ...] | None = None
+    """(`namespace/name`, device) of each device of that driver in the node's pool that an
+    allocated ResourceClaim holds."""
+
+
+def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+    """The Node object's labels; empty where it has none."""
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def node_annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    """The Node object's annotations; empty where it has none."""
+    return dict((node.get("metadata") or {}).get("annotations") or {})
