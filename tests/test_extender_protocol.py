@@ -19,13 +19,9 @@ from hypothesis import strategies as st
 from reporter.availability import (
     CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
-    Availability,
     can_fit,
-    compute_availability,
     connected_capacity,
     connected_now,
-    decode_availability,
-    encode_availability,
     node_score,
 )
 from reporter.collect import build_scanner
@@ -51,7 +47,9 @@ from reporter.extender.protocol import (
     prioritize_answer,
     rank,
 )
+from reporter.free_sets import compute_availability
 from reporter.publish.watch import NodeAnnotation, WatchEvent
+from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
 

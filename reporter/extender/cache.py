@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from reporter.availability import AVAILABILITY_KEY
 from reporter.errors import PublishError
 from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
 from reporter.extender.protocol import (
@@ -33,6 +32,7 @@ from reporter.extender.protocol import (
 )
 from reporter.extender.reflector import Reflector
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
+from reporter.schema import keys
 
 
 class NodeCache:
@@ -47,7 +47,7 @@ class NodeCache:
     ) -> None:
         """`vouched(node)`: whether the node's availability is to be trusted now (heartbeats)."""
         self.prefix = prefix
-        self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
+        self.annotation = keys.key(prefix, keys.AVAILABILITY)
         self.vouched = vouched
         self._resource = resource
         self._lock = threading.Lock()

@@ -42,16 +42,15 @@ from parsers.errors import ParseError
 from parsers.integers import parse_decimal
 from reporter.availability import (
     NEUTRAL_SCORE,
-    Availability,
     connected_capacity,
     connected_now,
-    decode_availability,
     holds_for_connected,
     node_score,
 )
 from reporter.errors import ConfigError, InputError, SchemaError
 from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement, node_facts
 from reporter.extender.eligibility import placement as pod_placement
+from reporter.schema.availability import Availability, decode_availability
 from reporter.schema.keys import (
     CONNECTED_WAIT,
     COUNT,
@@ -158,7 +157,7 @@ class ExtenderArgs:
 def parse_args(
     body: bytes,
     resource: str = DEFAULT_RESOURCE,
-    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+    wait_key: str = key(DEFAULT_PREFIX, CONNECTED_WAIT),
 ) -> ExtenderArgs:
     """Read an ExtenderArgs JSON body; `wait_key` is the pod annotation that sets its own hold
     limit. Raises BadRequestError naming what is wrong (never for the pod's metadata: what the
@@ -680,7 +679,7 @@ class PreemptionArgs:
 def parse_preemption_args(
     body: bytes,
     resource: str = DEFAULT_RESOURCE,
-    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+    wait_key: str = key(DEFAULT_PREFIX, CONNECTED_WAIT),
 ) -> PreemptionArgs:
     """Read an ExtenderPreemptionArgs JSON body: `Pod` and one of `NodeNameToMetaVictims`
     (nodeCacheCapable: victims by UID) and `NodeNameToVictims` (whole Pods). Raises

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
 from reporter.extender.cache import NodeCache
-from reporter.schema.keys import CONNECTED_WAIT
+from reporter.schema.keys import CONNECTED_WAIT, key
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
 LIMITS = Limits(
@@ -209,7 +209,7 @@ class ExtenderServer:
         self._metrics = metrics
         self._resource = resource
         self._connected_wait_s = connected_wait_s
-        self._wait_key = f"{cache.prefix}/{CONNECTED_WAIT}"
+        self._wait_key = key(cache.prefix, CONNECTED_WAIT)
         self._watching = watching
         self._problem = problem
         self._starved_s = starved_s
