@@ -26,16 +26,19 @@ from reporter.availability import (
 )
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
-from reporter.extender.cache import NodeCache
-from reporter.extender.eligibility import node_facts
-from reporter.extender.protocol import (
+from reporter.extender.cache import (
     DEFAULT_RESOURCE,
     KEPT_SIZES,
-    BadRequestError,
+    NodeCache,
     NodeRank,
     RankTable,
-    check_resource_name,
     connected_whole,
+    rank,
+)
+from reporter.extender.eligibility import node_facts
+from reporter.extender.protocol import (
+    BadRequestError,
+    check_resource_name,
     created_seconds,
     duration_text,
     filter_answer,
@@ -45,7 +48,6 @@ from reporter.extender.protocol import (
     parse_preemption_args,
     preempt_answer,
     prioritize_answer,
-    rank,
 )
 from reporter.free_sets import compute_availability
 from reporter.publish.watch import NodeAnnotation, WatchEvent

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
-from reporter.extender.cache import NodeCache
+from reporter.extender.cache import DEFAULT_RESOURCE, NodeCache, RankTable
 from reporter.schema.keys import CONNECTED_WAIT, key
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
@@ -194,7 +194,7 @@ class ExtenderServer:
         *,
         cache: NodeCache,
         metrics: ExtenderMetrics,
-        resource: str = protocol.DEFAULT_RESOURCE,
+        resource: str = DEFAULT_RESOURCE,
         connected_wait_s: float = CONNECTED_WAIT_S,
         limits: Limits = LIMITS,
         starved_s: float = STARVED_S,
@@ -256,7 +256,7 @@ class ExtenderServer:
         table = (
             self._cache.table()
             if args.node_list is None
-            else protocol.RankTable.of_nodes(
+            else RankTable.of_nodes(
                 args.node_list,
                 self._cache.annotation,
                 self._resource,
