@@ -771,3 +771,19 @@ def test_the_pod_is_held_only_for_a_node_it_could_use(case: str) -> None:
     assert (reason is not None) is held
     answer = json.loads(filter_answer(args, verdicts, reason)[0])
     assert answer["NodeNames"] == ([] if held else ["pcie"])
+
+
+@given(
+    st.lists(
+        st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
+        | st.sampled_from(['a"b', "a\\b", 'a","b', "\x7f", "\x00", "é", "gpu-01"]),
+        max_size=8,
+    )
+)
+def test_the_kept_names_are_written_as_json_dumps_writes_them(names: list[str]) -> None:
+    """The filter answer joins node names in one go where none needs escaping; any other name
+    (a quote, a backslash, a control character, DEL, non-ASCII) is escaped as json.dumps does."""
+    args = parse_args(body(Pod=pod(1), NodeNames=names))
+    answer = filter_answer(args, RankTable(GPU).verdicts(1))[0].decode()
+    assert f'"NodeNames":{json.dumps(names, separators=(",", ":"))},' in answer
+    assert json.loads(answer)["NodeNames"] == names

@@ -70,6 +70,9 @@ _CREATED = re.compile(
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
 a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
 the values (and refuses a date or an offset that does not exist)."""
+_ESCAPED = re.compile(r"[^ !#-\[\]-~]")
+"""A character `json.dumps` escapes (`ensure_ascii`): anything but printable ASCII, a quote, a
+backslash."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -355,7 +358,7 @@ def filter_answer(
         kept = list(compress(names, map(is_, failed, unresolvable)))
         dropped = len(names) - len(kept)
     if args.node_list is None:
-        nodes, node_names = "null", json.dumps(kept, separators=(",", ":"))
+        nodes, node_names = "null", _names_json(kept)
     else:
         keep = set(kept)
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
@@ -370,6 +373,15 @@ def filter_answer(
         f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
         f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'
     ).encode(), dropped
+
+
+def _names_json(names: list[str]) -> str:
+    """`json.dumps(names)` without spaces, in one join where no name needs escaping (node names
+    never do): at 15,000 names a tenth of what the encoder takes."""
+    joined = '","'.join(names)
+    if _ESCAPED.search(joined) is None:
+        return f'["{joined}"]' if names else "[]"
+    return json.dumps(names, separators=(",", ":"))
 
 
 MAX_UID_CHARS = 128
