@@ -70,9 +70,9 @@ _CREATED = re.compile(
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
 a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
 the values (and refuses a date or an offset that does not exist)."""
-_ESCAPED = re.compile(r"[^ !#-\[\]-~]")
-"""A character `json.dumps` escapes (`ensure_ascii`): anything but printable ASCII, a quote, a
-backslash."""
+_PLAIN = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
+"""The characters `json.dumps` writes as they are (`ensure_ascii`): printable ASCII but a quote
+and a backslash."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -377,10 +377,13 @@ def filter_answer(
 
 def _names_json(names: list[str]) -> str:
     """`json.dumps(names)` without spaces, in one join where no name needs escaping (node names
-    never do): at 15,000 names a tenth of what the encoder takes."""
+    never do): at 15,000 names half of what the encoder takes."""
     joined = '","'.join(names)
-    if _ESCAPED.search(joined) is None:
-        return f'["{joined}"]' if names else "[]"
+    # What is left once the plain characters go: the separators' quotes, where no name has any.
+    if joined.isascii():
+        left = joined.encode().translate(None, _PLAIN)
+        if len(left) == joined.count('"') == 2 * len(names) - 2:
+            return f'["{joined}"]' if names else "[]"
     return json.dumps(names, separators=(",", ":"))
 
 
