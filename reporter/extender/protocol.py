@@ -504,7 +504,10 @@ def prioritize_answer(args: ExtenderArgs, verdicts: Verdicts) -> bytes:
     for a pod that requests no managed GPU (no opinion)."""
     names = args.node_names
     entries = list(map(verdicts.entries.get, names))
-    if None in entries:
+    try:
+        # join refuses the None of a node the table does not know: no pass of its own to look.
+        joined = ",".join(cast(list[str], entries))
+    except TypeError:
         # Nodes the table does not know (not seen yet, or not in the request's Nodes).
-        entries = [e or verdicts.entry(n) for e, n in zip(entries, names, strict=True)]
-    return ("[" + ",".join(cast(list[str], entries)) + "]").encode()
+        joined = ",".join(e or verdicts.entry(n) for e, n in zip(entries, names, strict=True))
+    return f"[{joined}]".encode()
