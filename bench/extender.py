@@ -42,8 +42,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import quiet_logs, table
-from reporter.availability import compute_availability, encode_availability
 from reporter.collect import build_scanner
+from reporter.free_sets import compute_availability
+from reporter.schema.availability import encode_availability
 from reporter.schema.model import Topology
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 

@@ -49,7 +49,6 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import quiet_logs, table
-from reporter.availability import AVAILABILITY_KEY
 from reporter.collect import build_scanner
 from reporter.schema import keys
 from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
@@ -183,7 +182,7 @@ def _against_the_double(label: str, state: dict[str, Any], env: dict[str, str]) 
         certificate = make_certificate(Path(tmp))
         socket = Path(short) / "kubelet.sock"
         with ApiServerDouble(certificate=certificate) as double, PodResourcesDouble(socket, state):
-            key = keys.key(keys.DEFAULT_PREFIX, AVAILABILITY_KEY)
+            key = keys.key(keys.DEFAULT_PREFIX, keys.AVAILABILITY)
             double.add_node("gpu-live")
 
             def annotated(_: subprocess.Popen[bytes]) -> bool:

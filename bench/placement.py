@@ -136,18 +136,15 @@ from parsers.links import LinkKind
 from reporter.availability import (
     CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
-    Availability,
     can_fit,
-    compute_availability,
     connected_capacity,
     connected_now,
-    decode_availability,
-    encode_availability,
     holds_for_connected,
     node_score,
 )
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
+from reporter.free_sets import compute_availability
 from reporter.placement import (
     PCIE_POINTS,
     GpuSet,
@@ -156,6 +153,7 @@ from reporter.placement import (
     pair_link,
     score_gpu_set,
 )
+from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.model import Topology
 from reporter.settings import parse_duration
 

@@ -111,9 +111,6 @@ def _worse(old: Topology, new: Topology) -> bool:
     """Fewer GPUs or NICs, more lost GPUs, a smaller NVLink island, more NVLinks down or a
     fabric less healthy: worth a Warning."""
 
-    def island(t: Topology) -> int:
-        return max((len(i) for i in t.islands), default=0)
-
     def down(t: Topology) -> int:
         return sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None)
 
@@ -125,7 +122,7 @@ def _worse(old: Topology, new: Topology) -> bool:
         len(new.gpus) < len(old.gpus)
         or len(new.nics) < len(old.nics)
         or sum(g.lost for g in new.gpus) > sum(g.lost for g in old.gpus)
-        or island(new) < island(old)
+        or new.largest_island < old.largest_island
         or down(new) > down(old)
         or fabric(new) > fabric(old)
     )

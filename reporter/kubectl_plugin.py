@@ -18,22 +18,19 @@ from typing import Any
 
 from parsers.cpulist import format_cpulist
 from reporter import doctor, terminal
-from reporter.availability import (
-    ALLOCATION_KEY,
-    AVAILABILITY_KEY,
+from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.placement_quality import decode_held_sets, judge
+from reporter.publish.watch import node_annotation
+from reporter.schema import dra, keys
+from reporter.schema.availability import (
     DEVICE_PLUGIN_ONLY,
-    GPU_FREE_NVLINK_MAX_LABEL,
     Allocation,
     Availability,
     availability_labels,
     decode_allocation,
     decode_availability,
 )
-from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
-from reporter.extender.cache import CAPABLE_SIZES, NodeCache
-from reporter.placement_quality import HELD_SETS_KEY, decode_held_sets, judge
-from reporter.publish.watch import node_annotation
-from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
 from reporter.schema.matrix import describe_matrix
 from reporter.schema.model import Topology
@@ -94,7 +91,7 @@ def capacity(nodes: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, Any]:
     """The cluster's free capacity from its Nodes, counted by the extender's own cache: the
     nodes that hand a pod of k GPUs an NVLink-connected set now (k in CAPABLE_SIZES), and per
     NVLink partition its nodes and those whose GPUs are all free."""
-    key = keys.key(prefix, AVAILABILITY_KEY)
+    key = keys.key(prefix, keys.AVAILABILITY)
     cache = NodeCache(prefix)
     listed = [node_annotation(n, key) for n in nodes]
     cache.replace(listed)
@@ -142,19 +139,19 @@ def _annotation(node: Mapping[str, Any], prefix: str, name: str) -> Any:
 
 def availability(node: Mapping[str, Any], prefix: str) -> Availability | str:
     """The node's free GPUs as the agent published them, or why they are not known."""
-    text = _annotation(node, prefix, AVAILABILITY_KEY)
+    text = _annotation(node, prefix, keys.AVAILABILITY)
     if not isinstance(text, str):
         return "unknown: the agent does not publish availability on this node"
     try:
         return decode_availability(text)
     except SchemaError as e:
-        return f"unknown: the {keys.key(prefix, AVAILABILITY_KEY)} annotation is damaged ({e})"
+        return f"unknown: the {keys.key(prefix, keys.AVAILABILITY)} annotation is damaged ({e})"
 
 
 def allocation(node: Mapping[str, Any], prefix: str) -> Allocation | None:
     """How the node's availability was counted and which GPUs DRA claims hold; None when the
     annotation is damaged (its absence means the device plugin's allocations only)."""
-    text = _annotation(node, prefix, ALLOCATION_KEY)
+    text = _annotation(node, prefix, keys.ALLOCATION)
     if text is None:
         return DEVICE_PLUGIN_ONLY
     try:
@@ -169,15 +166,15 @@ def pod_set_rows(
     """Each container holding two or more GPUs (the `gpu-sets` annotation) with its set's quality
     judged on the topology; or why they cannot be shown. Empty: no such container, or the agent
     does not publish availability."""
-    text = _annotation(node, prefix, HELD_SETS_KEY)
+    text = _annotation(node, prefix, keys.GPU_SETS)
     if text is None:
         return []
     try:
         sets, left_out = decode_held_sets(text)
         if any(g >= len(topology.gpus) for s in sets for g in s.gpus):
-            raise SchemaError(HELD_SETS_KEY, "names a GPU the topology does not have")
+            raise SchemaError(keys.GPU_SETS, "names a GPU the topology does not have")
     except SchemaError as e:
-        return f"unknown: the {keys.key(prefix, HELD_SETS_KEY)} annotation is damaged ({e})"
+        return f"unknown: the {keys.key(prefix, keys.GPU_SETS)} annotation is damaged ({e})"
     rows: list[dict[str, Any]] = []
     for held in sets:
         quality = judge(topology, held.gpus)
@@ -320,7 +317,7 @@ def free_text(free: Availability | str, prefix: str) -> str:
         return f"Free GPUs: {free}"
     if not free.free:
         return "Free GPUs: none"
-    connected = availability_labels(free, prefix)[f"{prefix}/{GPU_FREE_NVLINK_MAX_LABEL}"]
+    connected = availability_labels(free, prefix)[keys.key(prefix, keys.GPU_FREE_NVLINK_MAX)]
     nvlink = f"up to {connected} of them NVLink-connected" if connected != "0" else "no NVLink pair"
     return f"Free GPUs: GPU{format_cpulist(frozenset(free.free))} ({len(free.free)}; {nvlink})"
 

@@ -39,14 +39,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from reporter.availability import Allocation, Availability, compute_availability
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.free_sets import compute_availability
 from reporter.outputs import LiveOutput
 from reporter.placement import Policy
 from reporter.placement_quality import HeldSet
 from reporter.publish.availability import AvailabilitySink
 from reporter.publish.lease import LeaseHeartbeat
 from reporter.publish.patch import Desired
+from reporter.schema.availability import Allocation, Availability
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState

@@ -38,10 +38,9 @@ from parsers.errors import ParseError
 from parsers.links import LinkKind
 from reporter.errors import SchemaError
 from reporter.placement import nvlink_reach
+from reporter.schema import keys
 from reporter.schema.model import MAX_GPUS, Topology
 
-HELD_SETS_KEY = "gpu-sets"
-"""Annotation key suffix: the full key is f"{prefix}/gpu-sets"."""
 MAX_HELD_CHARS = 16_384
 """The most the entries of `gpu-sets` take; the rest are counted, not listed."""
 _VERSION = 1
@@ -123,10 +122,10 @@ def decode_held_sets(text: str) -> tuple[tuple[HeldSet, ...], int]:
     """The sets an annotation value lists and how many it left out; exactly what
     `encode_held_sets` writes, nothing else. Raises SchemaError (field `gpu-sets`)."""
     if not isinstance(text, str) or len(text) > _MAX_TEXT_CHARS or not text.isascii():
-        raise SchemaError(HELD_SETS_KEY, "is not a short ASCII string")
+        raise SchemaError(keys.GPU_SETS, "is not a short ASCII string")
     version, *entries = text.split(";")
     if version != str(_VERSION):
-        raise SchemaError(HELD_SETS_KEY, f"is not version {_VERSION}")
+        raise SchemaError(keys.GPU_SETS, f"is not version {_VERSION}")
     left_out = 0
     if entries and (more := _MORE.fullmatch(entries[-1])):
         left_out = int(more.group(1))
@@ -135,16 +134,16 @@ def decode_held_sets(text: str) -> tuple[tuple[HeldSet, ...], int]:
     for entry in entries:
         match = _ENTRY.fullmatch(entry)
         if match is None:
-            raise SchemaError(HELD_SETS_KEY, f"entry {entry[:80]!r} is not ns/pod/container=GPUs")
+            raise SchemaError(keys.GPU_SETS, f"entry {entry[:80]!r} is not ns/pod/container=GPUs")
         namespace, pod, container, listed = match.groups()
         try:
-            gpus = tuple(sorted(parse_cpulist(listed, field=HELD_SETS_KEY)))
+            gpus = tuple(sorted(parse_cpulist(listed, field=keys.GPU_SETS)))
         except ParseError as e:
-            raise SchemaError(HELD_SETS_KEY, f"GPUs of {namespace}/{pod}: {e}") from None
+            raise SchemaError(keys.GPU_SETS, f"GPUs of {namespace}/{pod}: {e}") from None
         if len(gpus) < 2 or gpus[-1] >= MAX_GPUS:
-            raise SchemaError(HELD_SETS_KEY, f"GPUs of {namespace}/{pod} are not 2 to {MAX_GPUS}")
+            raise SchemaError(keys.GPU_SETS, f"GPUs of {namespace}/{pod} are not 2 to {MAX_GPUS}")
         sets.append(HeldSet(namespace, pod, container, gpus))
     decoded = tuple(sets)
     if encode_held_sets(decoded) + (f";+{left_out}" if left_out else "") != text:
-        raise SchemaError(HELD_SETS_KEY, "is not in canonical form (as the agent writes it)")
+        raise SchemaError(keys.GPU_SETS, "is not in canonical form (as the agent writes it)")
     return decoded, left_out

@@ -16,12 +16,13 @@ import pytest
 
 from reporter.agent import Agent
 from reporter.assembly import build_agent
-from reporter.availability import compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
 from reporter.collect.podresources import AllocationView, PodResourcesError
+from reporter.free_sets import compute_availability
 from reporter.live import AvailabilityLoop, SimulatedFreeSource
 from reporter.outputs import LiveOutput
 from reporter.placement_quality import HeldSet, decode_held_sets
+from reporter.schema.availability import encode_availability
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState, Verdict

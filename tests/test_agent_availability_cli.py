@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from reporter.availability import compute_availability, decode_availability
 from reporter.collect import build_scanner
 from reporter.collect.podresources import DEFAULT_RESOURCES
 from reporter.errors import ConfigError
+from reporter.free_sets import compute_availability
+from reporter.schema.availability import decode_availability
 from reporter.settings import DEFAULT_POD_RESOURCES_SOCKET, Settings, add_arguments, resolve
 from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 from tests.test_agent_cli import CLI, env

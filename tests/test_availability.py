@@ -1,4 +1,5 @@
-"""`reporter.availability`: the best free set per k, its compact annotation, labels and node score.
+"""Availability: the best free set per k (`reporter.free_sets`), its compact annotation and labels
+(`reporter.schema.availability`) and the node score and hold rule (`reporter.availability`).
 
 The annotation is read back from the API server, where anyone who can edit a Node can change it:
 `decode_availability` must give back exactly what was encoded, or SchemaError, for any text.
@@ -13,27 +14,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reporter import availability
+from reporter import free_sets
 from reporter.availability import (
-    MAX_GPUS,
-    MAX_TEXT_CHARS,
     NEUTRAL_SCORE,
-    Availability,
-    FreeSet,
-    availability_labels,
     can_fit,
-    compute_availability,
     connected_capacity,
     connected_now,
-    decode_availability,
-    encode_availability,
-    free_set,
     holds_for_connected,
     node_score,
 )
 from reporter.errors import PlacementError, SchemaError
+from reporter.free_sets import compute_availability, free_set
 from reporter.placement import GpuSet, Policy, best_gpu_set
-from reporter.schema.model import Link, LinkKind, NvlinkHealth, Topology
+from reporter.schema.availability import (
+    MAX_TEXT_CHARS,
+    Availability,
+    FreeSet,
+    availability_labels,
+    decode_availability,
+    encode_availability,
+)
+from reporter.schema.model import MAX_GPUS, Link, LinkKind, NvlinkHealth, Topology
 from tests.fuzz import fuzz
 from tests.strategies import topologies
 from tests.test_placement_best_set import (
@@ -117,7 +118,7 @@ def test_all_k_of_a_48_gpu_random_machine_share_one_budget(monkeypatch: pytest.M
         spent.append(best)
         return best
 
-    monkeypatch.setattr(availability, "best_gpu_set", recorded)
+    monkeypatch.setattr(free_sets, "best_gpu_set", recorded)
     a = compute_availability(topology, range(48), budget=240_000)
     assert len(a.best) == len(spent) == 48
     assert sum(s.work for s in spent) <= 240_000 + 48 * 48  # each search may overrun by one step

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from reporter.availability import compute_availability, decode_availability, encode_availability
 from reporter.collect import build_scanner
 from reporter.collect.podresources import PodResourcesReader
+from reporter.free_sets import compute_availability
+from reporter.schema.availability import decode_availability, encode_availability
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_cli import CLI, env

@@ -29,13 +29,10 @@ import yaml
 from kubernetes import client as k8s
 
 from reporter import kubectl_plugin
-from reporter.availability import (
-    compute_availability,
-    decode_availability,
-    encode_availability,
-)
-from reporter.extender.protocol import node_rank
+from reporter.extender.cache import node_rank
+from reporter.free_sets import compute_availability
 from reporter.schema import dra, keys
+from reporter.schema.availability import decode_availability, encode_availability
 from reporter.schema.codec import encode
 from tests.controlplane_fixtures import (
     SCHEDULER_FEATURE_GATES,

@@ -31,12 +31,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from reporter.availability import (
-    decode_availability,
-    node_score,
-)
+from reporter.availability import node_score
 from reporter.collect import build_scanner
 from reporter.collect.podresources import AllocationView, PodResourcesReader
+from reporter.schema.availability import decode_availability
 from reporter.schema.model import Topology
 from tests.controlplane_fixtures import (
     NODE_CAPACITY,

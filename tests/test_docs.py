@@ -26,8 +26,10 @@ import pytest
 
 from parsers.kubelet import KubeletPolicies
 from reporter.agent import SchemaProjection
-from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
+from reporter.free_sets import compute_availability
+from reporter.schema import keys
+from reporter.schema.availability import encode_availability
 from tests.agent_support import NODE, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
 from tests.golden import FIXTURES
@@ -257,7 +259,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         # dgx-01 publishes availability (opt-in): GPUs 4, 5 and 7 are taken.
         free = encode_availability(compute_availability(dgx, [0, 1, 2, 3, 6]))
         double.edit_node(
-            "dgx-01", {"metadata": {"annotations": {f"{PREFIX}/{AVAILABILITY_KEY}": free}}}
+            "dgx-01", {"metadata": {"annotations": {f"{PREFIX}/{keys.AVAILABILITY}": free}}}
         )
         # dgx-07 is the doctor page's example: no device plugin, single-numa-node admission.
         double.edit_node(

@@ -19,27 +19,26 @@ from hypothesis import strategies as st
 from reporter.availability import (
     CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
-    Availability,
     can_fit,
-    compute_availability,
     connected_capacity,
     connected_now,
-    decode_availability,
-    encode_availability,
     node_score,
 )
 from reporter.collect import build_scanner
 from reporter.errors import ConfigError
-from reporter.extender.cache import NodeCache
-from reporter.extender.eligibility import node_facts
-from reporter.extender.protocol import (
+from reporter.extender.cache import (
     DEFAULT_RESOURCE,
     KEPT_SIZES,
-    BadRequestError,
+    NodeCache,
     NodeRank,
     RankTable,
-    check_resource_name,
     connected_whole,
+    rank,
+)
+from reporter.extender.eligibility import node_facts
+from reporter.extender.protocol import (
+    BadRequestError,
+    check_resource_name,
     created_seconds,
     duration_text,
     filter_answer,
@@ -49,9 +48,10 @@ from reporter.extender.protocol import (
     parse_preemption_args,
     preempt_answer,
     prioritize_answer,
-    rank,
 )
+from reporter.free_sets import compute_availability
 from reporter.publish.watch import NodeAnnotation, WatchEvent
+from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
 
@@ -771,3 +771,19 @@ def test_the_pod_is_held_only_for_a_node_it_could_use(case: str) -> None:
     assert (reason is not None) is held
     answer = json.loads(filter_answer(args, verdicts, reason)[0])
     assert answer["NodeNames"] == ([] if held else ["pcie"])
+
+
+@given(
+    st.lists(
+        st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
+        | st.sampled_from(['a"b', "a\\b", 'a","b', "\x7f", "\x00", "é", "gpu-01"]),
+        max_size=8,
+    )
+)
+def test_the_kept_names_are_written_as_json_dumps_writes_them(names: list[str]) -> None:
+    """The filter answer joins node names in one go where none needs escaping; any other name
+    (a quote, a backslash, a control character, DEL, non-ASCII) is escaped as json.dumps does."""
+    args = parse_args(body(Pod=pod(1), NodeNames=names))
+    answer = filter_answer(args, RankTable(GPU).verdicts(1))[0].decode()
+    assert f'"NodeNames":{json.dumps(names, separators=(",", ":"))},' in answer
+    assert json.loads(answer)["NodeNames"] == names

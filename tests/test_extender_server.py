@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 import structlog
 
-from reporter.availability import compute_availability, encode_availability, node_score
+from reporter.availability import node_score
 from reporter.errors import PublishError
 from reporter.extender.cache import NodeCache, NodeWatcher
 from reporter.extender.server import LIMITS, ExtenderMetrics, ExtenderServer
+from reporter.free_sets import compute_availability
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.watch import NodeAnnotation, NodeSnapshot, NodeWatch, WatchEvent
+from reporter.schema.availability import encode_availability
 from reporter.schema.labels import labels
 from tests.kube_double import ApiServerDouble, Certificate, Fault, write_kubeconfig
 from tests.test_extender_protocol import KEY, pod, profile

@@ -25,9 +25,9 @@ from parsers.nvidia_proc import parse_device_minor
 from parsers.nvsmi import parse_topo
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_node_memtotal
-from reporter.availability import decode_availability
 from reporter.errors import ConfigError, SchemaError
 from reporter.extender.protocol import BadRequestError, gpus_requested
+from reporter.schema.availability import decode_availability
 from reporter.settings import listen_address, parse_count, parse_indexes
 from tests.fuzz import fuzz
 

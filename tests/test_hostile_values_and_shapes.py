@@ -31,13 +31,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from reporter.availability import (
-    Allocation,
-    compute_availability,
-    decode_allocation,
-    encode_allocation,
-    encode_availability,
-)
 from reporter.cli import main
 from reporter.collect import SourceState
 from reporter.collect import simulate as simulated
@@ -51,6 +44,7 @@ from reporter.doctor import reader as doctor_reader
 from reporter.errors import ApiTransientError, PublishError, SchemaError
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics, ExtenderServer
+from reporter.free_sets import compute_availability
 from reporter.hostfs import DirHostFS
 from reporter.kubectl_plugin import main as plugin_main
 from reporter.publish.devicetaints import DeviceTaintSink
@@ -58,6 +52,12 @@ from reporter.publish.lease import LeaseWatch, beat
 from reporter.publish.watch import NodeAnnotation, NodeWatch
 from reporter.publish.wire import WireClient
 from reporter.schema import dra, keys
+from reporter.schema.availability import (
+    Allocation,
+    decode_allocation,
+    encode_allocation,
+    encode_availability,
+)
 from reporter.schema.codec import decode, encode, from_document, to_document
 from reporter.schema.dra import DeviceTaint
 from reporter.schema.model import (

@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from parsers.kubelet import KubeletPolicies
-from reporter.availability import AVAILABILITY_KEY, compute_availability, encode_availability
 from reporter.collect.kubelet import KubeletReading
+from reporter.free_sets import compute_availability
 from reporter.placement_quality import HeldSet, encode_held_sets
+from reporter.schema import keys
+from reporter.schema.availability import encode_availability
 from reporter.schema.codec import encode, to_document
 from reporter.schema.matrix import describe_matrix
 from reporter.schema.model import NvlinkHealth, Topology
@@ -101,7 +103,7 @@ def test_free_gpus_come_from_the_availability_annotation(
     published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
 ) -> None:
     free = compute_availability(machines()["profile dgx-h100"], [0, 1, 2, 3, 6])
-    key = f"{PREFIX}/{AVAILABILITY_KEY}"
+    key = f"{PREFIX}/{keys.AVAILABILITY}"
     published.edit_node(NODE, {"metadata": {"annotations": {key: encode_availability(free)}}})
     shown = plugin(NODE, "--kubeconfig", str(admin_kubeconfig))
     assert "Free GPUs: GPU0-3,6 (5; up to 5 of them NVLink-connected)\n" in shown.stdout
@@ -119,7 +121,7 @@ def test_an_availability_value_int_refuses_is_damaged_in_the_list_and_the_node(
     published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
 ) -> None:
     # Issue 19: 4,301 zeros, one past int()'s digit limit, crashed both views.
-    key = f"{PREFIX}/{AVAILABILITY_KEY}"
+    key = f"{PREFIX}/{keys.AVAILABILITY}"
     poison = "1;" + "0" * 4301 + ";0.1.1.0.1"
     published.edit_node(NODE, {"metadata": {"annotations": {key: poison}}})
     listed = plugin("--kubeconfig", str(admin_kubeconfig))
@@ -180,7 +182,7 @@ def test_partitions_count_each_partitions_nodes_and_whole_free_ones(
         published.add_node(
             name,
             labels={partition: where, count: "8"},
-            annotations={f"{PREFIX}/{AVAILABILITY_KEY}": value},
+            annotations={f"{PREFIX}/{keys.AVAILABILITY}": value},
         )
     result = plugin("--partitions", KUBECONFIG=str(admin_kubeconfig))
     assert result.returncode == 0, result.stderr
@@ -357,7 +359,7 @@ def test_a_dra_node_shows_the_gpus_claims_hold_and_each_gpus_nvlinks(
             "metadata": {
                 "annotations": {
                     f"{PREFIX}/topology": encode(topology),
-                    f"{PREFIX}/{AVAILABILITY_KEY}": encode_availability(free),
+                    f"{PREFIX}/{keys.AVAILABILITY}": encode_availability(free),
                     f"{PREFIX}/allocation": "1;dra;0-1",
                 }
             }
@@ -398,7 +400,7 @@ def test_a_node_shows_each_pods_gpu_set_and_its_quality(
             "metadata": {
                 "annotations": {
                     f"{PREFIX}/topology": encode(topology),
-                    f"{PREFIX}/{AVAILABILITY_KEY}": encode_availability(free),
+                    f"{PREFIX}/{keys.AVAILABILITY}": encode_availability(free),
                     f"{PREFIX}/gpu-sets": sets,
                 }
             }

@@ -22,8 +22,9 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from reporter.availability import compute_availability, encode_availability
 from reporter.collect.simulate.machine import load_machine
+from reporter.free_sets import compute_availability
+from reporter.schema.availability import encode_availability
 from tests.agent_support import topology
 from tests.kube_double import ApiServerDouble, write_kubeconfig
 from tests.kube_double.tls import Certificate

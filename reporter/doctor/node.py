@@ -15,7 +15,6 @@ from typing import Any
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
 from parsers.kubelet import KubeletPolicies
-from reporter.availability import ALLOCATION_KEY, AVAILABILITY_KEY, decode_allocation
 from reporter.doctor.model import (
     FABRIC_CHECK,
     GPU_RESOURCE,
@@ -29,6 +28,7 @@ from reporter.doctor.model import (
 from reporter.doctor.racks import partition_label_mismatch
 from reporter.errors import SchemaError
 from reporter.schema import dra, keys
+from reporter.schema.availability import decode_allocation
 from reporter.schema.fabric import HEALTHY, TAINTED, UNHEALTHY, gpu_health, node_fabric
 from reporter.schema.labels import gpus_per_numa
 from reporter.schema.model import Topology
@@ -110,8 +110,7 @@ def _nvlink_degraded(topology: Topology) -> list[Finding]:
             elif total[i] < best:
                 evidence.append(f"GPU{i} has {total[i]} NVLinks where other {name}s have {best}")
     healthy = n - sum(1 for g in topology.gpus if g.lost)
-    largest = max((len(i) for i in topology.islands), default=1)
-    if topology.nvswitch and largest < healthy:
+    if topology.nvswitch and topology.largest_island < healthy:
         evidence.append(f"NVSwitch system split into islands {[list(i) for i in topology.islands]}")
     if not evidence:
         return []
@@ -286,11 +285,11 @@ def dra_findings(
     name = str((node.get("metadata") or {}).get("name", "?"))
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     findings = _claims_on_lost(
-        name, topology, seen, annotations.get(keys.key(prefix, ALLOCATION_KEY))
+        name, topology, seen, annotations.get(keys.key(prefix, keys.ALLOCATION))
     )
-    if keys.key(prefix, AVAILABILITY_KEY) not in annotations or seen.slices is None:
+    if keys.key(prefix, keys.AVAILABILITY) not in annotations or seen.slices is None:
         return findings
-    allocation_text = annotations.get(keys.key(prefix, ALLOCATION_KEY))
+    allocation_text = annotations.get(keys.key(prefix, keys.ALLOCATION))
     try:
         sources = (
             ("device-plugin",)
@@ -309,7 +308,7 @@ def dra_findings(
                 "extender",
                 evidence=(
                     f"{seen.slices} ResourceSlice(s) of {dra.DRIVER} for {name}",
-                    f"{keys.key(prefix, ALLOCATION_KEY)}: {allocation_text or '(absent)'}",
+                    f"{keys.key(prefix, keys.ALLOCATION)}: {allocation_text or '(absent)'}",
                 ),
                 fix="run the agent with its DRA drivers on (`--dra-drivers gpu.nvidia.com`, the "
                 "default; chart `dra.drivers`) and the kubelet's gate "
@@ -326,7 +325,7 @@ def dra_findings(
                 "claim holds is published free",
                 evidence=(
                     f"no ResourceSlice of {dra.DRIVER} for {name}",
-                    f"{keys.key(prefix, ALLOCATION_KEY)}: {allocation_text}",
+                    f"{keys.key(prefix, keys.ALLOCATION)}: {allocation_text}",
                 ),
                 fix="check NVIDIA's DRA driver's kubelet plugin on the node; on a device plugin "
                 "node, check that the agent's --pod-resources-resource names match what the "

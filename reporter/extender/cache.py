@@ -4,10 +4,12 @@ With `nodeCacheCapable` the scheduler sends node names only; at 5,000 nodes whol
 would be megabytes per call. The cache decodes each node's availability annotation once, when the
 watch says the node changed (and only when the annotation's text changed), and keeps each node's
 answer pre-encoded for the request sizes asked recently (`RankTable`), so that a scheduling call
-costs dictionary lookups and joins, no Python code per node. A node it has not seen, or whose
-annotation is missing or damaged, reads as None: never filtered, neutral score. So does a node
-whose agent no longer vouches for its annotation, with heartbeats on (`vouched`, kept by
-`reporter.extender.heartbeat`, which calls `revise` when a node's verdict changes).
+costs dictionary lookups and joins, no Python code per node: each node's rank (`NodeRank`, its
+scores and hold facts per k) and its answers per request size (`Verdicts`) live here, written by
+the watch and the heartbeats under one lock, read by the calls without it. A node it has not
+seen, or whose annotation is missing or damaged, reads as None: never filtered, neutral score.
+So does a node whose agent no longer vouches for its annotation, with heartbeats on (`vouched`,
+kept by `reporter.extender.heartbeat`, which calls `revise` when a node's verdict changes).
 
 The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
 lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
@@ -16,23 +18,322 @@ errors. It never writes anything.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
+from typing import Any
 
 import structlog
 
-from reporter.availability import AVAILABILITY_KEY
-from reporter.errors import PublishError
-from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
-from reporter.extender.protocol import (
-    DEFAULT_RESOURCE,
-    NodeRank,
-    RankTable,
-    connected_whole,
-    rank,
+from parsers.errors import ParseError
+from parsers.integers import parse_decimal
+from reporter.availability import (
+    NEUTRAL_SCORE,
+    connected_capacity,
+    connected_now,
+    node_score,
 )
+from reporter.errors import PublishError, SchemaError
+from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
 from reporter.extender.reflector import Reflector
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
+from reporter.schema import keys
+from reporter.schema.availability import Availability, decode_availability
+from reporter.schema.keys import COUNT, DEFAULT_PREFIX, INTERCONNECT, NVLINK_HEALTH, key
+
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+KEPT_SIZES = 16
+"""Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
+RANKS_KEPT = 4096
+"""Distinct valid annotation values whose rank is remembered (at most 6 KB each: 24 MB at worst,
+about 100 bytes each for 8-GPU nodes)."""
+HELD = "\x00"
+"""Stands for the hold reason in a pre-encoded FailedNodes member until a call fills it in: no
+JSON string that `encode_basestring_ascii` writes holds a raw control character."""
+HELD_MEMBER = ":" + HELD
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRank:
+    """What filter and prioritize need of a node, computed once per change of its annotation."""
+
+    free: int
+    """Free GPUs."""
+    scores: tuple[int, ...]
+    """scores[k-1] = node_score(availability, k), for k = 1..free."""
+    connected: tuple[bool, ...] = ()
+    """connected[k-1] = connected_now(availability, k), for k = 1..free: the node hands a pod of
+    k GPUs an NVLink-connected set now."""
+    capacity: int = 0
+    """connected_capacity(availability): the largest connected set one of its free GPUs belongs
+    to, free or not."""
+
+    @classmethod
+    def of(cls, availability: Availability) -> NodeRank:
+        sizes = range(1, len(availability.free) + 1)
+        return cls(
+            len(availability.free),
+            tuple(node_score(availability, k) for k in sizes),
+            tuple(connected_now(availability, k) for k in sizes),
+            connected_capacity(availability),
+        )
+
+
+def rank(text: str | None) -> NodeRank | None:
+    """The rank of an availability annotation value; None when absent or damaged.
+
+    Remembered by text: many nodes carry the same value (same machine, same free GPUs), and the
+    whole-Nodes form sends every node's annotation again with every call. Only values that decode
+    are remembered: a refused one (up to the 256 KiB an annotation may hold, or megabytes in a
+    request) is decoded again, or refused by its length at once, but never kept.
+    """
+    if text is None:
+        return None
+    try:
+        return _decoded_rank(text)
+    except SchemaError:
+        # Someone edited it, or another version wrote it: neutral, never a crash.
+        return None
+
+
+@functools.lru_cache(maxsize=RANKS_KEPT)
+def _decoded_rank(text: str) -> NodeRank:
+    # lru_cache keeps what returns, not what raises: the SchemaError of a refused text.
+    return NodeRank.of(decode_availability(text))
+
+
+def node_rank(node: Mapping[str, Any], key: str) -> NodeRank | None:
+    """The availability a whole Node carries under annotation `key`; None when absent or damaged."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    text = annotations.get(key) if isinstance(annotations, dict) else None
+    return rank(text) if isinstance(text, str) else None
+
+
+def _entry(quoted: str, score: int) -> str:
+    return f'{{"Host":{quoted},"Score":{score}}}'
+
+
+class Verdicts:
+    """Every known node's answer for one request size k, encoded once as JSON fragments.
+
+    A scheduling call at k then costs dictionary lookups and one join per node list, with no
+    Python code per node (at 5,000 nodes, building and encoding per call was most of its time).
+    So does deciding whether to hold a pod for a connected set: two sets kept as nodes change,
+    read with one set operation per call (`hold_reason`).
+    """
+
+    __slots__ = (
+        "capable",
+        "connected",
+        "entries",
+        "failed",
+        "held",
+        "k",
+        "resource",
+        "unresolvable",
+    )
+
+    def __init__(self, k: int, resource: str) -> None:
+        self.k = k
+        self.resource = resource
+        self.entries: dict[str, str] = {}
+        """Node name to its HostPriority, `{"Host":"a","Score":9}`."""
+        self.failed: dict[str, str] = {}
+        """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
+        cannot give k free GPUs (and only those)."""
+        self.held: dict[str, str] = {}
+        """For k >= 2, the FailedNodes members while a pod is held, for the nodes where evicting
+        pods would give it a connected set (`whole` >= k): `failed`'s, and for the nodes known
+        to give k GPUs that are not connected `"a":` then HELD, the reason to come."""
+        self.unresolvable: dict[str, str] = {}
+        """For k >= 2, the same members for the other nodes, answered as
+        FailedAndUnresolvableNodes while a pod is held: preemption there cannot serve it."""
+        self.connected: set[str] = set()
+        """For k >= 2, the nodes that give a pod of k GPUs an NVLink-connected set now."""
+        self.capable: set[str] = set()
+        """For k >= 2, the nodes whose connected capacity is k or more: worth waiting for."""
+
+    def set(self, name: str, quoted: str, r: NodeRank | None, whole: int = 0) -> None:
+        """Judge one node: `r` its rank (None: unknown or unreadable), `whole` its GPUs when
+        every pair of them is connected (`connected_whole`), else 0."""
+        k = self.k
+        if not k:
+            score = 0  # not ours to judge: no opinion
+        elif r is None:
+            score = NEUTRAL_SCORE
+        else:
+            # `node_score`, read from the rank: scores[k-1], 0 where k GPUs do not fit.
+            score = r.scores[k - 1] if k <= r.free else 0
+        self.entries[name] = _entry(quoted, score)
+        if k and r is not None and r.free < k:
+            # Not "unresolvable": preempting pods on the node would free GPUs.
+            reason = f"topo-reporter: {r.free} free {self.resource}, the pod needs {k}"
+            self.failed[name] = f"{quoted}:{encode_basestring_ascii(reason)}"
+        else:
+            self.failed.pop(name, None)
+        if k < 2 or r is None:
+            # An unknown or unreadable node is never filtered, nor waited for.
+            self._forget(name)
+            return
+        member: str | None = None
+        if r.free < k:
+            self.connected.discard(name)
+            member = self.failed[name]
+        elif r.connected[k - 1]:
+            self.connected.add(name)
+        else:
+            self.connected.discard(name)
+            member = quoted + HELD_MEMBER
+        # While the pod is held, a node where evicting pods cannot be known to give it a
+        # connected set is no place for preemption (issue 28, item 1).
+        resolvable, other = (
+            (self.held, self.unresolvable) if whole >= k else (self.unresolvable, self.held)
+        )
+        other.pop(name, None)
+        if member is None:
+            resolvable.pop(name, None)
+        else:
+            resolvable[name] = member
+        if r.capacity >= k:
+            self.capable.add(name)
+        else:
+            self.capable.discard(name)
+
+    def drop(self, name: str) -> None:
+        self.entries.pop(name, None)
+        self.failed.pop(name, None)
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self.held.pop(name, None)
+        self.unresolvable.pop(name, None)
+        self.connected.discard(name)
+        self.capable.discard(name)
+
+    def entry(self, name: str) -> str:
+        """The HostPriority of a node the table does not know: neutral, or 0 for no opinion."""
+        return _entry(encode_basestring_ascii(name), NEUTRAL_SCORE if self.k else 0)
+
+
+class RankTable:
+    """Each node's rank by name, and the Verdicts of the request sizes asked for recently.
+
+    Writers (`set`, `drop`) and `verdicts` take the lock; readers of a Verdicts' dictionaries do
+    not: each of their reads and writes is atomic, so a call that overlaps an update answers
+    each node from before or after it. A NodeCache hands each table it builds its own lock, so
+    that one lock guards all it holds; a table of its own (`of_nodes`) has one of its own.
+    """
+
+    def __init__(
+        self, resource: str = DEFAULT_RESOURCE, lock: threading.RLock | None = None
+    ) -> None:
+        self.resource = resource
+        self.ranks: dict[str, NodeRank | None] = {}
+        self.wholes: dict[str, int] = {}
+        """Node name to `connected_whole` of its labels, for the nodes where it is not 0."""
+        self.facts: dict[str, NodeFacts] = {}
+        """Node name to where pods may go on it (`reporter.extender.eligibility`)."""
+        self._quoted: dict[str, str] = {}
+        self._sizes: dict[int, Verdicts] = {}
+        # Re-entrant: the cache takes it around its own bookkeeping and the table's writes.
+        self._lock = lock if lock is not None else threading.RLock()
+
+    @classmethod
+    def of_nodes(
+        cls,
+        node_list: Mapping[str, Any],
+        key: str,
+        resource: str,
+        vouched: Callable[[str], bool] = lambda node: True,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> RankTable:
+        """The ranks of the Nodes a request carries (the form without nodeCacheCapable); a node
+        not `vouched` for (heartbeats) is unknown."""
+        table = cls(resource)
+        for item in node_list.get("items") or []:
+            name = str(item["metadata"]["name"])
+            facts = node_facts(item)
+            if vouched(name):
+                labels = item["metadata"].get("labels")
+                table.set(name, node_rank(item, key), connected_whole(labels, prefix), facts)
+            else:
+                table.set(name, None, 0, facts)
+        return table
+
+    def set(
+        self, name: str, r: NodeRank | None, whole: int = 0, facts: NodeFacts = OPEN_NODE
+    ) -> None:
+        """Take a node's rank, its `connected_whole` (0 where unknown) and its facts."""
+        with self._lock:
+            quoted = self._quoted.get(name)
+            if quoted is None:
+                # The watch's name lies among the objects of its Node's JSON; a copy made here
+                # lies beside the names the table holds. Every call compares each candidate's
+                # name with its key here: scattered keys made those lookups 2 to 3 times slower
+                # at 15,000 nodes (bench/README.md).
+                name = name.encode().decode()
+                quoted = self._quoted[name] = encode_basestring_ascii(name)
+            self.ranks[name] = r
+            self.facts[name] = facts
+            if whole:
+                self.wholes[name] = whole
+            else:
+                self.wholes.pop(name, None)
+            for verdicts in self._sizes.values():
+                verdicts.set(name, quoted, r, whole)
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            self.ranks.pop(name, None)
+            self.wholes.pop(name, None)
+            self.facts.pop(name, None)
+            self._quoted.pop(name, None)
+            for verdicts in self._sizes.values():
+                verdicts.drop(name)
+
+    def sizes(self) -> list[int]:
+        """The request sizes whose Verdicts are kept, least recently asked first."""
+        with self._lock:
+            return list(self._sizes)
+
+    def verdicts(self, k: int) -> Verdicts:
+        """The Verdicts for pods of k GPUs: kept for the KEPT_SIZES sizes asked last,
+        built (one pass over the nodes) on the first call for a size."""
+        with self._lock:
+            found = self._sizes.pop(k, None)
+            if found is None:
+                found = Verdicts(k, self.resource)
+                wholes = self.wholes
+                for name, r in self.ranks.items():
+                    found.set(name, self._quoted[name], r, wholes.get(name, 0))
+            self._sizes[k] = found
+            while len(self._sizes) > KEPT_SIZES:
+                del self._sizes[next(iter(self._sizes))]
+            return found
+
+
+def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
+    """How many GPUs the node has when its agent's labels say every pair of them is joined by
+    NVSwitch at full bond (`interconnect=nvswitch`, `nvlink-health=ok`), else 0: on such a node
+    any k free GPUs are a connected set, so evicting pods that free k of them gives one. Labels
+    that do not read count as 0 (nothing is known)."""
+    if not isinstance(labels, dict):
+        return 0
+    if labels.get(key(prefix, INTERCONNECT)) != "nvswitch":
+        return 0
+    if labels.get(key(prefix, NVLINK_HEALTH)) != "ok":
+        return 0
+    count = labels.get(key(prefix, COUNT))
+    if not isinstance(count, str):
+        return 0
+    try:
+        return parse_decimal(count, field="count", max_digits=3)
+    except ParseError:
+        return 0
+
 
 CAPABLE_SIZES = (2, 4, 8)
 """The set sizes capacity is counted for (`topo_reporter_extender_connected_capable_nodes`,
@@ -40,7 +341,8 @@ CAPABLE_SIZES = (2, 4, 8)
 
 
 class NodeCache:
-    """Each node's rank by name, shared between the watch thread and the request threads."""
+    """Each node's rank by name, shared between the watch thread and the request threads, under
+    one lock: its own bookkeeping and its table's writes take it together."""
 
     def __init__(
         self,
@@ -51,10 +353,10 @@ class NodeCache:
     ) -> None:
         """`vouched(node)`: whether the node's availability is to be trusted now (heartbeats)."""
         self.prefix = prefix
-        self.annotation = f"{prefix}/{AVAILABILITY_KEY}"
+        self.annotation = keys.key(prefix, keys.AVAILABILITY)
         self.vouched = vouched
         self._resource = resource
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._text: dict[str, str | None] = {}
         self._whole: dict[str, int] = {}
         """Node name to `connected_whole` of its labels, as last judged."""
@@ -62,7 +364,7 @@ class NodeCache:
         """Node name to where pods may go on it (labels, taints), as last seen."""
         self._place: dict[str, tuple[str | None, int | None]] = {}
         """Each node's NVLink partition and GPU count labels, for `capacity`."""
-        self._table = RankTable(resource)
+        self._table = RankTable(resource, self._lock)
         self._synced = threading.Event()
 
     def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
@@ -73,7 +375,7 @@ class NodeCache:
         facts = {n.name: node_facts(n.node) for n in listed}
         with self._lock:
             old = self._table
-            table = RankTable(self._resource)
+            table = RankTable(self._resource, self._lock)
             for name, text in fresh.items():
                 unchanged = self._text.get(name, ...) == text and name in old.ranks
                 r = old.ranks[name] if unchanged else self._rank(name, text)

@@ -25,12 +25,10 @@ raises BadRequestError with one line.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress
@@ -41,28 +39,19 @@ from typing import Any, cast
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
 from reporter.availability import (
-    NEUTRAL_SCORE,
-    Availability,
-    connected_capacity,
-    connected_now,
-    decode_availability,
     holds_for_connected,
-    node_score,
 )
-from reporter.errors import ConfigError, InputError, SchemaError
-from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement, node_facts
+from reporter.errors import ConfigError, InputError
+from reporter.extender.cache import DEFAULT_RESOURCE, HELD, RankTable, Verdicts
+from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement
 from reporter.extender.eligibility import placement as pod_placement
 from reporter.schema.keys import (
     CONNECTED_WAIT,
-    COUNT,
     DEFAULT_PREFIX,
-    INTERCONNECT,
-    NVLINK_HEALTH,
     key,
 )
 from reporter.settings import DURATION_MAX_S, parse_duration
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_GPUS_PER_POD = 1 << 20
 """A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
@@ -72,11 +61,6 @@ nodeCacheCapable). Answering costs up to 40 times the body's size in memory (who
 MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
-KEPT_SIZES = 16
-"""Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
-RANKS_KEPT = 4096
-"""Distinct valid annotation values whose rank is remembered (at most 6 KB each: 24 MB at worst,
-about 100 bytes each for 8-GPU nodes)."""
 MAX_WAIT_CHARS = 32
 """Longer than any duration up to a day (`86400`, `23h59m59s`): a longer annotation is not one."""
 _CREATED = re.compile(
@@ -86,40 +70,13 @@ _CREATED = re.compile(
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
 a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
 the values (and refuses a date or an offset that does not exist)."""
-_HELD = "\x00"
-"""Stands for the hold reason in a pre-encoded FailedNodes member until a call fills it in: no
-JSON string that `encode_basestring_ascii` writes holds a raw control character."""
-_HELD_MEMBER = ":" + _HELD
+_PLAIN = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
+"""The characters `json.dumps` writes as they are (`ensure_ascii`): printable ASCII but a quote
+and a backslash."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRank:
-    """What filter and prioritize need of a node, computed once per change of its annotation."""
-
-    free: int
-    """Free GPUs."""
-    scores: tuple[int, ...]
-    """scores[k-1] = node_score(availability, k), for k = 1..free."""
-    connected: tuple[bool, ...] = ()
-    """connected[k-1] = connected_now(availability, k), for k = 1..free: the node hands a pod of
-    k GPUs an NVLink-connected set now."""
-    capacity: int = 0
-    """connected_capacity(availability): the largest connected set one of its free GPUs belongs
-    to, free or not."""
-
-    @classmethod
-    def of(cls, availability: Availability) -> NodeRank:
-        sizes = range(1, len(availability.free) + 1)
-        return cls(
-            len(availability.free),
-            tuple(node_score(availability, k) for k in sizes),
-            tuple(connected_now(availability, k) for k in sizes),
-            connected_capacity(availability),
-        )
 
 
 class BadRequestError(InputError):
@@ -161,7 +118,7 @@ class ExtenderArgs:
 def parse_args(
     body: bytes,
     resource: str = DEFAULT_RESOURCE,
-    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+    wait_key: str = key(DEFAULT_PREFIX, CONNECTED_WAIT),
 ) -> ExtenderArgs:
     """Read an ExtenderArgs JSON body; `wait_key` is the pod annotation that sets its own hold
     limit. Raises BadRequestError naming what is wrong (never for the pod's metadata: what the
@@ -337,230 +294,6 @@ def _count(value: Any, where: str) -> int:
     raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
 
 
-def rank(text: str | None) -> NodeRank | None:
-    """The rank of an availability annotation value; None when absent or damaged.
-
-    Remembered by text: many nodes carry the same value (same machine, same free GPUs), and the
-    whole-Nodes form sends every node's annotation again with every call. Only values that decode
-    are remembered: a refused one (up to the 256 KiB an annotation may hold, or megabytes in a
-    request) is decoded again, or refused by its length at once, but never kept.
-    """
-    if text is None:
-        return None
-    try:
-        return _decoded_rank(text)
-    except SchemaError:
-        # Someone edited it, or another version wrote it: neutral, never a crash.
-        return None
-
-
-@functools.lru_cache(maxsize=RANKS_KEPT)
-def _decoded_rank(text: str) -> NodeRank:
-    # lru_cache keeps what returns, not what raises: the SchemaError of a refused text.
-    return NodeRank.of(decode_availability(text))
-
-
-def node_rank(node: Mapping[str, Any], key: str) -> NodeRank | None:
-    """The availability a whole Node carries under annotation `key`; None when absent or damaged."""
-    meta = node.get("metadata") or {}
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    text = annotations.get(key) if isinstance(annotations, dict) else None
-    return rank(text) if isinstance(text, str) else None
-
-
-def _entry(quoted: str, score: int) -> str:
-    return f'{{"Host":{quoted},"Score":{score}}}'
-
-
-class Verdicts:
-    """Every known node's answer for one request size k, encoded once as JSON fragments.
-
-    A scheduling call at k then costs dictionary lookups and one join per node list, with no
-    Python code per node (at 5,000 nodes, building and encoding per call was most of its time).
-    So does deciding whether to hold a pod for a connected set: two sets kept as nodes change,
-    read with one set operation per call (`hold_reason`).
-    """
-
-    __slots__ = (
-        "capable",
-        "connected",
-        "entries",
-        "failed",
-        "held",
-        "k",
-        "resource",
-        "unresolvable",
-    )
-
-    def __init__(self, k: int, resource: str) -> None:
-        self.k = k
-        self.resource = resource
-        self.entries: dict[str, str] = {}
-        """Node name to its HostPriority, `{"Host":"a","Score":9}`."""
-        self.failed: dict[str, str] = {}
-        """Node name to its FailedNodes member, `"a":"topo-reporter: ..."`, for the nodes that
-        cannot give k free GPUs (and only those)."""
-        self.held: dict[str, str] = {}
-        """For k >= 2, the FailedNodes members while a pod is held, for the nodes where evicting
-        pods would give it a connected set (`whole` >= k): `failed`'s, and for the nodes known
-        to give k GPUs that are not connected `"a":` then _HELD, the reason to come."""
-        self.unresolvable: dict[str, str] = {}
-        """For k >= 2, the same members for the other nodes, answered as
-        FailedAndUnresolvableNodes while a pod is held: preemption there cannot serve it."""
-        self.connected: set[str] = set()
-        """For k >= 2, the nodes that give a pod of k GPUs an NVLink-connected set now."""
-        self.capable: set[str] = set()
-        """For k >= 2, the nodes whose connected capacity is k or more: worth waiting for."""
-
-    def set(self, name: str, quoted: str, r: NodeRank | None, whole: int = 0) -> None:
-        """Judge one node: `r` its rank (None: unknown or unreadable), `whole` its GPUs when
-        every pair of them is connected (`connected_whole`), else 0."""
-        k = self.k
-        if not k:
-            score = 0  # not ours to judge: no opinion
-        elif r is None:
-            score = NEUTRAL_SCORE
-        else:
-            # `node_score`, read from the rank: scores[k-1], 0 where k GPUs do not fit.
-            score = r.scores[k - 1] if k <= r.free else 0
-        self.entries[name] = _entry(quoted, score)
-        if k and r is not None and r.free < k:
-            # Not "unresolvable": preempting pods on the node would free GPUs.
-            reason = f"topo-reporter: {r.free} free {self.resource}, the pod needs {k}"
-            self.failed[name] = f"{quoted}:{encode_basestring_ascii(reason)}"
-        else:
-            self.failed.pop(name, None)
-        if k < 2 or r is None:
-            # An unknown or unreadable node is never filtered, nor waited for.
-            self._forget(name)
-            return
-        member: str | None = None
-        if r.free < k:
-            self.connected.discard(name)
-            member = self.failed[name]
-        elif r.connected[k - 1]:
-            self.connected.add(name)
-        else:
-            self.connected.discard(name)
-            member = quoted + _HELD_MEMBER
-        # While the pod is held, a node where evicting pods cannot be known to give it a
-        # connected set is no place for preemption (issue 28, item 1).
-        resolvable, other = (
-            (self.held, self.unresolvable) if whole >= k else (self.unresolvable, self.held)
-        )
-        other.pop(name, None)
-        if member is None:
-            resolvable.pop(name, None)
-        else:
-            resolvable[name] = member
-        if r.capacity >= k:
-            self.capable.add(name)
-        else:
-            self.capable.discard(name)
-
-    def drop(self, name: str) -> None:
-        self.entries.pop(name, None)
-        self.failed.pop(name, None)
-        self._forget(name)
-
-    def _forget(self, name: str) -> None:
-        self.held.pop(name, None)
-        self.unresolvable.pop(name, None)
-        self.connected.discard(name)
-        self.capable.discard(name)
-
-    def entry(self, name: str) -> str:
-        """The HostPriority of a node the table does not know: neutral, or 0 for no opinion."""
-        return _entry(encode_basestring_ascii(name), NEUTRAL_SCORE if self.k else 0)
-
-
-class RankTable:
-    """Each node's rank by name, and the Verdicts of the request sizes asked for recently.
-
-    Writers (`set`, `drop`) and `verdicts` take a lock; readers of a Verdicts' dictionaries do
-    not: each of their reads and writes is atomic, so a call that overlaps an update answers
-    each node from before or after it.
-    """
-
-    def __init__(self, resource: str = DEFAULT_RESOURCE) -> None:
-        self.resource = resource
-        self.ranks: dict[str, NodeRank | None] = {}
-        self.wholes: dict[str, int] = {}
-        """Node name to `connected_whole` of its labels, for the nodes where it is not 0."""
-        self.facts: dict[str, NodeFacts] = {}
-        """Node name to where pods may go on it (`reporter.extender.eligibility`)."""
-        self._quoted: dict[str, str] = {}
-        self._sizes: dict[int, Verdicts] = {}
-        self._lock = threading.Lock()
-
-    @classmethod
-    def of_nodes(
-        cls,
-        node_list: Mapping[str, Any],
-        key: str,
-        resource: str,
-        vouched: Callable[[str], bool] = lambda node: True,
-        prefix: str = DEFAULT_PREFIX,
-    ) -> RankTable:
-        """The ranks of the Nodes a request carries (the form without nodeCacheCapable); a node
-        not `vouched` for (heartbeats) is unknown."""
-        table = cls(resource)
-        for item in node_list.get("items") or []:
-            name = str(item["metadata"]["name"])
-            facts = node_facts(item)
-            if vouched(name):
-                labels = item["metadata"].get("labels")
-                table.set(name, node_rank(item, key), connected_whole(labels, prefix), facts)
-            else:
-                table.set(name, None, 0, facts)
-        return table
-
-    def set(
-        self, name: str, r: NodeRank | None, whole: int = 0, facts: NodeFacts = OPEN_NODE
-    ) -> None:
-        """Take a node's rank, its `connected_whole` (0 where unknown) and its facts."""
-        with self._lock:
-            quoted = self._quoted.get(name) or encode_basestring_ascii(name)
-            self._quoted[name] = quoted
-            self.ranks[name] = r
-            self.facts[name] = facts
-            if whole:
-                self.wholes[name] = whole
-            else:
-                self.wholes.pop(name, None)
-            for verdicts in self._sizes.values():
-                verdicts.set(name, quoted, r, whole)
-
-    def drop(self, name: str) -> None:
-        with self._lock:
-            self.ranks.pop(name, None)
-            self.wholes.pop(name, None)
-            self.facts.pop(name, None)
-            self._quoted.pop(name, None)
-            for verdicts in self._sizes.values():
-                verdicts.drop(name)
-
-    def sizes(self) -> list[int]:
-        """The request sizes whose Verdicts are kept, least recently asked first."""
-        with self._lock:
-            return list(self._sizes)
-
-    def verdicts(self, k: int) -> Verdicts:
-        """The Verdicts for pods of k GPUs: kept for the KEPT_SIZES sizes asked last,
-        built (one pass over the nodes) on the first call for a size."""
-        with self._lock:
-            found = self._sizes.pop(k, None)
-            if found is None:
-                found = Verdicts(k, self.resource)
-                wholes = self.wholes
-                for name, r in self.ranks.items():
-                    found.set(name, self._quoted[name], r, wholes.get(name, 0))
-            self._sizes[k] = found
-            while len(self._sizes) > KEPT_SIZES:
-                del self._sizes[next(iter(self._sizes))]
-            return found
-
-
 def hold_reason(
     args: ExtenderArgs,
     verdicts: Verdicts,
@@ -606,26 +339,6 @@ def _usable_capable(
     return any(where.allows(name, get(name, OPEN_NODE)) for name in list(capable))
 
 
-def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
-    """How many GPUs the node has when its agent's labels say every pair of them is joined by
-    NVSwitch at full bond (`interconnect=nvswitch`, `nvlink-health=ok`), else 0: on such a node
-    any k free GPUs are a connected set, so evicting pods that free k of them gives one. Labels
-    that do not read count as 0 (nothing is known)."""
-    if not isinstance(labels, dict):
-        return 0
-    if labels.get(key(prefix, INTERCONNECT)) != "nvswitch":
-        return 0
-    if labels.get(key(prefix, NVLINK_HEALTH)) != "ok":
-        return 0
-    count = labels.get(key(prefix, COUNT))
-    if not isinstance(count, str):
-        return 0
-    try:
-        return parse_decimal(count, field="count", max_digits=3)
-    except ParseError:
-        return 0
-
-
 def duration_text(seconds: float) -> str:
     """`2h`, `1h30m`, `12m`, `45s`, `0s` (negative counts as none; whole seconds)."""
     left = int(max(seconds, 0.0))
@@ -653,7 +366,7 @@ def filter_answer(
         kept = list(compress(names, map(is_, failed, unresolvable)))
         dropped = len(names) - len(kept)
     if args.node_list is None:
-        nodes, node_names = "null", json.dumps(kept, separators=(",", ":"))
+        nodes, node_names = "null", _names_json(kept)
     else:
         keep = set(kept)
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
@@ -663,11 +376,23 @@ def filter_answer(
     unjoined = ",".join(filter(None, unresolvable))
     if held is not None:
         reason = encode_basestring_ascii(held)
-        joined, unjoined = joined.replace(_HELD, reason), unjoined.replace(_HELD, reason)
+        joined, unjoined = joined.replace(HELD, reason), unjoined.replace(HELD, reason)
     return (
         f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
         f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'
     ).encode(), dropped
+
+
+def _names_json(names: list[str]) -> str:
+    """`json.dumps(names)` without spaces, in one join where no name needs escaping (node names
+    never do): at 15,000 names half of what the encoder takes."""
+    joined = '","'.join(names)
+    # What is left once the plain characters go: the separators' quotes, where no name has any.
+    if joined.isascii():
+        left = joined.encode().translate(None, _PLAIN)
+        if len(left) == joined.count('"') == 2 * len(names) - 2:
+            return f'["{joined}"]' if names else "[]"
+    return json.dumps(names, separators=(",", ":"))
 
 
 MAX_UID_CHARS = 128
@@ -688,7 +413,7 @@ class PreemptionArgs:
 def parse_preemption_args(
     body: bytes,
     resource: str = DEFAULT_RESOURCE,
-    wait_key: str = f"{DEFAULT_PREFIX}/{CONNECTED_WAIT}",
+    wait_key: str = key(DEFAULT_PREFIX, CONNECTED_WAIT),
 ) -> PreemptionArgs:
     """Read an ExtenderPreemptionArgs JSON body: `Pod` and one of `NodeNameToMetaVictims`
     (nodeCacheCapable: victims by UID) and `NodeNameToVictims` (whole Pods). Raises
@@ -787,7 +512,10 @@ def prioritize_answer(args: ExtenderArgs, verdicts: Verdicts) -> bytes:
     for a pod that requests no managed GPU (no opinion)."""
     names = args.node_names
     entries = list(map(verdicts.entries.get, names))
-    if None in entries:
+    try:
+        # join refuses the None of a node the table does not know: no pass of its own to look.
+        joined = ",".join(cast(list[str], entries))
+    except TypeError:
         # Nodes the table does not know (not seen yet, or not in the request's Nodes).
-        entries = [e or verdicts.entry(n) for e, n in zip(entries, names, strict=True)]
-    return ("[" + ",".join(cast(list[str], entries)) + "]").encode()
+        joined = ",".join(e or verdicts.entry(n) for e, n in zip(entries, names, strict=True))
+    return f"[{joined}]".encode()

@@ -29,9 +29,9 @@ from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
-from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.cache import CAPABLE_SIZES, DEFAULT_RESOURCE, NodeCache, RankTable
 from reporter.extender.holds import FORGET_S, HeldPods
-from reporter.schema.keys import CONNECTED_WAIT
+from reporter.schema.keys import CONNECTED_WAIT, key
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
 LIMITS = Limits(
@@ -209,7 +209,7 @@ class ExtenderServer:
         *,
         cache: NodeCache,
         metrics: ExtenderMetrics,
-        resource: str = protocol.DEFAULT_RESOURCE,
+        resource: str = DEFAULT_RESOURCE,
         connected_wait_s: float = CONNECTED_WAIT_S,
         limits: Limits = LIMITS,
         starved_s: float = STARVED_S,
@@ -224,7 +224,7 @@ class ExtenderServer:
         self._metrics = metrics
         self._resource = resource
         self._connected_wait_s = connected_wait_s
-        self._wait_key = f"{cache.prefix}/{CONNECTED_WAIT}"
+        self._wait_key = key(cache.prefix, CONNECTED_WAIT)
         self._watching = watching
         self._problem = problem
         self._starved_s = starved_s
@@ -271,7 +271,7 @@ class ExtenderServer:
         table = (
             self._cache.table()
             if args.node_list is None
-            else protocol.RankTable.of_nodes(
+            else RankTable.of_nodes(
                 args.node_list,
                 self._cache.annotation,
                 self._resource,

@@ -18,20 +18,8 @@ from typing import Any
 
 import structlog
 
-from reporter.availability import (
-    ALLOCATION_KEY,
-    AVAILABILITY_KEY,
-    DEVICE_PLUGIN_ONLY,
-    GPU_FREE_LABEL,
-    GPU_FREE_NVLINK_MAX_LABEL,
-    Allocation,
-    Availability,
-    availability_labels,
-    encode_allocation,
-    encode_availability,
-)
 from reporter.errors import PublishError
-from reporter.placement_quality import HELD_SETS_KEY, HeldSet, encode_held_sets
+from reporter.placement_quality import HeldSet, encode_held_sets
 from reporter.publish.api import NODES, ApiClient
 from reporter.publish.patch import (
     Desired,
@@ -42,13 +30,21 @@ from reporter.publish.patch import (
 )
 from reporter.publish.sink import read_node
 from reporter.schema import keys
+from reporter.schema.availability import (
+    DEVICE_PLUGIN_ONLY,
+    Allocation,
+    Availability,
+    availability_labels,
+    encode_allocation,
+    encode_availability,
+)
 
 
 def availability_keys(prefix: str) -> tuple[frozenset[str], frozenset[str]]:
     """(label keys, annotation keys) this sink owns under `prefix`."""
-    labels = frozenset(keys.key(prefix, n) for n in (GPU_FREE_LABEL, GPU_FREE_NVLINK_MAX_LABEL))
+    labels = frozenset(keys.key(prefix, n) for n in (keys.GPU_FREE, keys.GPU_FREE_NVLINK_MAX))
     annotations = frozenset(
-        keys.key(prefix, n) for n in (AVAILABILITY_KEY, ALLOCATION_KEY, HELD_SETS_KEY)
+        keys.key(prefix, n) for n in (keys.AVAILABILITY, keys.ALLOCATION, keys.GPU_SETS)
     )
     return labels, annotations
 
@@ -63,11 +59,11 @@ def desired(
     `gpu-sets` annotation only where some container holds two or more GPUs."""
     if availability is None:
         return Desired({}, {})
-    annotations = {keys.key(prefix, AVAILABILITY_KEY): encode_availability(availability)}
+    annotations = {keys.key(prefix, keys.AVAILABILITY): encode_availability(availability)}
     if allocation is not None and allocation != DEVICE_PLUGIN_ONLY:
-        annotations[keys.key(prefix, ALLOCATION_KEY)] = encode_allocation(allocation)
+        annotations[keys.key(prefix, keys.ALLOCATION)] = encode_allocation(allocation)
     if held_sets:
-        annotations[keys.key(prefix, HELD_SETS_KEY)] = encode_held_sets(held_sets)
+        annotations[keys.key(prefix, keys.GPU_SETS)] = encode_held_sets(held_sets)
     return Desired(availability_labels(availability, prefix), annotations)
 
 
@@ -145,7 +141,7 @@ class AvailabilitySink:
         self._on_written(node)
         self._log.info(
             "availability_patched",
-            free=want.labels.get(keys.key(self._prefix, GPU_FREE_LABEL)),
+            free=want.labels.get(keys.key(self._prefix, keys.GPU_FREE)),
             removed=availability is None,
         )
         return True

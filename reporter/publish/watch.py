@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from reporter.errors import ApiPermanentError, ApiTransientError
 from reporter.publish.api import NODES, ApiClient, WatchExpired
-from reporter.schema.keys import COUNT, NVLINK_PARTITION
+from reporter.schema import keys
 
 __all__ = [
     "MAX_PAGES",
@@ -107,8 +107,8 @@ def node_annotation(obj: Any, key: str) -> NodeAnnotation:
     prefix = key.rpartition("/")[0]
     found = meta.get("labels")
     labels: dict[str, Any] = found if isinstance(found, dict) else {}
-    partition = labels.get(f"{prefix}/{NVLINK_PARTITION}")
-    count = labels.get(f"{prefix}/{COUNT}")
+    partition = labels.get(keys.key(prefix, keys.NVLINK_PARTITION))
+    count = labels.get(keys.key(prefix, keys.COUNT))
     return NodeAnnotation(
         meta["name"],
         value if isinstance(value, str) else None,

@@ -20,6 +20,9 @@ NUMA_NODES = "numa-nodes"
 MAX_GPUS_PER_NUMA = "max-gpus-per-numa"
 RDMA_NICS = "rdma-nics"
 SCHEMA = "schema"
+# Labels of the free GPUs, written with availability (reporter.schema.availability).
+GPU_FREE = "gpu-free"
+GPU_FREE_NVLINK_MAX = "gpu-free-nvlink-max"
 # Labels from the kubelet's configuration: what Topology Manager will do with a GPU request.
 TOPOLOGY_MANAGER_POLICY = "topology-manager-policy"
 TOPOLOGY_MANAGER_SCOPE = "topology-manager-scope"
@@ -55,6 +58,12 @@ DEVICE_TAINT_NODE = "node"
 TOPOLOGY = "topology"
 MATRIX = "matrix"
 OWNED = "owned"
+# Annotations of the availability loop (reporter.live): the best free set per k, what it counted
+# and which GPUs DRA claims hold (reporter.schema.availability), the GPU sets running containers
+# hold (reporter.placement_quality).
+AVAILABILITY = "availability"
+ALLOCATION = "allocation"
+GPU_SETS = "gpu-sets"
 # A pod's annotation, read by the extender: how long that pod may be held for an NVLink-connected
 # set (`0`: never; a duration up to 24h), in place of the extender's --connected-wait.
 CONNECTED_WAIT = "connected-wait"

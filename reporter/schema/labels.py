@@ -91,8 +91,7 @@ def labels(
         keys.INTERCONNECT: interconnect(topology),
     }
     if topology.nvlink_observed:
-        largest = max((len(i) for i in topology.islands), default=min(n, 1))
-        out[keys.NVLINK_ISLAND_SIZE] = str(largest)
+        out[keys.NVLINK_ISLAND_SIZE] = str(topology.largest_island)
         out[keys.NVLINK_ISLANDS] = str(len(topology.islands))
     per_numa = gpus_per_numa(topology)
     if per_numa:
@@ -130,7 +129,7 @@ def summary(topology: Topology) -> str:
         {
             "nvswitch": f"NVSwitch {bonds}",
             "nvlink": f"NVLink {bonds}, {len(topology.islands)} island(s), largest "
-            f"{max((len(i) for i in topology.islands), default=1)}",
+            f"{topology.largest_island}",
             "pcie": "PCIe only",
             "none": "single GPU",
             "unknown": "NVLink not observed (PCIe view only)",

@@ -248,6 +248,12 @@ class Topology:
         """NVLink islands of two or more GPUs: connected components of the NVLink graph."""
         return self._islands
 
+    @property
+    def largest_island(self) -> int:
+        """GPUs in the largest NVLink island: 1 where no GPU has an NVLink peer (each GPU is an
+        island of its own), 0 without GPUs."""
+        return max(map(len, self._islands), default=min(len(self.gpus), 1))
+
     def link(self, a: int, b: int) -> Link:
         return self.links[a][b]
 

@@ -275,7 +275,7 @@ class Metrics:
                 counts[t.link(i, j).kind] += 1
         for kind, count in counts.items():
             self.links.labels(type=kind.value).set(count)
-        self.island.set(max((len(i) for i in t.islands), default=1 if t.gpus else 0))
+        self.island.set(t.largest_island)
         self.nvlinks_down.set(sum(len(g.nvlink.down) for g in t.gpus if g.nvlink is not None))
         self.gpus_lost.set(sum(g.lost for g in t.gpus))
         fabric = node_fabric(t)
