@@ -683,6 +683,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         # Racks are judged together: a partition short of its peers, a clique ID in two domains.
         for name, findings in doctor.fabric_cluster_findings(nodes, args.prefix).items():
             by_node[name] = sorted([*by_node[name], *findings], key=lambda f: -f.severity)
+        # Pod groups that must stay in one partition, against every partition's room.
+        by_node |= doctor.pod_group_findings(reader.workloads() or [], nodes, args.prefix)
     if args.format == "json":
         terminal.write(sys.stdout, doctor.report_json(by_node))
     else:

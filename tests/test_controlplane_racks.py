@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from tests.controlplane_fixtures import (
     stop_process,
     unique,
 )
+from tests.test_agent_cli import CLI, env
 
 pytestmark = pytest.mark.controlplane
 
@@ -72,6 +74,20 @@ def docs_objects() -> dict[str, dict[str, Any]]:
 
 
 # --- Kueue ----------------------------------------------------------------------------------------
+
+
+def doctor_all(cluster: RackCluster) -> str:
+    """`topo-reporter doctor --all` against the cluster, as an operator runs it: its stdout."""
+    result = subprocess.run(
+        [*CLI, "doctor", "--all", "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+        check=False,
+    )
+    assert result.returncode in (0, 1), result.stderr
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +271,28 @@ def test_kueue_places_a_job_in_one_partition_and_never_splits_one_that_fits_none
     message = jobs.pending("five")
     assert "topology" in message.lower() or "fit" in message.lower(), message
     assert jobs.pods("five") == []
+
+    # The doctor names the pending group and each partition's room, from the agents' availability
+    # (the three bound trays' GPUs in use): no partition has room for five pods of 4 GPUs.
+    try:
+        for rack_node in rack_cluster.nodes:
+            name = rack_cluster.names[rack_node.name]
+            rack_cluster.publish(rack_node, used=(0, 1, 2, 3) if name in nodes else ())
+        shown = doctor_all(rack_cluster)
+        workload = jobs.workload("five")
+        assert workload is not None
+        subject = f"workload {jobs.namespace}/{workload['metadata']['name']}: 1 finding"
+        assert subject in shown, shown
+        (line,) = [x for x in shown.splitlines() if "pod-group-exceeds-partitions: PodSet" in x]
+        assert "needs 5 pods of 4 nvidia.com/gpu in one NVLink partition" in line, line
+        assert "the roomiest partition has room for 4 now" in line, line
+        shared = {rack_cluster.partition_of(n) for n in rack_cluster.labels}
+        (other,) = {p for p in shared if p.endswith(".17044")} - {partition}
+        assert f"evidence: {other}: room for 4 pods, 4 of 4 nodes wholly free" in shown, shown
+        assert f"evidence: {partition}: room for 1 pods, 1 of 4 nodes wholly free" in shown
+    finally:
+        for rack_node in rack_cluster.nodes:
+            rack_cluster.publish(rack_node)
 
 
 def test_kueue_leaves_a_node_whose_fabric_is_unhealthy_and_tainted(

@@ -1,15 +1,17 @@
 """The operator's checklist for GPU pods that stay Pending or run slow, walked automatically.
 
-Five modules, by job:
+Six modules, by job:
 - reporter.doctor.model: a finding, what was observed, how a Node object is read (pure);
 - reporter.doctor.node: findings about one node (pure; the agent runs `local_findings` itself);
 - reporter.doctor.racks: findings across nodes and racks, from the Nodes' labels (pure);
+- reporter.doctor.groups: Pending Kueue Workloads no NVLink partition has room for (pure);
 - reporter.doctor.reader: the API reads (`ClusterReader`) and `examine`, the one part that reads;
 - reporter.doctor.report: the report as text or JSON, and a finding as an Event message (pure).
 
 This package re-exports what the commands (`topo-reporter doctor`, `kubectl gpu-topology`) use.
 """
 
+from reporter.doctor.groups import pod_group_findings
 from reporter.doctor.model import (
     GPU_RESOURCE,
     AgentObservation,
@@ -39,6 +41,7 @@ __all__ = [
     "examine",
     "fabric_cluster_findings",
     "is_gpu_node",
+    "pod_group_findings",
     "report_json",
     "report_text",
     "worst",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from reporter.doctor.groups import WORKLOAD_GROUP, WORKLOAD_VERSIONS
 from reporter.doctor.model import (
     GPU_RESOURCE,
     AgentObservation,
@@ -181,6 +182,21 @@ class ApiClusterReader:
 
     def dra(self, node: str) -> DraObservation:
         return dra_observation(node, self._dra_list("slices"), self._dra_list("claims"))
+
+    def workloads(self) -> list[dict[str, Any]] | None:
+        """Kueue's Workloads in every namespace, in the newest version served; None where Kueue
+        is not installed (404) or the operator may not list them (403)."""
+        for version in WORKLOAD_VERSIONS:
+            resource = Resource(WORKLOAD_GROUP, version, "workloads", "Workload", True)
+            try:
+                return list(self._api.list(resource)["items"])
+            except ApiPermanentError as e:
+                if e.status == 404:
+                    continue
+                if e.status == 403:
+                    return None
+                raise
+        return None
 
 
 def is_agent_event(event: Mapping[str, Any], node: str) -> bool:

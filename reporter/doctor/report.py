@@ -12,11 +12,19 @@ from collections.abc import Mapping
 
 from reporter.doctor.model import Finding, Severity
 
+WORKLOAD = "workload "
+"""How a finding's subject that is a Workload, not a node, begins (`workload NAMESPACE/NAME`)."""
+
+
+def _subject(name: str) -> str:
+    return name if name.startswith(WORKLOAD) else f"node {name}"
+
 
 def summarize(
     findings_by_node: Mapping[str, list[Finding]],
 ) -> list[tuple[str, Severity, list[str]]]:
-    """Nodes by finding, worst first: (code, severity, nodes), for `doctor --all`."""
+    """Nodes by finding, worst first: (code, severity, nodes), for `doctor --all`; a Workload's
+    finding names the workload (`workload NAMESPACE/NAME`) where a node's names the node."""
     nodes: dict[str, list[str]] = {}
     severity: dict[str, Severity] = {}
     for node, findings in findings_by_node.items():
@@ -33,18 +41,20 @@ def report_text(findings_by_node: Mapping[str, list[Finding]], summary: bool) ->
     out: list[str] = []
     if summary:
         rows = summarize(findings_by_node)
-        healthy = [n for n, f in findings_by_node.items() if not f]
-        out.append(f"{len(findings_by_node)} nodes, {len(healthy)} without findings")
+        nodes = [n for n in findings_by_node if not n.startswith(WORKLOAD)]
+        healthy = [n for n in nodes if not findings_by_node[n]]
+        out.append(f"{len(nodes)} nodes, {len(healthy)} without findings")
         out += [
-            f"  {sev!s:7} {code}: {len(nodes)} ({', '.join(nodes)})" for code, sev, nodes in rows
+            f"  {sev!s:7} {code}: {len(names)} ({', '.join(names)})" for code, sev, names in rows
         ]
         out.append("")
     for node, findings in findings_by_node.items():
         if not findings:
             if not summary:
-                out.append(f"node {node}: no findings")
+                out.append(f"{_subject(node)}: no findings")
             continue
-        out.append(f"node {node}: {len(findings)} finding{'s' if len(findings) > 1 else ''}")
+        plural = "s" if len(findings) > 1 else ""
+        out.append(f"{_subject(node)}: {len(findings)} finding{plural}")
         for f in findings:
             out.append(f"  {f.severity!s} {f.code}: {f.summary}")
             out += [f"    evidence: {line}" for line in f.evidence]
@@ -57,7 +67,11 @@ def report_json(findings_by_node: Mapping[str, list[Finding]]) -> str:
     doc = {
         "nodes": [
             {
-                "node": node,
+                **(
+                    {"workload": node.removeprefix(WORKLOAD)}
+                    if node.startswith(WORKLOAD)
+                    else {"node": node}
+                ),
                 "findings": [
                     {
                         "code": f.code,
