@@ -21,14 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import yaml
 from kubernetes import client as k8s
 
 from bench.common import quiet_logs
 from tests import dra_allocator as alloc
 from tests.controlplane_fixtures import (
     APISERVER_FLAGS,
-    SCHEDULER_FEATURE_GATES,
     START_TIMEOUT_S,
     RealApiServer,
     build_harness,
@@ -60,30 +58,7 @@ def main() -> None:
         try:
             start_s = wait_for_file(kubeconfig, apiserver, START_TIMEOUT_S, log)
             server = RealApiServer(binary, kubeconfig, log, start_s)
-            config = work / "scheduler.yaml"
-            config.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "kubescheduler.config.k8s.io/v1",
-                        "kind": "KubeSchedulerConfiguration",
-                        "leaderElection": {"leaderElect": False},
-                        "profiles": [{"schedulerName": "alloc"}],
-                    }
-                )
-            )
-            scheduler = start_harness(
-                binary,
-                [
-                    "scheduler",
-                    "--config",
-                    str(config),
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--",
-                    SCHEDULER_FEATURE_GATES,
-                ],
-                work / "scheduler.log",
-            )
+            scheduler = alloc.start_scheduler(binary, kubeconfig, work, "alloc")
             try:
                 rows = run(server, work, args.claims, args.seed)
             finally:

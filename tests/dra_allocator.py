@@ -12,19 +12,24 @@ Used by tests/test_controlplane_dra_allocator.py and bench/dra_allocator.py.
 from __future__ import annotations
 
 import random
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 
 from reporter.placement import pair_link
 from reporter.schema import dra
 from reporter.schema.model import Topology
+from tests.controlplane_fixtures import SCHEDULER_FEATURE_GATES, start_harness
 from tests.dra_cel import nvidia_attributes
+from tests.test_controlplane_dra import claim_pod
 from tests.test_controlplane_scheduler import simulated
 
 GROUP = "resource.k8s.io"
@@ -127,29 +132,28 @@ def plain_claim(name: str, k: int) -> dict[str, Any]:
         "apiVersion": f"{GROUP}/{API}",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
 
 
-def claim_pod(name: str, node: str, scheduler: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": scheduler,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "automountServiceAccountToken": False,
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
-            "containers": [
-                {
-                    "name": "train",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpus"}]},
-                }
-            ],
-        },
-    }
+def start_scheduler(
+    binary: Path, kubeconfig: Path, work: Path, name: str
+) -> subprocess.Popen[bytes]:
+    """A kube-scheduler of its own scheduler name with the default plugins (DRA included), its
+    log in `work`."""
+    config = work / "scheduler.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "leaderElection": {"leaderElect": False},
+                "profiles": [{"schedulerName": name}],
+            }
+        )
+    )
+    args = ["scheduler", "--config", str(config), "--kubeconfig", str(kubeconfig)]
+    return start_harness(binary, [*args, "--", SCHEDULER_FEATURE_GATES], work / "scheduler.log")
 
 
 def ensure_device_class(api: k8s.CustomObjectsApi) -> None:
@@ -203,7 +207,7 @@ def allocate(
         api.create_namespaced_custom_object(
             GROUP, API, namespace, "resourceclaims", plain_claim(name, trial.k)
         )
-        core.create_namespaced_pod(namespace, claim_pod(name, node, scheduler))
+        core.create_namespaced_pod(namespace, claim_pod(name, name, node=node, scheduler=scheduler))
         names.append(name)
     deadline = time.monotonic() + wait_s
     outcomes: dict[str, Outcome] = {}

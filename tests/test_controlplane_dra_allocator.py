@@ -14,15 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 
 from tests import dra_allocator as alloc
 from tests.controlplane_fixtures import (
-    SCHEDULER_FEATURE_GATES,
     NodeFactory,
     RealApiServer,
-    start_harness,
     stop_process,
     unique,
 )
@@ -43,32 +40,8 @@ def logs_of(work: Path) -> Callable[[], str]:
 
 @pytest.fixture
 def scheduler(real_apiserver: RealApiServer, tmp_path: Path) -> Iterator[str]:
-    """A kube-scheduler of its own scheduler name, with the default plugins (DRA included)."""
     name = f"alloc-{unique('s')}"
-    config = tmp_path / "scheduler.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "leaderElection": {"leaderElect": False},
-                "profiles": [{"schedulerName": name}],
-            }
-        )
-    )
-    proc = start_harness(
-        real_apiserver.binary,
-        [
-            "scheduler",
-            "--config",
-            str(config),
-            "--kubeconfig",
-            str(real_apiserver.kubeconfig),
-            "--",
-            SCHEDULER_FEATURE_GATES,
-        ],
-        tmp_path / "scheduler.log",
-    )
+    proc = alloc.start_scheduler(real_apiserver.binary, real_apiserver.kubeconfig, tmp_path, name)
     yield name
     stop_process(proc)
 
