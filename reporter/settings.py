@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from parsers import duration
 from parsers.documents import DocumentBoundError, load_yaml
+from parsers.duration import DURATION_MAX_S
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter.errors import ConfigError
@@ -45,14 +47,8 @@ _FALSE = ("false", "0", "no", "off", "")
 
 # A settings file is a dozen lines.
 MAX_SETTINGS_BYTES = 64 * 1024
-_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|m|s)")
 DURATION_MIN_S = 1.0
 """Shortest --interval or --resync: below a second the loop would spend a core on NVML and sysfs."""
-DURATION_MAX_S = 86400.0
-"""Longest --interval or --resync: a day. Beyond it a change or drift goes unseen for longer than
-any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _MAX_DRA_DRIVERS = 8
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -228,17 +224,11 @@ class Settings:
 
 
 def parse_duration(text: str, *, name: str) -> float:
-    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError.
-
-    Only decimal digits: Python's float() would also take `nan`, `inf`, `1e309` and `1_0`.
-    """
-    value = text.strip()
-    if _SECONDS.fullmatch(value):
-        return float(value)
-    parts = _DURATION_PART.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise ConfigError(f"{name} {excerpt(text)} is not a duration: use seconds or 90s, 5m, 1h")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds (parsers.duration). Raises ConfigError."""
+    try:
+        return duration.parse_duration(text, name=name)
+    except ParseError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_duration(seconds: float, *, name: str, minimum: float = DURATION_MIN_S) -> float:
