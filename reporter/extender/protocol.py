@@ -57,12 +57,13 @@ from reporter.schema.keys import (
     CONNECTED_WAIT,
     COUNT,
     DEFAULT_PREFIX,
+    GPU_RESOURCE,
     INTERCONNECT,
     NVLINK_HEALTH,
     key,
 )
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_RESOURCE = GPU_RESOURCE
 MAX_GPUS_PER_POD = 1 << 20
 """A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
