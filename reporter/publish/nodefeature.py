@@ -229,8 +229,8 @@ class NodeFeatureSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Any = lambda e: None,
-        on_wait: Any = lambda seconds: None,
+        on_error: retry.OnError = lambda e: None,
+        on_wait: retry.OnWait = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
         self._api = api

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -66,8 +66,8 @@ class NodePatchSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Any = lambda e: None,
-        on_wait: Any = lambda seconds: None,
+        on_error: retry.OnError = lambda e: None,
+        on_wait: retry.OnWait = lambda seconds: None,
     ) -> None:
         self._api = api
         self._node = node
