@@ -28,7 +28,8 @@ from reporter.availability import (
     decode_allocation,
     decode_availability,
 )
-from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.commands import EXIT_FAILURE, EXIT_OK, run_guarded
+from reporter.errors import ApiPermanentError, InputError, SchemaError
 from reporter.placement_quality import HELD_SETS_KEY, decode_held_sets, judge
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode, to_document
@@ -37,7 +38,6 @@ from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 
 PROG = "kubectl gpu-topology"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 FORMATS = ("text", "json", "dot", "mermaid")
 LIST_COLUMNS = ("NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE")
 
@@ -384,16 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.node is None and args.format in ("dot", "mermaid"):
         parser.error(f"--format {args.format} draws one node: name it")
-    try:
-        return run(args)
-    except TopoReporterError as e:
-        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        sys.stderr.close()
-        return EXIT_OK
+    return run_guarded(PROG, run, args)
 
 
 if __name__ == "__main__":
