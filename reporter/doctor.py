@@ -40,7 +40,8 @@ from reporter.schema.model import Topology
 AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
 """The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = keys.GPU_RESOURCE
+"""The device plugin's resource whose capacity marks a GPU node (written once, in schema.keys)."""
 DEGRADED_REASON = "GPUTopologyDegraded"
 """The Event reason the agent uses when a source fails; the doctor looks for it."""
 FINDING_REASONS = {

@@ -239,7 +239,7 @@ def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
     """One GPU node's line: GPUs, interconnect and largest NVLink island from its labels, and
     its free GPUs from the availability annotation."""
     labels = _labels(node)
-    capacity = ((node.get("status") or {}).get("capacity") or {}).get(doctor.GPU_RESOURCE)
+    capacity = ((node.get("status") or {}).get("capacity") or {}).get(keys.GPU_RESOURCE)
     free = availability(node, prefix)
     return {
         "node": _name(node),
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         if not rows:
             terminal.write(
                 sys.stderr,
-                f"No GPU nodes found: no node has {doctor.GPU_RESOURCE} capacity or a "
+                f"No GPU nodes found: no node has {keys.GPU_RESOURCE} capacity or a "
                 f"{keys.key(args.prefix, keys.TOPOLOGY)} annotation.\n",
             )
         elif args.format == "json":
