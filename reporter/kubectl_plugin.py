@@ -344,9 +344,7 @@ def run(args: argparse.Namespace) -> int:
     from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
 
     reader = doctor.ApiClusterReader(
-        kube.KubeApiClient(
-            kube.load_configuration(args.kubeconfig, args.context), request_timeout_s=(5.0, 30.0)
-        ),
+        kube.operator_client(args.kubeconfig, args.context),
         agent_selector=args.agent_selector,
         namespace=args.namespace,
         tool=PROG,

@@ -17,9 +17,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     config = settings.resolve_as(settings.ReaderSettings, vars(args), os.environ)
     reader = doctor.ApiClusterReader(
-        kube.KubeApiClient(
-            kube.load_configuration(config.kubeconfig), request_timeout_s=(5.0, 30.0)
-        ),
+        kube.operator_client(config.kubeconfig),
         agent_selector=args.agent_selector,
     )
     if args.node:

@@ -43,7 +43,7 @@ def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
     from reporter.publish.api import NODES  # noqa: PLC0415  # beside the client it serves
 
-    api = kube.KubeApiClient(kube.load_configuration(kubeconfig), request_timeout_s=(5.0, 30.0))
+    api = kube.operator_client(kubeconfig)
     kinds: dict[str, list[tuple[str, Topology]]] = {}
     query: dict[str, str] = {"limit": "500"}
     while True:
