@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from importlib.metadata import version
 
-from reporter.commands import Commands, run_guarded
+from reporter.commands import PROG, Commands, run_guarded
 from reporter.commands.best_set import best_set_command
 from reporter.commands.doctor import doctor_command
 from reporter.commands.dra_template import dra_template_command
@@ -26,8 +26,6 @@ from reporter.commands.topology import (
     profiles_command,
     render_command,
 )
-
-PROG = "topo-reporter"
 
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     parse_command,

@@ -20,6 +20,8 @@ import structlog
 from reporter import terminal
 from reporter.errors import TopoReporterError
 
+PROG = "topo-reporter"
+"""The command's name, as its errors and warnings begin."""
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

@@ -12,7 +12,7 @@ from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter import terminal
 from reporter.collect import build_scanner
-from reporter.commands import EXIT_OK, EXIT_USAGE, Commands, logs_to_stderr
+from reporter.commands import EXIT_OK, EXIT_USAGE, PROG, Commands, logs_to_stderr
 from reporter.errors import ConfigError, InputError
 from reporter.schema import dra_template, keys
 from reporter.schema.model import Topology
@@ -57,7 +57,7 @@ def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.
                 if keys.key(prefix, keys.TOPOLOGY) in (node["metadata"].get("annotations") or {}):
                     terminal.write(
                         sys.stderr,
-                        f"topo-reporter: warning: left out: node {node_name(node)}: {e}\n",
+                        f"{PROG}: warning: left out: node {node_name(node)}: {e}\n",
                     )
                 continue
             digest = dra_template.wiring_digest(topology)
@@ -102,7 +102,7 @@ def _cmd_dra_template(args: argparse.Namespace) -> int:
             uuids_known=not args.simulate,
         )
     except ConfigError as e:
-        terminal.write(sys.stderr, f"topo-reporter: error: {e}\n")
+        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
         return EXIT_USAGE
     terminal.write(sys.stdout, dra_template.to_yaml(template, machines))
     return EXIT_OK

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reporter import settings, terminal
 from reporter.collect import build_scanner, list_profiles
-from reporter.commands import EXIT_OK, Commands, Handler, logs_to_stderr
+from reporter.commands import EXIT_OK, PROG, Commands, Handler, logs_to_stderr
 from reporter.errors import CollectError
 from reporter.inputs import read_input, topology_from_document_text, topology_from_text
 from reporter.schema import keys
@@ -88,7 +88,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
             "is this a GPU node, and is the host's /sys mounted there?"
         )
     for status in result.failed:
-        terminal.write(sys.stderr, f"topo-reporter: warning: {status.name}: {status.error}\n")
+        terminal.write(sys.stderr, f"{PROG}: warning: {status.name}: {status.error}\n")
     node = config.node or socket.gethostname().lower()
     terminal.write(sys.stdout, format_topology(result.topology, args.format, args.prefix, node))
     return EXIT_OK
