@@ -19,6 +19,7 @@ import structlog
 
 from reporter import terminal
 from reporter.errors import TopoReporterError
+from reporter.schema import keys
 
 PROG = "topo-reporter"
 """The command's name, as its errors and warnings begin."""
@@ -55,4 +56,25 @@ def logs_to_stderr() -> None:
         # Looked up at each write, so a replaced sys.stderr (tests, redirection) is honoured.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
+def add_output_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    formats: tuple[str, ...],
+    default: str,
+    prefix_help: str = "label and annotation prefix",
+) -> None:
+    """--format and --prefix, as every command printing what it read takes them."""
+    parser.add_argument(
+        "--format", choices=formats, default=default, help="output format (default: %(default)s)"
+    )
+    add_prefix_argument(parser, prefix_help)
+
+
+def add_prefix_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """--prefix of the keys a command reads; a request of its own, not a setting (no env var)."""
+    parser.add_argument(
+        "--prefix", default=keys.DEFAULT_PREFIX, help=f"{help} (default: %(default)s)"
     )

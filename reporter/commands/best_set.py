@@ -9,11 +9,10 @@ import sys
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter import terminal
-from reporter.commands import EXIT_OK, Commands
+from reporter.commands import EXIT_OK, Commands, add_output_arguments
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
 from reporter.inputs import read_input, topology_from_any_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
-from reporter.schema import keys
 
 
 def _gpu_count(value: str) -> int:
@@ -132,15 +131,10 @@ def best_set_command(commands: Commands) -> None:
         help="search work units before settling for the best set found, reported as not proven "
         "optimal (default: %(default)s)",
     )
-    best_set.add_argument(
-        "--format",
-        choices=("text", "json"),
+    add_output_arguments(
+        best_set,
+        formats=("text", "json"),
         default="text",
-        help="output format (default: %(default)s)",
-    )
-    best_set.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help="annotation prefix of a Node object (default: %(default)s)",
+        prefix_help="annotation prefix of a Node object",
     )
     best_set.set_defaults(handler=_cmd_best_set)

@@ -7,8 +7,7 @@ import os
 import sys
 
 from reporter import doctor, settings, terminal
-from reporter.commands import EXIT_FAILURE, EXIT_OK, Commands
-from reporter.schema import keys
+from reporter.commands import EXIT_FAILURE, EXIT_OK, Commands, add_output_arguments
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -53,17 +52,7 @@ def doctor_command(commands: Commands) -> None:
         "--all", action="store_true", help="examine every GPU node and summarize, worst first"
     )
     settings.add_arguments(diagnose, settings.ReaderSettings)
-    diagnose.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="output format (default: %(default)s)",
-    )
-    diagnose.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help="label and annotation prefix (default: %(default)s)",
-    )
+    add_output_arguments(diagnose, formats=("text", "json"), default="text")
     diagnose.add_argument(
         "--agent-selector",
         default=doctor.AGENT_POD_SELECTOR,

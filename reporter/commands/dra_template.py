@@ -12,7 +12,14 @@ from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter import terminal
 from reporter.collect import build_scanner
-from reporter.commands import EXIT_OK, EXIT_USAGE, PROG, Commands, logs_to_stderr
+from reporter.commands import (
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    Commands,
+    add_prefix_argument,
+    logs_to_stderr,
+)
 from reporter.errors import ConfigError, InputError
 from reporter.schema import dra_template, keys
 from reporter.schema.model import Topology
@@ -151,9 +158,5 @@ def dra_template_command(commands: Commands) -> None:
     )
     template.add_argument("--name", metavar="NAME", help="the template's name")
     template.add_argument("--namespace", metavar="NS", help="the template's namespace")
-    template.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help="annotation prefix (default: %(default)s)",
-    )
+    add_prefix_argument(template, "annotation prefix")
     template.set_defaults(handler=_cmd_dra_template)

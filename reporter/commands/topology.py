@@ -11,22 +11,17 @@ from pathlib import Path
 
 from reporter import settings, terminal
 from reporter.collect import build_scanner, list_profiles
-from reporter.commands import EXIT_OK, PROG, Commands, Handler, logs_to_stderr
+from reporter.commands import (
+    EXIT_OK,
+    PROG,
+    Commands,
+    Handler,
+    add_output_arguments,
+    logs_to_stderr,
+)
 from reporter.errors import CollectError
 from reporter.inputs import read_input, topology_from_document_text, topology_from_text
-from reporter.schema import keys
 from reporter.schema.formats import FORMATS, format_topology
-
-
-def _add_format(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--format", choices=FORMATS, default="json", help="output format (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--prefix",
-        default=keys.DEFAULT_PREFIX,
-        help="label and annotation prefix (default: %(default)s)",
-    )
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:
@@ -41,7 +36,7 @@ def _file_command(
     """A subcommand that reads one FILE and prints a topology in --format."""
     reader = commands.add_parser(name, help=help_text, description=description)
     reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    _add_format(reader)
+    add_output_arguments(reader, formats=FORMATS, default="json")
     reader.set_defaults(handler=handler)
 
 
@@ -102,7 +97,7 @@ def collect_command(commands: Commands) -> None:
         "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
     )
     settings.add_arguments(collect, settings.CollectSettings)
-    _add_format(collect)
+    add_output_arguments(collect, formats=FORMATS, default="json")
     collect.set_defaults(handler=_cmd_collect)
 
 
