@@ -222,3 +222,27 @@ def test_the_charts_env_vars_and_flags_are_each_commands_declared_settings_and_r
         # What the chart renders is what the command accepts: the real parser, then resolve.
         args = cli.build_parser().parse_args(container["args"])
         resolve_as(COMMAND_OF[command], vars(args), env)
+
+
+TEMPLATE_OF = {"run": "daemonset.yaml", "extender": "extender.yaml", "prune": "prune-hook.yaml"}
+"""The template that runs each command the chart runs."""
+PASSED_ON = re.compile(
+    r"name: (?P<env>TOPO_REPORTER_\w+)\s+value: [^\n]*?\.Values\.(?P<by_env>[\w.]+)"
+    r"|- (?P<flag>--[\w-]+)\n\s+- [^\n]*?\.Values\.(?P<by_flag>[\w.]+)"
+)
+"""An env var or a flag the template sets from a chart value."""
+
+
+@pytest.mark.parametrize("command", sorted(TEMPLATE_OF))
+def test_each_chart_value_the_chart_passes_on_is_the_one_its_setting_declares(
+    command: str,
+) -> None:
+    template = (CHART_DIR / "templates" / TEMPLATE_OF[command]).read_text()
+    declarations = [d for _, d in declared(COMMAND_OF[command])]
+    passed = [
+        (m["env"] or m["flag"], m["by_env"] or m["by_flag"]) for m in PASSED_ON.finditer(template)
+    ]
+    assert passed, "the template passes no chart value on"
+    for given, value in passed:
+        setting_of = next(d for d in declarations if given in (d.flag, *d.env))
+        assert setting_of.chart == value, f"{given} comes from {value}"
