@@ -88,6 +88,7 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
 
 
 def best_set_command(commands: Commands) -> None:
+    """Add `best-set`'s parser, which names its handler, to `commands`."""
     best_set = commands.add_parser(
         "best-set",
         help="the K best-connected GPUs of a node, with their score and why",

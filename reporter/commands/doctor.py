@@ -39,6 +39,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def doctor_command(commands: Commands) -> None:
+    """Add `doctor`'s parser, which names its handler, to `commands`."""
     diagnose = commands.add_parser(
         "doctor",
         help="explain why GPU pods stay Pending or run slow, node by node",

@@ -116,6 +116,7 @@ def _cmd_dra_template(args: argparse.Namespace) -> int:
 
 
 def dra_template_command(commands: Commands) -> None:
+    """Add `dra-template`'s parser, which names its handler, to `commands`."""
     template = commands.add_parser(
         "dra-template",
         help="a ResourceClaimTemplate for K NVLink-connected GPUs (Kubernetes 1.37 DRA)",

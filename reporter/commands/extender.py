@@ -24,6 +24,7 @@ def _cmd_extender(args: argparse.Namespace) -> int:
 
 
 def extender_command(commands: Commands) -> None:
+    """Add `extender`'s parser, which names its handler, to `commands`."""
     extender = commands.add_parser(
         "extender",
         help="serve kube-scheduler's extender verbs: filter and rank nodes by free GPUs",

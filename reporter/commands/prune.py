@@ -44,6 +44,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 def prune_command(commands: Commands) -> None:
+    """Add `prune`'s parser, which names its handler, to `commands`."""
     prune = commands.add_parser(
         "prune",
         help="remove everything the agents under a prefix wrote to the cluster",

@@ -28,6 +28,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_command(commands: Commands) -> None:
+    """Add `run`'s parser, which names its handler, to `commands`."""
     run = commands.add_parser(
         "run",
         help="run the agent: scan, publish on the Node, serve health and metrics",

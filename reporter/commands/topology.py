@@ -41,6 +41,7 @@ def _file_command(
 
 
 def parse_command(commands: Commands) -> None:
+    """Add `parse`'s parser, which names its handler, to `commands`."""
     _file_command(
         commands,
         "parse",
@@ -58,6 +59,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def render_command(commands: Commands) -> None:
+    """Add `render`'s parser, which names its handler, to `commands`."""
     _file_command(
         commands,
         "render",
@@ -90,6 +92,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def collect_command(commands: Commands) -> None:
+    """Add `collect`'s parser, which names its handler, to `commands`."""
     collect = commands.add_parser(
         "collect",
         help="read this machine's topology (or a simulated one's) and print it",
@@ -110,6 +113,7 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def profiles_command(commands: Commands) -> None:
+    """Add `profiles`'s parser, which names its handler, to `commands`."""
     profiles = commands.add_parser(
         "profiles",
         help="list the simulated machines",
