@@ -132,6 +132,8 @@ from typing import Any
 
 import structlog
 
+from parsers.duration import parse_duration
+from parsers.errors import ParseError
 from parsers.links import LinkKind
 from reporter.availability import (
     CONNECTED_WAIT_S,
@@ -143,7 +145,6 @@ from reporter.availability import (
     node_score,
 )
 from reporter.collect import build_scanner
-from reporter.errors import ConfigError
 from reporter.free_sets import compute_availability
 from reporter.placement import (
     PCIE_POINTS,
@@ -155,7 +156,6 @@ from reporter.placement import (
 )
 from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.model import Topology
-from reporter.settings import parse_duration
 
 DEFAULT_CLUSTER = (
     ("dgx-a100", 8),
@@ -1211,7 +1211,7 @@ def quiet() -> None:
 def _duration(text: str) -> float:
     try:
         return parse_duration(text, name="--connected-wait")
-    except ConfigError as e:
+    except ParseError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 

@@ -10,12 +10,10 @@ per resync period and nothing else.
 from __future__ import annotations
 
 import math
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Protocol
 
 import structlog
@@ -42,6 +40,7 @@ from reporter.schema.fabric import node_fabric, taint_value
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.serve.state import AgentState
+from reporter.signals import stop_on_signals, wait_until_stopped
 from reporter.telling import Told
 
 STALL_AFTER_S = 300.0
@@ -437,10 +436,6 @@ def run_until_signalled(
     """
     failure: list[BaseException] = []
 
-    def handle(signum: int, _: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name)
-        stop.set()
-
     def loop() -> None:
         try:
             agent.run()
@@ -448,17 +443,12 @@ def run_until_signalled(
             failure.append(e)
             stop.set()
 
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
     worker = threading.Thread(target=loop, name="topo-reporter-loop", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive() and not stop.wait(0.5):
-            pass
+    with stop_on_signals(stop, log):
+        worker.start()
+        wait_until_stopped(stop, running=worker.is_alive)
         worker.join(grace_s)
         if worker.is_alive():
             log.warning("exiting_with_request_in_flight")
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if failure:
         raise failure[0]

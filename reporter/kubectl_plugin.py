@@ -18,7 +18,8 @@ from typing import Any
 
 from parsers.cpulist import format_cpulist
 from reporter import doctor, terminal
-from reporter.errors import ApiPermanentError, InputError, SchemaError, TopoReporterError
+from reporter.commands import EXIT_FAILURE, EXIT_OK, run_guarded
+from reporter.errors import ApiPermanentError, InputError, SchemaError
 from reporter.extender.cache import CAPABLE_SIZES, NodeCache
 from reporter.placement_quality import decode_held_sets, judge
 from reporter.publish.watch import node_annotation
@@ -37,7 +38,6 @@ from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 
 PROG = "kubectl gpu-topology"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 FORMATS = ("text", "json", "dot", "mermaid")
 LIST_COLUMNS = ("NAME", "GPUS", "INTERCONNECT", "NVLINK-ISLAND", "FREE")
 
@@ -284,7 +284,7 @@ def node_row(node: Mapping[str, Any], prefix: str) -> dict[str, str]:
     """One GPU node's line: GPUs, interconnect and largest NVLink island from its labels, and
     its free GPUs from the availability annotation."""
     labels = _labels(node)
-    capacity = ((node.get("status") or {}).get("capacity") or {}).get(doctor.GPU_RESOURCE)
+    capacity = ((node.get("status") or {}).get("capacity") or {}).get(keys.GPU_RESOURCE)
     free = availability(node, prefix)
     return {
         "node": _name(node),
@@ -384,9 +384,7 @@ def run(args: argparse.Namespace) -> int:
     from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
 
     reader = doctor.ApiClusterReader(
-        kube.KubeApiClient(
-            kube.load_configuration(args.kubeconfig, args.context), request_timeout_s=(5.0, 30.0)
-        ),
+        kube.operator_client(args.kubeconfig, args.context),
         agent_selector=args.agent_selector,
         namespace=args.namespace,
         tool=PROG,
@@ -402,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
         if not rows:
             terminal.write(
                 sys.stderr,
-                f"No GPU nodes found: no node has {doctor.GPU_RESOURCE} capacity or a "
+                f"No GPU nodes found: no node has {keys.GPU_RESOURCE} capacity or a "
                 f"{keys.key(args.prefix, keys.TOPOLOGY)} annotation.\n",
             )
         elif args.format == "json":
@@ -431,16 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--partitions counts every node: give no NODE, and --format text or json")
     if args.node is None and args.format in ("dot", "mermaid"):
         parser.error(f"--format {args.format} draws one node: name it")
-    try:
-        return run(args)
-    except TopoReporterError as e:
-        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        sys.stderr.close()
-        return EXIT_OK
+    return run_guarded(PROG, run, args)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,53 @@
-"""The agent's settings: one frozen value, resolved in one documented order, validated once.
+"""Every command's settings: frozen values, each setting declared once, resolved in one
+documented order, validated once.
+
+A setting is one dataclass field made by `setting()`: its default, and beside it its flag, its
+environment variables, the chart value that sets it, its kind and its help. The command-line
+flags, the environment and settings-file readers and `--help` (with its "(default: X; env Y)")
+are derived from those declarations, so a new setting is one field.
 
 Precedence, lowest first: built-in defaults → the YAML file named by `--config` or
-`TOPO_REPORTER_CONFIG` → environment variables (`TOPO_REPORTER_*`, `NODE_NAME`, `POD_NAMESPACE`,
-`KUBECONFIG`) → command-line flags. A bad value is one `ConfigError` line naming where it came from.
-This module reads the file and the environment it is handed; it never touches the cluster.
+`TOPO_REPORTER_CONFIG` (the agent's `run` only) → environment variables (`TOPO_REPORTER_*`,
+`NODE_NAME`, `POD_NAMESPACE`, `KUBECONFIG`) → command-line flags. A bad value is one `ConfigError`
+line naming where it came from. This module reads the file and the environment it is handed; it
+never touches the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
+from parsers import duration
 from parsers.documents import DocumentBoundError, load_yaml
+from parsers.duration import DURATION_MAX_S
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
+from reporter.availability import CONNECTED_WAIT_S
+from reporter.collect.kubelet import POD_RESOURCES_SOCKET
+from reporter.collect.scanner import BACKENDS
 from reporter.errors import ConfigError
-from reporter.inputs import read_bounded
+from reporter.extender.protocol import (
+    MAX_REQUEST_BYTES,
+    check_resource_name,
+    duration_text,
+)
+from reporter.inputs import read_bounded, size_text
 from reporter.placement import Policy
 from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
 
-BACKENDS = ("auto", "nvml", "sysfs")
 SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 """The kubelet's topologyManagerPolicy values (KubeletConfiguration)."""
 TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-"""The kubelet's (reporter.collect.podresources.DEFAULT_SOCKET, which this module cannot import:
-it loads grpc)."""
 WITHDRAW_AFTER = 2
 """Failed PodResources reads in a row after which the availability keys leave the Node: one
 failure (a kubelet restart, a timeout) is ridden out; at the default 10 s interval the keys go
@@ -45,106 +59,502 @@ _FALSE = ("false", "0", "no", "off", "")
 
 # A settings file is a dozen lines.
 MAX_SETTINGS_BYTES = 64 * 1024
-_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|m|s)")
 DURATION_MIN_S = 1.0
 """Shortest --interval or --resync: below a second the loop would spend a core on NVML and sysfs."""
-DURATION_MAX_S = 86400.0
-"""Longest --interval or --resync: a day. Beyond it a change or drift goes unseen for longer than
-any operator waits, and a wait of centuries overflows the platform's timeout (`inf`, `1e309`)."""
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _MAX_DRA_DRIVERS = 8
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DECLARED = "topo_reporter_setting"
+"""The key of a field's metadata under which `setting()` keeps its declaration."""
+_CONFIG_FILE = "config_file"
+"""The one setting read before the others: it names where some of them come from."""
+
+
+class Kind(enum.Enum):
+    """How a setting's text (a flag, a variable, a YAML value) becomes its value."""
+
+    TEXT = "text"
+    DURATION = "duration"
+    """`90`, `90s`, `5m`, `1h30m`, or a YAML number of seconds: from 1 s to a day."""
+    SWITCH = "switch"
+    """A flag without a value; true/false, yes/no, on/off, 1/0 as text."""
+    COUNT = "count"
+    """A whole number of up to 6 digits."""
+    SIZE = "size"
+    """A whole number of bytes, up to 12 digits."""
+    INDEXES = "indexes"
+    """`0,1,2` or a YAML list: sorted distinct GPU indexes."""
+    NAMES = "names"
+    """`a,b`, a YAML list, or a repeated flag: names in order, without repeats."""
+    NAMES_OR_NONE = "names-or-none"
+    """As NAMES, where empty says "none" (the chart renders `[]` as an empty variable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """Everything about one setting but its value: where it comes from and how `--help` says it."""
+
+    flag: str
+    """`--interval`; its name without the dashes names the setting in the file and in errors."""
+    env: tuple[str, ...]
+    """Environment variables, the most specific first."""
+    help: str
+    """What it does, without its default or variables: `--help` derives those."""
+    kind: Kind = Kind.TEXT
+    chart: str | None = None
+    """The chart value that sets it (`availability.interval`), where one does."""
+    metavar: str | None = None
+    shown: str | None = None
+    """How `--help` says the default where the value is not what a person reads (None, a
+    computed fallback); otherwise it is derived from the value."""
+    empty_is_value: bool = False
+    """An empty variable is a value (listen: the server off), not "unset" as charts render."""
+
+    @property
+    def name(self) -> str:
+        """The setting's name in a settings file and in error messages: `interval`."""
+        return self.flag.removeprefix("--")
+
+
+_T = TypeVar("_T")
+
+
+def setting(
+    default: _T,
+    *,
+    flag: str,
+    env: str | tuple[str, ...],
+    help: str,
+    kind: Kind = Kind.TEXT,
+    chart: str | None = None,
+    metavar: str | None = None,
+    shown: str | None = None,
+    empty_is_value: bool = False,
+) -> _T:
+    """A settings field: `default`, declared with everything the readers and `--help` derive."""
+    declared = Declaration(
+        flag=flag,
+        env=(env,) if isinstance(env, str) else env,
+        help=help,
+        kind=kind,
+        chart=chart,
+        metavar=metavar,
+        shown=shown,
+        empty_is_value=empty_is_value,
+    )
+    result: _T = field(default=default, metadata={_DECLARED: declared})
+    return result
+
+
+class Resolvable(Protocol):
+    """A frozen settings dataclass whose fields come from `setting()`, with its own validate()."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    def validate(self) -> Self: ...
+
+
+_S = TypeVar("_S", bound=Resolvable)
+
+
+def declared(of: type[Resolvable]) -> tuple[tuple[Field[Any], Declaration], ...]:
+    """Each field of `of` with its declaration, in field order (how `--help` lists them)."""
+    return tuple((f, f.metadata[_DECLARED]) for f in fields(of) if _DECLARED in f.metadata)
+
+
+def shown_default(value: object, declaration: Declaration) -> str:
+    """How `--help` writes a setting's default: `1m`, `off`, `gpu.nvidia.com`, `''`."""
+    if declaration.shown is not None:
+        return declaration.shown
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if declaration.kind is Kind.DURATION and isinstance(value, float):
+        return duration_text(value)
+    if declaration.kind is Kind.SIZE and isinstance(value, int):
+        return size_text(value)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value) or "''"
+
+
+def help_text(value: object, declaration: Declaration) -> str:
+    """A setting's `--help` line: what it does, its default and its variables, all derived."""
+    return (
+        f"{declaration.help} (default: {shown_default(value, declaration)}; "
+        f"env {', '.join(declaration.env)})"
+    )
+
+
+def _prefix(help: str = "the prefix of every label and annotation key") -> str:
+    return setting(
+        DEFAULT_PREFIX, flag="--prefix", env="TOPO_REPORTER_PREFIX", help=help, chart="agent.prefix"
+    )
+
+
+def _kubeconfig() -> str | None:
+    return setting(
+        None,
+        flag="--kubeconfig",
+        env="KUBECONFIG",
+        help="kubeconfig path(s)",
+        metavar="FILE",
+        shown="in-cluster, then ~/.kube/config",
+    )
+
+
+def _log_format() -> str:
+    return setting(
+        "auto",
+        flag="--log-format",
+        env="TOPO_REPORTER_LOG_FORMAT",
+        help="auto (JSON unless stderr is a terminal), json or console",
+        chart="agent.logFormat",
+    )
+
+
+def _log_level(default: str, chart: str | None) -> str:
+    return setting(
+        default,
+        flag="--log-level",
+        env="TOPO_REPORTER_LOG_LEVEL",
+        help="debug, info, warning or error",
+        chart=chart,
+    )
+
+
+def _node(shown: str) -> str | None:
+    return setting(
+        None,
+        flag="--node",
+        env=("TOPO_REPORTER_NODE", "NODE_NAME"),
+        help="the Node's name (the chart sets NODE_NAME from spec.nodeName)",
+        metavar="NAME",
+        shown=shown,
+    )
+
+
+def _backend() -> str:
+    return setting(
+        "auto",
+        flag="--backend",
+        env="TOPO_REPORTER_BACKEND",
+        help="where the topology is read: auto (NVML, sysfs where NVML does not load), nvml or "
+        "sysfs",
+        chart="agent.backend",
+    )
+
+
+def _sysfs_root() -> str:
+    return setting(
+        "/sys",
+        flag="--sysfs-root",
+        env="TOPO_REPORTER_SYSFS_ROOT",
+        help="where the host's /sys is mounted (the chart mounts it at /host/sys)",
+        metavar="DIR",
+    )
+
+
+def _simulate() -> str | None:
+    return setting(
+        None,
+        flag="--simulate",
+        env="TOPO_REPORTER_SIMULATE",
+        help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a profile "
+        "YAML file",
+        chart="agent.simulate",
+        metavar="PROFILE",
+    )
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
+
+
+def _check_namespace(flag: str, name: str) -> None:
+    if not is_namespace(name):
+        raise ConfigError(
+            f"{flag} {excerpt(name)} is not a namespace name (lower-case letters, digits and '-', "
+            "at most 63 characters)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything `topo-reporter run` needs to know, resolved and validated."""
 
-    node: str | None = None
+    config_file: str | None = setting(
+        None,
+        flag="--config",
+        env="TOPO_REPORTER_CONFIG",
+        help="a YAML file of settings (setting: value, named as the flags are without --)",
+        metavar="FILE",
+    )
+    """The YAML settings file that was read, if any."""
+    node: str | None = _node(shown="none; needed unless --dry-run")
     """The Node to publish on (its own, from the downward API); required unless dry_run."""
-    kubeconfig: str | None = None
+    kubeconfig: str | None = _kubeconfig()
     """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
-    prefix: str = DEFAULT_PREFIX
+    prefix: str = _prefix()
     """Prefix of every label and annotation key the agent writes and owns."""
-    interval_s: float = 60.0
+    interval_s: float = setting(
+        60.0,
+        flag="--interval",
+        env="TOPO_REPORTER_INTERVAL",
+        help="between scans",
+        kind=Kind.DURATION,
+        chart="agent.interval",
+        metavar="DURATION",
+    )
     """Seconds between scans."""
-    resync_s: float = 300.0
+    resync_s: float = setting(
+        300.0,
+        flag="--resync",
+        env="TOPO_REPORTER_RESYNC",
+        help="between reads of the Node that repair drift (our keys edited or deleted)",
+        kind=Kind.DURATION,
+        chart="agent.resync",
+        metavar="DURATION",
+    )
     """Seconds between reads of the Node that repair drift (our keys edited or deleted)."""
-    backend: str = "auto"
+    backend: str = _backend()
     """Topology source: auto (NVML, sysfs when NVML is absent), nvml or sysfs."""
-    sysfs_root: str = "/sys"
+    sysfs_root: str = _sysfs_root()
     """Where the host's sysfs is mounted (the chart mounts it at /host/sys)."""
-    simulate: str | None = None
+    simulate: str | None = _simulate()
     """A simulated machine profile (`dgx-h100`) instead of the real hardware."""
-    sink: str = "node"
+    sink: str = setting(
+        "node",
+        flag="--sink",
+        env="TOPO_REPORTER_SINK",
+        help="where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)",
+        chart="agent.sink",
+    )
     """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
-    namespace: str = "default"
+    namespace: str = setting(
+        "default",
+        flag="--namespace",
+        env=("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"),
+        help="the agent's namespace: of the NodeFeature object and the heartbeat Lease (Events "
+        "about the Node go to default)",
+    )
     """The agent's namespace: of the NodeFeature object (the nodefeature sink) and of the
     heartbeat Lease. Events about the Node go to `default` whatever this says: the API server
     takes them nowhere else."""
-    listen: str = "0.0.0.0:8080"
+    listen: str = setting(
+        "0.0.0.0:8080",
+        flag="--listen",
+        env="TOPO_REPORTER_LISTEN",
+        help="host:port of the health and metrics server; '' disables it",
+        chart="agent.port",
+        metavar="HOST:PORT",
+        empty_is_value=True,
+    )
     """host:port of the health and metrics server; empty disables it."""
-    log_format: str = "auto"
+    log_format: str = _log_format()
     """auto (JSON when stderr is not a terminal), json or console."""
-    log_level: str = "info"
+    log_level: str = _log_level("info", chart="agent.logLevel")
     """debug, info, warning or error."""
-    kubelet_config: str = "/var/lib/kubelet/config.yaml"
+    kubelet_config: str = setting(
+        "/var/lib/kubelet/config.yaml",
+        flag="--kubelet-config",
+        env="TOPO_REPORTER_KUBELET_CONFIG",
+        help="the kubelet's config file, read for its Topology Manager policy",
+        chart="kubeletConfig.enabled",
+        metavar="FILE",
+    )
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
-    topology_manager_policy: str | None = None
+    topology_manager_policy: str | None = setting(
+        None,
+        flag="--topology-manager-policy",
+        env="TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY",
+        help="the kubelet's Topology Manager policy, for the NodeResourceTopology where the "
+        "kubelet config cannot be read (none stated: no NodeResourceTopology then)",
+        chart="kubeletConfig.topologyManagerPolicy",
+        metavar="POLICY",
+    )
     """The kubelet's Topology Manager policy, as the user states it: used for the
     NodeResourceTopology only where the kubelet config cannot be read (it wins where it can)."""
-    topology_manager_scope: str = "container"
+    topology_manager_scope: str = setting(
+        "container",
+        flag="--topology-manager-scope",
+        env="TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE",
+        help="with --topology-manager-policy: container or pod",
+        chart="kubeletConfig.topologyManagerScope",
+        metavar="SCOPE",
+    )
     """The scope that goes with `topology_manager_policy` (the kubelet's default: container)."""
-    koordinator_dir: str | None = None
+    koordinator_dir: str | None = setting(
+        None,
+        flag="--koordinator-dir",
+        env="TOPO_REPORTER_KOORDINATOR_DIR",
+        help="write Koordinator's device-info file (NVLink partitions) into koordlet's "
+        "xpu-device-infos DIR",
+        chart="koordinator.enabled",
+        metavar="DIR",
+        shown="off",
+    )
     """koordlet's xpu-device-infos directory: write Koordinator's device-info file there."""
-    availability: bool = False
+    availability: bool = setting(
+        False,
+        flag="--availability",
+        env="TOPO_REPORTER_AVAILABILITY",
+        help="also publish which GPUs are free, from the kubelet's PodResources",
+        kind=Kind.SWITCH,
+        chart="availability.enabled",
+    )
     """Publish which GPUs are free (the availability annotation and two labels) on the Node."""
-    availability_interval_s: float = 10.0
+    availability_interval_s: float = setting(
+        10.0,
+        flag="--availability-interval",
+        env="TOPO_REPORTER_AVAILABILITY_INTERVAL",
+        help="between reads of the free GPUs; at most one Node write each",
+        kind=Kind.DURATION,
+        chart="availability.interval",
+        metavar="DURATION",
+    )
     """Seconds between reads of which GPUs are free; at most one Node write per interval."""
-    availability_withdraw_after: int = WITHDRAW_AFTER
+    availability_withdraw_after: int = setting(
+        WITHDRAW_AFTER,
+        flag="--availability-withdraw-after",
+        env="TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER",
+        help="withdraw the availability keys after N failed PodResources reads in a row",
+        kind=Kind.COUNT,
+        chart="availability.withdrawAfter",
+        metavar="N",
+    )
     """Failed PodResources reads in a row after which the availability keys are withdrawn from
     the Node (published again at the next good read): a value nobody can vouch for must not keep
     excluding the node from schedulers."""
-    heartbeat: bool = False
+    heartbeat: bool = setting(
+        False,
+        flag="--heartbeat",
+        env="TOPO_REPORTER_HEARTBEAT",
+        help="renew a heartbeat Lease named after the node in --namespace while the availability "
+        "is current, for the extender to judge it by (needs --availability)",
+        kind=Kind.SWITCH,
+        chart="availability.heartbeat.enabled",
+    )
     """Renew a heartbeat Lease (coordination.k8s.io/v1, named after the node, in `namespace`)
     while the Node carries the availability the agent decided; needs `availability`."""
-    heartbeat_duration_s: float = 40.0
+    heartbeat_duration_s: float = setting(
+        40.0,
+        flag="--heartbeat-duration",
+        env="TOPO_REPORTER_HEARTBEAT_DURATION",
+        help="the Lease's duration, renewed every quarter of it",
+        kind=Kind.DURATION,
+        chart="availability.heartbeat.duration",
+        metavar="DURATION",
+    )
     """The Lease's leaseDurationSeconds, renewed every quarter of it (at the availability ticks);
     at least three availability intervals."""
-    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    pod_resources_socket: str = setting(
+        POD_RESOURCES_SOCKET,
+        flag="--pod-resources-socket",
+        env="TOPO_REPORTER_POD_RESOURCES_SOCKET",
+        help="the kubelet's PodResources socket",
+        metavar="PATH",
+    )
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
-    on_node_policy: str = Policy.NVIDIA_BESTEFFORT.value
+    on_node_policy: str = setting(
+        Policy.NVIDIA_BESTEFFORT.value,
+        flag="--on-node-policy",
+        env="TOPO_REPORTER_ON_NODE_POLICY",
+        help="how the node's device plugin picks GPUs, which the availability describes: "
+        "nvidia-besteffort (NVIDIA's device plugin), best or packing",
+        chart="availability.onNodePolicy",
+        metavar="POLICY",
+    )
     """How the node's device plugin picks GPUs (GetPreferredAllocation), which the availability
     annotation describes for every request size: nvidia-besteffort (NVIDIA's device plugin), or
     best or packing (a device plugin answering with reporter.placement.best_gpu_set)."""
-    simulate_used: tuple[int, ...] | None = None
+    simulate_used: tuple[int, ...] | None = setting(
+        None,
+        flag="--simulate-used",
+        env="TOPO_REPORTER_SIMULATE_USED",
+        help="with --simulate: the GPU indexes taken as allocated, instead of a kubelet's answer",
+        kind=Kind.INDEXES,
+        metavar="I,J,...",
+    )
     """With `simulate`: the GPU indexes taken as allocated, instead of asking a kubelet."""
-    gpu_resources: tuple[str, ...] | None = None
+    gpu_resources: tuple[str, ...] | None = setting(
+        None,
+        flag="--gpu-resource",
+        env="TOPO_REPORTER_GPU_RESOURCES",
+        help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
+        "family",
+        kind=Kind.NAMES,
+        metavar="NAME",
+        shown=", ".join(keys.GPU_RESOURCES),
+    )
     """Resource names whose PodResources devices are GPUs (`nvidia.com/mig-*` for a family);
-    None: the reader's default (reporter.collect.podresources.DEFAULT_RESOURCES)."""
-    dra_drivers: tuple[str, ...] = (dra.DRIVER,)
-    """DRA drivers whose devices, held by ResourceClaims in this node's pool, availability counts
-    as the node's GPUs (NVIDIA's `gpu.nvidia.com`); empty: the device plugin's allocations only."""
-    dra_device_taints: bool = False
-    """Mark each GPU that is lost, or whose NVLinks or fabric are degraded, with a DRA
-    DeviceTaintRule (NoSchedule), and delete the rule when it is healthy again."""
-    nrt: bool = False
+    None: the reader's default (reporter.schema.keys.GPU_RESOURCES)."""
+    nrt: bool = setting(
+        False,
+        flag="--nrt",
+        env="TOPO_REPORTER_NRT",
+        help="publish the node's NodeResourceTopology (needs --availability; the sole producer: "
+        "refuses to write over NFD's topology-updater or resource-topology-exporter)",
+        kind=Kind.SWITCH,
+        chart="nrt.enabled",
+    )
     """Be the sole producer of the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2)
     from each availability read; needs `availability`."""
-    taint_unhealthy_fabric: bool = False
+    taint_unhealthy_fabric: bool = setting(
+        False,
+        flag="--taint-unhealthy-fabric",
+        env="TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",
+        help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
+        "fabric is degraded or unhealthy, untaint it when healthy",
+        kind=Kind.SWITCH,
+        chart="fabric.taintUnhealthy",
+    )
     """Put the NoSchedule taint `<prefix>/fabric-health=<degraded|unhealthy>` on the Node while
     its multi-node NVLink fabric is degraded or unhealthy, and take it off when healthy again;
     needs the node sink (the chart's admission policy must allow it: fabric.taintUnhealthy)."""
-    once: bool = False
+    dra_drivers: tuple[str, ...] = setting(
+        (dra.DRIVER,),
+        flag="--dra-drivers",
+        env="TOPO_REPORTER_DRA_DRIVERS",
+        help="DRA drivers whose claimed devices in this node's pool availability counts as its "
+        "GPUs, comma-separated; '' for none",
+        kind=Kind.NAMES_OR_NONE,
+        chart="dra.drivers",
+        metavar="NAMES",
+    )
+    """DRA drivers whose devices, held by ResourceClaims in this node's pool, availability counts
+    as the node's GPUs (NVIDIA's `gpu.nvidia.com`); empty: the device plugin's allocations only."""
+    dra_device_taints: bool = setting(
+        False,
+        flag="--dra-device-taints",
+        env="TOPO_REPORTER_DRA_DEVICE_TAINTS",
+        help="mark each lost or NVLink/fabric-degraded GPU with a DRA DeviceTaintRule "
+        "(NoSchedule) and delete it when healthy; needs a cluster serving DeviceTaintRules",
+        kind=Kind.SWITCH,
+        chart="dra.deviceTaints",
+    )
+    """Mark each GPU that is lost, or whose NVLinks or fabric are degraded, with a DRA
+    DeviceTaintRule (NoSchedule), and delete the rule when it is healthy again."""
+    once: bool = setting(
+        False,
+        flag="--once",
+        env="TOPO_REPORTER_ONCE",
+        help="scan and publish once, then exit (non-zero on failure)",
+        kind=Kind.SWITCH,
+    )
     """Scan and publish once, then exit (non-zero on failure)."""
-    dry_run: bool = False
+    dry_run: bool = setting(
+        False,
+        flag="--dry-run",
+        env="TOPO_REPORTER_DRY_RUN",
+        help="print the patch as JSON instead of sending it; needs no cluster",
+        kind=Kind.SWITCH,
+    )
     """Print the patch as JSON instead of sending it; needs no cluster."""
-    config_file: str | None = None
-    """The YAML settings file that was read, if any."""
 
-    def validate(self) -> Settings:
+    def validate(self) -> Self:
         """Return self, or raise ConfigError with one line saying which value is wrong and why."""
         if not self.dry_run and not self.node:
             raise ConfigError(
@@ -153,9 +563,9 @@ class Settings:
             )
         check_prefix(self.prefix)
         # Every duration setting, present and future, gets the same bounds.
-        for name, (_, kind) in _SOURCES.items():
-            if kind == "duration":
-                check_duration(getattr(self, name), name=_flag(name))
+        for declaration_field, declaration in declared(type(self)):
+            if declaration.kind is Kind.DURATION:
+                check_duration(getattr(self, declaration_field.name), name=declaration.name)
         for name, value, allowed in (
             ("backend", self.backend, BACKENDS),
             ("sink", self.sink, SINKS),
@@ -227,18 +637,217 @@ class Settings:
             )
 
 
-def parse_duration(text: str, *, name: str) -> float:
-    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds. Raises ConfigError.
+@dataclass(frozen=True, slots=True)
+class CollectSettings:
+    """What `topo-reporter collect` reads the machine with, as `run` would."""
 
-    Only decimal digits: Python's float() would also take `nan`, `inf`, `1e309` and `1_0`.
-    """
-    value = text.strip()
-    if _SECONDS.fullmatch(value):
-        return float(value)
-    parts = _DURATION_PART.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise ConfigError(f"{name} {excerpt(text)} is not a duration: use seconds or 90s, 5m, 1h")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    backend: str = _backend()
+    """Topology source: auto (NVML, sysfs when NVML is absent), nvml or sysfs."""
+    sysfs_root: str = _sysfs_root()
+    """Where the host's sysfs is mounted."""
+    simulate: str | None = _simulate()
+    """A simulated machine profile instead of the real hardware."""
+    node: str | None = _node(shown="the lower-cased hostname, as run uses")
+    """The Node's name, which a node without a multi-node NVLink fabric names its nvlink-domain
+    after."""
+
+    def validate(self) -> Self:
+        """Return self, or raise ConfigError naming the value that is wrong."""
+        _check_choice("backend", self.backend, BACKENDS)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderSettings:
+    """Everything `topo-reporter extender` needs to know, resolved and validated."""
+
+    listen: str = setting(
+        "0.0.0.0:8888",
+        flag="--listen",
+        env="TOPO_REPORTER_LISTEN",
+        help="address to serve on",
+        chart="extender.port",
+        metavar="HOST:PORT",
+        empty_is_value=True,
+    )
+    """host:port the extender serves its verbs, health and metrics on."""
+    kubeconfig: str | None = _kubeconfig()
+    """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
+    prefix: str = _prefix("the annotation prefix the agents publish under")
+    """The prefix of the agents' keys that the extender reads."""
+    resource: str = setting(
+        keys.GPU_RESOURCE,
+        flag="--resource",
+        env="TOPO_REPORTER_GPU_RESOURCE",
+        help="the extended resource whose pods it judges; other pods pass with every node and "
+        "score 0",
+        chart="extender.resource",
+        metavar="NAME",
+    )
+    """The extended resource whose pods the extender judges."""
+    connected_wait: str = setting(
+        duration_text(CONNECTED_WAIT_S),
+        flag="--connected-wait",
+        env="TOPO_REPORTER_CONNECTED_WAIT",
+        help="hold a pod of 2 or more GPUs up to this long from its creation for an "
+        "NVLink-connected set, while no candidate node gives one and some node could (0: never; "
+        "at most 24h); a pod's own PREFIX/connected-wait annotation replaces it",
+        chart="extender.connectedWait",
+        metavar="DURATION",
+    )
+    """The hold for a connected set, as written: `connected_wait_s()` reads it (from 0 s, where
+    the agent's durations start at 1 s)."""
+    heartbeat_namespace: str = setting(
+        "",
+        flag="--heartbeat-namespace",
+        env="TOPO_REPORTER_HEARTBEAT_NAMESPACE",
+        help="trust a node's availability only while its agent's heartbeat Lease in NAMESPACE is "
+        "fresh (the agents' namespace, run with --heartbeat); empty: off",
+        metavar="NAMESPACE",
+    )
+    """The agents' namespace, where their heartbeat Leases are; empty: no heartbeats."""
+    max_request_bytes: int = setting(
+        MAX_REQUEST_BYTES,
+        flag="--max-request-bytes",
+        env="TOPO_REPORTER_MAX_REQUEST_BYTES",
+        help="largest request body it reads (the default is what the chart's 320 MiB memory limit "
+        "holds); larger ones are answered 413",
+        kind=Kind.SIZE,
+        chart="extender.maxRequestBytes",
+        metavar="N",
+    )
+    """The largest request body read; larger ones are answered 413."""
+    tls_cert_file: str | None = setting(
+        None,
+        flag="--tls-cert-file",
+        env="TOPO_REPORTER_TLS_CERT_FILE",
+        help="serve HTTPS with this PEM certificate (chain), read again when it changes; "
+        "kube-scheduler: enableHTTPS: true",
+        chart="extender.tls.enabled",
+        metavar="FILE",
+        shown="plain HTTP",
+    )
+    """The serving certificate (chain), PEM."""
+    tls_key_file: str | None = setting(
+        None,
+        flag="--tls-key-file",
+        env="TOPO_REPORTER_TLS_KEY_FILE",
+        help="the certificate's PEM private key",
+        chart="extender.tls.enabled",
+        metavar="FILE",
+    )
+    """The serving certificate's private key, PEM."""
+    tls_client_ca_file: str | None = setting(
+        None,
+        flag="--tls-client-ca-file",
+        env="TOPO_REPORTER_TLS_CLIENT_CA_FILE",
+        help="require a client certificate this CA signed (kube-scheduler's tlsConfig.certFile); "
+        "read at start",
+        metavar="FILE",
+        shown="no client certificate asked",
+    )
+    """The CA a client certificate must be signed by; None: none asked."""
+    log_format: str = _log_format()
+    """auto (JSON when stderr is not a terminal), json or console."""
+    log_level: str = _log_level("info", chart="extender.logLevel")
+    """debug, info, warning or error."""
+
+    def address(self) -> tuple[str, int]:
+        """The bind address of `listen`. Raises ConfigError for an empty or malformed one."""
+        address = listen_address(self.listen)
+        if address is None:
+            raise ConfigError("the extender needs --listen HOST:PORT (e.g. 0.0.0.0:8888)")
+        return address
+
+    def connected_wait_s(self) -> float:
+        """`connected_wait` in seconds, from 0 to a day. Raises ConfigError."""
+        seconds = parse_duration(self.connected_wait, name="--connected-wait")
+        return check_duration(seconds, name="--connected-wait", minimum=0.0)
+
+    def validate(self) -> Self:
+        """Return self, or raise ConfigError with one line saying which value is wrong and why."""
+        _check_choice("log-format", self.log_format, LOG_FORMATS)
+        _check_choice("log-level", self.log_level, LOG_LEVELS)
+        self.address()
+        if self.max_request_bytes < 1:
+            raise ConfigError("--max-request-bytes must be at least 1")
+        self.connected_wait_s()
+        check_resource_name(self.resource)
+        if self.heartbeat_namespace:
+            _check_namespace("--heartbeat-namespace", self.heartbeat_namespace)
+        if (self.tls_cert_file or self.tls_key_file or self.tls_client_ca_file) and not (
+            self.tls_cert_file and self.tls_key_file
+        ):
+            raise ConfigError("TLS needs both --tls-cert-file and --tls-key-file")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PruneSettings:
+    """What `topo-reporter prune` removes, and with which credentials."""
+
+    prefix: str = _prefix("the agents' key prefix")
+    """The prefix whose keys and objects are removed."""
+    namespace: str = setting(
+        "default",
+        flag="--namespace",
+        env=("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"),
+        help="the agents' namespace, of their Leases and NodeFeature objects",
+    )
+    """The agents' namespace, of their Leases and NodeFeature objects."""
+    kubeconfig: str | None = _kubeconfig()
+    """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
+    dry_run: bool = setting(
+        False,
+        flag="--dry-run",
+        env="TOPO_REPORTER_DRY_RUN",
+        help="print what would be removed; change nothing",
+        kind=Kind.SWITCH,
+    )
+    """Print what would be removed, and change nothing."""
+    log_format: str = _log_format()
+    """auto (JSON when stderr is not a terminal), json or console."""
+    log_level: str = _log_level("warning", chart=None)
+    """debug, info, warning or error."""
+
+    def validate(self) -> Self:
+        """Return self, or raise ConfigError with one line saying which value is wrong and why."""
+        check_prefix(self.prefix)
+        _check_namespace("--namespace", self.namespace)
+        _check_choice("log-format", self.log_format, LOG_FORMATS)
+        _check_choice("log-level", self.log_level, LOG_LEVELS)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSettings:
+    """What a command that only reads the cluster (`doctor`) needs: its credentials."""
+
+    kubeconfig: str | None = _kubeconfig()
+    """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
+
+    def validate(self) -> Self:
+        """Return self: any path may name a kubeconfig; loading it says what is wrong."""
+        return self
+
+
+COMMAND_SETTINGS: tuple[type[Resolvable], ...] = (
+    Settings,
+    CollectSettings,
+    ExtenderSettings,
+    PruneSettings,
+    ReaderSettings,
+)
+"""Every command's settings, for the tests that hold each declaration to its env var, its help
+and the chart."""
+
+
+def parse_duration(text: str, *, name: str) -> float:
+    """`90`, `90s`, `5m`, `1h`, `1m30s` to seconds (parsers.duration). Raises ConfigError."""
+    try:
+        return duration.parse_duration(text, name=name)
+    except ParseError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_duration(seconds: float, *, name: str, minimum: float = DURATION_MIN_S) -> float:
@@ -291,54 +900,6 @@ def listen_address(text: str) -> tuple[str, int] | None:
     return host.strip("[]") or "0.0.0.0", number
 
 
-# name -> (environment variables, most specific first; how the text becomes a value)
-_Convert = Any
-_SOURCES: dict[str, tuple[tuple[str, ...], _Convert]] = {
-    "node": (("TOPO_REPORTER_NODE", "NODE_NAME"), str),
-    "kubeconfig": (("KUBECONFIG",), str),
-    "prefix": (("TOPO_REPORTER_PREFIX",), str),
-    "interval_s": (("TOPO_REPORTER_INTERVAL",), "duration"),
-    "resync_s": (("TOPO_REPORTER_RESYNC",), "duration"),
-    "backend": (("TOPO_REPORTER_BACKEND",), str),
-    "sysfs_root": (("TOPO_REPORTER_SYSFS_ROOT",), str),
-    "simulate": (("TOPO_REPORTER_SIMULATE",), str),
-    "sink": (("TOPO_REPORTER_SINK",), str),
-    "namespace": (("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"), str),
-    "listen": (("TOPO_REPORTER_LISTEN",), str),
-    "log_format": (("TOPO_REPORTER_LOG_FORMAT",), str),
-    "log_level": (("TOPO_REPORTER_LOG_LEVEL",), str),
-    "kubelet_config": (("TOPO_REPORTER_KUBELET_CONFIG",), str),
-    "topology_manager_policy": (("TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY",), str),
-    "topology_manager_scope": (("TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE",), str),
-    "koordinator_dir": (("TOPO_REPORTER_KOORDINATOR_DIR",), str),
-    "availability": (("TOPO_REPORTER_AVAILABILITY",), "bool"),
-    "availability_interval_s": (("TOPO_REPORTER_AVAILABILITY_INTERVAL",), "duration"),
-    "availability_withdraw_after": (("TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER",), "count"),
-    "heartbeat": (("TOPO_REPORTER_HEARTBEAT",), "bool"),
-    "heartbeat_duration_s": (("TOPO_REPORTER_HEARTBEAT_DURATION",), "duration"),
-    "pod_resources_socket": (("TOPO_REPORTER_POD_RESOURCES_SOCKET",), str),
-    "on_node_policy": (("TOPO_REPORTER_ON_NODE_POLICY",), str),
-    "simulate_used": (("TOPO_REPORTER_SIMULATE_USED",), "indexes"),
-    "gpu_resources": (("TOPO_REPORTER_GPU_RESOURCES",), "names"),
-    "nrt": (("TOPO_REPORTER_NRT",), "bool"),
-    "taint_unhealthy_fabric": (("TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",), "bool"),
-    "dra_drivers": (("TOPO_REPORTER_DRA_DRIVERS",), "names-or-none"),
-    "dra_device_taints": (("TOPO_REPORTER_DRA_DEVICE_TAINTS",), "bool"),
-}
-_FLAG_NAMES = {
-    "interval_s": "interval",
-    "resync_s": "resync",
-    "availability_interval_s": "availability-interval",
-    "heartbeat_duration_s": "heartbeat-duration",
-    "gpu_resources": "gpu-resource",
-}
-_FLAGS_ONLY = ("once", "dry_run")
-
-
-def _flag(name: str) -> str:
-    return _FLAG_NAMES.get(name, name).replace("_", "-")
-
-
 def parse_bool(raw: object, *, name: str) -> bool:
     """A YAML boolean, or true/false, yes/no, on/off, 1/0 as text. Raises ConfigError."""
     if isinstance(raw, bool):
@@ -389,34 +950,37 @@ def parse_names(raw: object, *, name: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def parse_count(raw: object, *, name: str) -> int:
-    """A whole number (text of ASCII digits, or a YAML integer), bounded to 6 digits; range
-    checks are validate()'s. Raises ConfigError."""
-    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**6:
+def parse_count(raw: object, *, name: str, max_digits: int = 6) -> int:
+    """A whole number (text of ASCII digits, or a YAML integer), bounded to `max_digits` digits;
+    range checks are validate()'s. Raises ConfigError."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 10**max_digits:
         return raw
     try:
-        return parse_decimal(raw.strip() if isinstance(raw, str) else "", field=name, max_digits=6)
+        text = raw.strip() if isinstance(raw, str) else ""
+        return parse_decimal(text, field=name, max_digits=max_digits)
     except ParseError:
         raise ConfigError(f"{name} {excerpt(raw)} is not a whole number") from None
 
 
-def _convert(name: str, raw: object, origin: str) -> object:
-    kind = _SOURCES[name][1]
-    if kind == "count":
-        return parse_count(raw, name=f"{_flag(name)} ({origin})")
-    if kind == "names":
-        return parse_names(raw, name=f"{_flag(name)} ({origin})")
-    if kind == "names-or-none":
+def _convert(declaration: Declaration, raw: object, origin: str) -> object:
+    kind = declaration.kind
+    where = f"{declaration.name} ({origin})"
+    if kind is Kind.COUNT:
+        return parse_count(raw, name=where)
+    if kind is Kind.SIZE:
+        return parse_count(raw, name=where, max_digits=12)
+    if kind is Kind.NAMES:
+        return parse_names(raw, name=where)
+    if kind is Kind.NAMES_OR_NONE:
         # Empty says "none" here: the chart renders `dra.drivers: []` as an empty variable.
         if raw == [] or (isinstance(raw, str) and not raw.strip()):
             return ()
-        return parse_names(raw, name=f"{_flag(name)} ({origin})")
-    if kind == "bool":
-        return parse_bool(raw, name=f"{_flag(name)} ({origin})")
-    if kind == "indexes":
-        return parse_indexes(raw, name=f"{_flag(name)} ({origin})")
-    if kind == "duration":
-        where = f"{_flag(name)} ({origin})"
+        return parse_names(raw, name=where)
+    if kind is Kind.SWITCH:
+        return parse_bool(raw, name=where)
+    if kind is Kind.INDEXES:
+        return parse_indexes(raw, name=where)
+    if kind is Kind.DURATION:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
             # A YAML integer can be too large for a float (10**400): that is out of range too.
             seconds = float(raw) if not isinstance(raw, int) or abs(raw) < 10**18 else math.inf
@@ -424,11 +988,11 @@ def _convert(name: str, raw: object, origin: str) -> object:
             seconds = parse_duration(str(raw), name=where)
         return check_duration(seconds, name=where)
     if not isinstance(raw, str):
-        raise ConfigError(f"{_flag(name)} ({origin}) must be a string, not {excerpt(raw)}")
+        raise ConfigError(f"{where} must be a string, not {excerpt(raw)}")
     return raw
 
 
-def _read_file(path: str) -> dict[str, object]:
+def _read_file(path: str, of: type[Resolvable]) -> dict[str, object]:
     text = read_bounded(path, limit=MAX_SETTINGS_BYTES, what="settings file", error=ConfigError)
     try:
         loaded = load_yaml(text)
@@ -440,176 +1004,72 @@ def _read_file(path: str) -> dict[str, object]:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"settings file {path} must be a mapping of setting: value")
-    by_flag = {_flag(n): n for n in _SOURCES}
+    by_name = {d.name: (f.name, d) for f, d in declared(of) if f.name != _CONFIG_FILE}
     values: dict[str, object] = {}
     for key, raw in loaded.items():
-        name = by_flag.get(str(key).replace("_", "-"))
-        if name is None:
+        known = by_name.get(str(key).replace("_", "-"))
+        if known is None:
             raise ConfigError(
                 f"settings file {path}: unknown setting {excerpt(key)} "
-                f"(known: {', '.join(by_flag)})"
+                f"(known: {', '.join(by_name)})"
             )
-        values[name] = _convert(name, raw, f"in {path}")
+        values[known[0]] = _convert(known[1], raw, f"in {path}")
     return values
 
 
-def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Settings:
-    """Settings from defaults, the YAML file, the environment and flags, validated.
+def resolve_as(of: type[_S], flags: Mapping[str, object], environ: Mapping[str, str]) -> _S:
+    """`of` from its defaults, the YAML file (where `of` declares `config_file`), the environment
+    and flags, validated.
 
-    `flags` maps field names to what the command line gave (None when not given).
+    `flags` maps field names to what the command line gave (None when not given), as the parser
+    `add_arguments(parser, of)` built returns them. Raises ConfigError.
+    """
+    declarations = declared(of)
+    values: dict[str, object] = {}
+    if any(f.name == _CONFIG_FILE for f, _ in declarations):
+        config_file = flags.get(_CONFIG_FILE) or environ.get("TOPO_REPORTER_CONFIG") or None
+        if config_file is not None:
+            values.update(_read_file(str(config_file), of))
+        values[_CONFIG_FILE] = None if config_file is None else str(config_file)
+    for declaration_field, declaration in declarations:
+        if declaration_field.name == _CONFIG_FILE:
+            continue
+        for variable in declaration.env:
+            raw = environ.get(variable)
+            # An empty variable is unset (charts render empty values), except where empty is a
+            # value of its own (listen: the server off).
+            if raw is not None and (raw != "" or declaration.empty_is_value):
+                values[declaration_field.name] = _convert(declaration, raw, f"from {variable}")
+                break
+        given = flags.get(declaration_field.name)
+        if given is not None:
+            values[declaration_field.name] = _convert(declaration, given, declaration.flag)
+    # Each value was converted to its field's type by _convert above; mypy cannot follow that.
+    return of(**values).validate()
+
+
+def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Settings:
+    """The agent's Settings from defaults, the YAML file, the environment and flags, validated.
+
     Raises ConfigError.
     """
-    values: dict[str, object] = {}
-    config_file = flags.get("config_file") or environ.get("TOPO_REPORTER_CONFIG") or None
-    if config_file is not None:
-        values.update(_read_file(str(config_file)))
-    for name, (variables, _) in _SOURCES.items():
-        for variable in variables:
-            raw = environ.get(variable)
-            # An empty variable is unset (charts render empty values), except for listen,
-            # where empty is how the server is turned off.
-            if raw is not None and (raw != "" or name == "listen"):
-                values[name] = _convert(name, raw, f"from {variable}")
-                break
-    for name in _SOURCES:
-        given = flags.get(name)
-        if given is not None:
-            values[name] = _convert(name, given, f"--{_flag(name)}")
-    for name in _FLAGS_ONLY:
-        values[name] = bool(flags.get(name))
-    values["config_file"] = None if config_file is None else str(config_file)
-    known = {f.name for f in fields(Settings)}
-    # Each value was converted to its field's type by _convert above; mypy cannot follow that.
-    chosen = {k: v for k, v in values.items() if k in known}
-    return Settings(**chosen).validate()  # type: ignore[arg-type]
+    return resolve_as(Settings, flags, environ)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `run` flags; every default is None so that resolve() can tell "not given"."""
-    add = parser.add_argument
-    add("--config", dest="config_file", metavar="FILE", help="YAML settings file")
-    add("--node", help="the Node to publish on (default: TOPO_REPORTER_NODE, NODE_NAME)")
-    add("--kubeconfig", help="kubeconfig path (default: KUBECONFIG, in-cluster, ~/.kube/config)")
-    add("--prefix", help=f"label and annotation key prefix (default {DEFAULT_PREFIX})")
-    add("--interval", dest="interval_s", metavar="DURATION", help="between scans (default 60s)")
-    add("--resync", dest="resync_s", metavar="DURATION", help="between Node re-reads (default 5m)")
-    add("--backend", help="auto, nvml or sysfs (default auto)")
-    add("--sysfs-root", dest="sysfs_root", help="host sysfs mount (default /sys)")
-    add("--simulate", metavar="PROFILE", help="simulated machine instead of the hardware")
-    add("--sink", help="node or nodefeature (default node)")
-    add("--namespace", help="namespace of the NodeFeature object (default: POD_NAMESPACE)")
-    add("--listen", help="health and metrics address (default 0.0.0.0:8080, '' disables)")
-    add("--log-format", dest="log_format", help="auto, json or console (default auto)")
-    add("--log-level", dest="log_level", help="debug, info, warning or error (default info)")
-    add("--kubelet-config", dest="kubelet_config", help="kubelet config file")
-    add(
-        "--topology-manager-policy",
-        dest="topology_manager_policy",
-        metavar="POLICY",
-        help="the kubelet's Topology Manager policy, for the NodeResourceTopology where the "
-        "kubelet config cannot be read (default: none stated: no NodeResourceTopology then)",
-    )
-    add(
-        "--topology-manager-scope",
-        dest="topology_manager_scope",
-        metavar="SCOPE",
-        help="with --topology-manager-policy: container or pod (default container)",
-    )
-    add(
-        "--koordinator-dir",
-        dest="koordinator_dir",
-        metavar="DIR",
-        help="write Koordinator's device-info file (NVLink partitions) into koordlet's "
-        "xpu-device-infos DIR (default: off)",
-    )
-    add(
-        "--availability",
-        action="store_true",
-        default=None,
-        help="also publish which GPUs are free, from the kubelet's PodResources (default: off)",
-    )
-    add(
-        "--nrt",
-        action="store_true",
-        default=None,
-        help="publish the node's NodeResourceTopology (needs --availability; the sole producer: "
-        "refuses to write over NFD's topology-updater or resource-topology-exporter)",
-    )
-    add(
-        "--availability-interval",
-        dest="availability_interval_s",
-        metavar="DURATION",
-        help="between reads of the free GPUs; at most one Node write each (default 10s)",
-    )
-    add(
-        "--on-node-policy",
-        dest="on_node_policy",
-        metavar="POLICY",
-        help="how the node's device plugin picks GPUs, which the availability describes: "
-        "nvidia-besteffort (NVIDIA's device plugin; default), best or packing",
-    )
-    add(
-        "--availability-withdraw-after",
-        dest="availability_withdraw_after",
-        metavar="N",
-        help=f"withdraw the availability keys after N failed PodResources reads in a row "
-        f"(default {WITHDRAW_AFTER})",
-    )
-    add(
-        "--heartbeat",
-        action="store_true",
-        default=None,
-        help="renew a heartbeat Lease named after the node in --namespace while the availability "
-        "is current, for the extender to judge it by (needs --availability; default: off)",
-    )
-    add(
-        "--heartbeat-duration",
-        dest="heartbeat_duration_s",
-        metavar="DURATION",
-        help="the Lease's duration, renewed every quarter of it (default 40s)",
-    )
-    add(
-        "--pod-resources-socket",
-        dest="pod_resources_socket",
-        metavar="PATH",
-        help=f"the kubelet's PodResources socket (default {DEFAULT_POD_RESOURCES_SOCKET})",
-    )
-    add(
-        "--simulate-used",
-        dest="simulate_used",
-        metavar="I,J,...",
-        help="with --simulate: the GPU indexes taken as allocated, instead of a kubelet's answer",
-    )
-    add(
-        "--gpu-resource",
-        dest="gpu_resources",
-        action="append",
-        metavar="NAME",
-        help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
-        "family (default: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*)",
-    )
-    add(
-        "--taint-unhealthy-fabric",
-        dest="taint_unhealthy_fabric",
-        action="store_true",
-        default=None,
-        help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
-        "fabric is degraded or unhealthy, untaint it when healthy (default: off)",
-    )
-    add(
-        "--dra-drivers",
-        dest="dra_drivers",
-        metavar="NAMES",
-        help="DRA drivers whose claimed devices in this node's pool availability counts as its "
-        "GPUs, comma-separated; '' for none (default: gpu.nvidia.com)",
-    )
-    add(
-        "--dra-device-taints",
-        dest="dra_device_taints",
-        action="store_true",
-        default=None,
-        help="mark each lost or NVLink/fabric-degraded GPU with a DRA DeviceTaintRule "
-        "(NoSchedule) and delete it when healthy; needs a cluster serving DeviceTaintRules",
-    )
-    add("--once", action="store_true", default=None, help="scan and publish once, then exit")
-    add("--dry-run", dest="dry_run", action="store_true", default=None, help="print the patch")
+def add_arguments(parser: argparse.ArgumentParser, of: type[Resolvable] = Settings) -> None:
+    """A flag for each setting of `of`, its help derived from the declaration; every default is
+    None so that resolve_as() can tell "not given"."""
+    for declaration_field, declaration in declared(of):
+        options: dict[str, Any] = {
+            "dest": declaration_field.name,
+            "default": None,
+            # argparse formats help with %: a literal one must be doubled.
+            "help": help_text(declaration_field.default, declaration).replace("%", "%%"),
+        }
+        if declaration.kind is Kind.SWITCH:
+            options["action"] = "store_true"
+        else:
+            options["metavar"] = declaration.metavar
+            if declaration.kind is Kind.NAMES:
+                options["action"] = "append"
+        parser.add_argument(declaration.flag, **options)

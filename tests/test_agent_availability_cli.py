@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from reporter.collect import build_scanner
+from reporter.collect.kubelet import POD_RESOURCES_SOCKET
 from reporter.collect.podresources import DEFAULT_RESOURCES
 from reporter.errors import ConfigError
 from reporter.free_sets import compute_availability
 from reporter.schema.availability import decode_availability
-from reporter.settings import DEFAULT_POD_RESOURCES_SOCKET, Settings, add_arguments, resolve
+from reporter.settings import Settings, add_arguments, resolve
 from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
 from tests.test_agent_cli import CLI, env
 
@@ -34,8 +35,8 @@ def flags(*argv: str) -> dict[str, object]:
 def test_availability_is_off_by_default_with_the_agreed_defaults() -> None:
     s = resolve(flags("--node", "n"), {})
     assert (s.availability, s.availability_interval_s, s.simulate_used) == (False, 10.0, None)
-    assert s.pod_resources_socket == DEFAULT_POD_RESOURCES_SOCKET
-    assert DEFAULT_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert s.pod_resources_socket == POD_RESOURCES_SOCKET
+    assert POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:

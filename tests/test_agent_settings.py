@@ -10,7 +10,7 @@ import pytest
 
 from reporter.cli import main
 from reporter.errors import ConfigError
-from reporter.settings import Settings, add_arguments, parse_duration, resolve
+from reporter.settings import Settings, add_arguments, resolve
 
 
 def flags(*argv: str) -> dict[str, object]:
@@ -64,14 +64,6 @@ def test_node_name_sources(env: dict[str, str], expected: str) -> None:
 def test_namespace_falls_back_to_the_pods_and_listen_can_be_emptied() -> None:
     s = resolve(flags(), {"NODE_NAME": "n", "POD_NAMESPACE": "gpu", "TOPO_REPORTER_LISTEN": ""})
     assert (s.namespace, s.listen) == ("gpu", "")
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("90", 90.0), ("90s", 90.0), ("5m", 300.0), ("1h", 3600.0), ("1m30s", 90.0), ("0.5", 0.5)],
-)
-def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text, name="interval") == seconds
 
 
 BAD = [

@@ -25,9 +25,9 @@ from parsers.documents import load_json, load_yaml
 from parsers.errors import ParseError
 from parsers.kubelet import parse_kubelet_config
 from parsers.nvsmi import parse_topo
-from reporter.cli import topology_from_any_text, topology_from_document_text
 from reporter.collect.simulate.machine import load_machine
 from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.inputs import topology_from_any_text, topology_from_document_text
 from reporter.publish.rest import load_rest_config
 from reporter.schema.codec import decode
 from reporter.settings import resolve

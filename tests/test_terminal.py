@@ -63,7 +63,14 @@ def test_the_console_log_stream_writes_through_it() -> None:
     assert out.getvalue() == "api_error message=\n"
 
 
-@pytest.mark.parametrize("module", ["reporter/cli.py", "reporter/kubectl_plugin.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "reporter/cli.py",
+        "reporter/kubectl_plugin.py",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "reporter/commands").glob("*.py")),
+    ],
+)
 def test_the_commands_print_only_through_it(module: str) -> None:
     """A command that wrote `sys.stdout.write(...)` or `print(...)` itself would bypass it."""
     tree = ast.parse((ROOT / module).read_text())

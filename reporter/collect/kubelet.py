@@ -15,6 +15,9 @@ from parsers.kubelet import MAX_INPUT_BYTES, KubeletPolicies, parse_kubelet_conf
 from reporter.errors import InputError
 from reporter.inputs import read_bounded
 
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""Where the kubelet serves its PodResources API, which says which GPUs pods hold."""
+
 
 def read_kubelet_policies(path: Path) -> KubeletPolicies | None:
     """The policies in the kubelet config at `path`; None when there is no such file.

@@ -61,19 +61,20 @@ from typing import Any
 import grpc
 import structlog
 
+from reporter.collect.kubelet import POD_RESOURCES_SOCKET
 from reporter.collect.podresources_v1 import api_pb2, api_pb2_grpc
 from reporter.errors import CollectError, ConfigError
 from reporter.placement_quality import HeldSet
 from reporter.schema.dra import check_driver_name, gpu_minor
+from reporter.schema.keys import GPU_RESOURCES
 from reporter.schema.model import Topology
 from reporter.schema.nrt import PodRef
 from reporter.telling import Told
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-DEFAULT_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
-"""NVIDIA's whole GPUs, its shared-GPU name (`renameByDefault`), and its MIG names (`mixed`)."""
+DEFAULT_SOCKET = Path(POD_RESOURCES_SOCKET)
+DEFAULT_RESOURCES = GPU_RESOURCES
 DEFAULT_TIMEOUT_S = 10.0
 # The kubelet's own e2e clients and NFD use 16 MiB; a larger answer is refused, not read.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024

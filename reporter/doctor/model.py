@@ -2,7 +2,8 @@
 Node object (a dict, as the API serves it) is read.
 
 Pure: values and constants only. It reads nothing, and knows no check: the checks live in
-reporter.doctor.node (one node) and reporter.doctor.racks (across nodes).
+reporter.doctor.node (one node), reporter.doctor.racks (across nodes) and
+reporter.doctor.groups (pod groups).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-GPU_RESOURCE = "nvidia.com/gpu"
+from reporter.schema import keys
+
+GPU_RESOURCE = keys.GPU_RESOURCE
 GFD_CLIQUE_LABEL = "nvidia.com/gpu.clique"
 """GPU Feature Discovery's partition label, `<clusterUUID>.<cliqueId>`: ours must say the same."""
 FABRIC_CHECK = (

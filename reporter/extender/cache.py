@@ -43,7 +43,7 @@ from reporter.schema import keys
 from reporter.schema.availability import Availability, decode_availability
 from reporter.schema.keys import COUNT, DEFAULT_PREFIX, INTERCONNECT, NVLINK_HEALTH, key
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_RESOURCE = keys.GPU_RESOURCE
 KEPT_SIZES = 16
 """Request sizes whose pre-encoded answers a RankTable keeps (pods ask for a few: 1, 2, 4, 8)."""
 RANKS_KEPT = 4096

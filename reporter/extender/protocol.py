@@ -36,6 +36,7 @@ from json.encoder import encode_basestring_ascii
 from operator import is_, not_
 from typing import Any, cast
 
+from parsers.duration import DURATION_MAX_S, parse_duration
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
 from reporter.availability import (
@@ -50,7 +51,6 @@ from reporter.schema.keys import (
     DEFAULT_PREFIX,
     key,
 )
-from reporter.settings import DURATION_MAX_S, parse_duration
 
 MAX_GPUS_PER_POD = 1 << 20
 """A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
@@ -192,7 +192,7 @@ def hold_limit(value: Any) -> float | None:
         return None
     try:
         seconds = parse_duration(value, name="connected-wait")
-    except ConfigError:
+    except ParseError:
         return None
     return seconds if math.isfinite(seconds) and seconds <= DURATION_MAX_S else None
 

@@ -223,3 +223,16 @@ class KubeApiClient(WireClient):
         request_timeout_s: tuple[float, float] = (5.0, 15.0),
     ) -> None:
         super().__init__(KubeTransport(configuration, request_timeout_s=request_timeout_s))
+
+
+OPERATOR_TIMEOUT_S = (5.0, 30.0)
+"""(connect, read) for an operator's command: it lists a whole cluster's Nodes, where the agent
+reads one."""
+
+
+def operator_client(kubeconfig: str | None, context: str | None = None) -> KubeApiClient:
+    """The official client of an operator's command (`doctor`, `dra-template`, the kubectl
+    plugin), for every kubeconfig kubectl reads. Raises ConfigError as load_configuration does."""
+    return KubeApiClient(
+        load_configuration(kubeconfig, context), request_timeout_s=OPERATOR_TIMEOUT_S
+    )

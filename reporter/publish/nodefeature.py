@@ -21,7 +21,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -231,8 +231,8 @@ class NodeFeatureSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None] = lambda e: None,
-        on_wait: Callable[[float], None] = lambda seconds: None,
+        on_error: retry.OnError = lambda e: None,
+        on_wait: retry.OnWait = lambda seconds: None,
     ) -> None:
         """Raises ConfigError when `node` cannot be published through NFD (see object_name)."""
         self._api = api

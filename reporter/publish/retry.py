@@ -18,6 +18,10 @@ import tenacity
 from reporter.errors import ApiTransientError, PublishError
 
 T = TypeVar("T")
+OnError = Callable[[PublishError], None]
+"""Hears of each failed API call (a metric counts them by kind)."""
+OnWait = Callable[[float], None]
+"""Hears of each wait before a retry, in seconds (a health check tells a wait from a hang)."""
 
 
 class Interrupted(Exception):  # noqa: N818 - a request to stop, not an error
@@ -63,8 +67,8 @@ def call(
     stop: threading.Event,
     backoff: Backoff,
     log: structlog.typing.FilteringBoundLogger,
-    on_error: Callable[[PublishError], None] = lambda e: None,
-    on_wait: Callable[[float], None] = lambda seconds: None,
+    on_error: OnError = lambda e: None,
+    on_wait: OnWait = lambda seconds: None,
 ) -> T:
     """Run `operation`, retrying ApiTransientError; re-raises the last error when attempts end.
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -67,8 +66,8 @@ class NodePatchSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None] = lambda e: None,
-        on_wait: Callable[[float], None] = lambda seconds: None,
+        on_error: retry.OnError = lambda e: None,
+        on_wait: retry.OnWait = lambda seconds: None,
     ) -> None:
         self._api = api
         self._node = node

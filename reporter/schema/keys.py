@@ -7,6 +7,11 @@ stable derivations of the topology (counts and classes), never timestamps.
 from __future__ import annotations
 
 DEFAULT_PREFIX = "gpu.topology.io"
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises: a Node's capacity, a pod's limits."""
+GPU_RESOURCES = (GPU_RESOURCE, f"{GPU_RESOURCE}.shared", "nvidia.com/mig-*")
+"""NVIDIA's whole GPUs, its shared-GPU name (`renameByDefault`), and its MIG names (`mixed`): the
+resources whose PodResources devices are GPUs unless told otherwise."""
 SCHEMA_VERSION = 2
 """The version the agent writes (`"v":2` in `topology`, label `schema=v2`); the decoder also reads
 v1 (docs/schema.md says what changed)."""

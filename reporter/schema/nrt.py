@@ -39,6 +39,7 @@ import xxhash
 
 from parsers.kubelet import KubeletPolicies
 from reporter.errors import InputError
+from reporter.schema import keys
 from reporter.schema.model import Topology
 
 GROUP = "topology.node.k8s.io"
@@ -57,7 +58,7 @@ WITHDRAWN_VALUE = "withdrawn: PodResources unreadable"
 FINGERPRINT = "nodeTopologyPodsFingerprint"
 FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
 FINGERPRINT_PREFIX = "pfp0v001"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = keys.GPU_RESOURCE
 MAX_PODS = 10_000
 """More pods than a kubelet runs (its default limit is 110): a bigger list is not a node's."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

@@ -1,0 +1,80 @@
+"""The subcommands of `topo-reporter`, one module by job, and what every command shares: the
+exit statuses and the one place an error a user can cause becomes a line on stderr.
+
+Each module holds, for each of its subcommands, the handler and beside it one function adding its
+parser; `reporter.cli` names those functions in its COMMANDS tuple. A handler builds what it needs
+from settings (reporter.settings resolves them), runs, and returns an exit status. The kubectl
+plugin (reporter.kubectl_plugin) shares the statuses and `run_guarded`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import TypeAlias
+
+import structlog
+
+from reporter import terminal
+from reporter.errors import TopoReporterError
+from reporter.schema import keys
+
+PROG = "topo-reporter"
+"""The command's name, as its errors and warnings begin."""
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a command ended by Ctrl-C."""
+
+Handler = Callable[[argparse.Namespace], int]
+"""A subcommand: its parsed arguments in, the exit status out."""
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What add_subparsers() returns: each subcommand's function adds its parser to it."""
+
+
+def run_guarded(prog: str, handler: Handler, args: argparse.Namespace) -> int:
+    """`handler(args)`'s exit status; an error a user can cause is one line on stderr and 1."""
+    try:
+        return handler(args)
+    except TopoReporterError as e:
+        terminal.write(sys.stderr, f"{prog}: error: {e}\n")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `topo-reporter parse x | head`: the reader left, which is not our failure.
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def logs_to_stderr() -> None:
+    """Keep stdout for the output: warnings (sources disagreeing, lost GPUs) go to stderr."""
+    structlog.configure(
+        # Looked up at each write, so a replaced sys.stderr (tests, redirection) is honoured.
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
+def add_output_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    formats: tuple[str, ...],
+    default: str,
+    prefix_help: str = "label and annotation prefix",
+) -> None:
+    """--format and --prefix, as every command printing what it read takes them."""
+    parser.add_argument(
+        "--format", choices=formats, default=default, help="output format (default: %(default)s)"
+    )
+    add_prefix_argument(parser, prefix_help)
+
+
+def add_prefix_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """--prefix of the keys a command reads; a request of its own, not a setting (no env var)."""
+    parser.add_argument(
+        "--prefix", default=keys.DEFAULT_PREFIX, help=f"{help} (default: %(default)s)"
+    )

@@ -1,0 +1,141 @@
+"""`topo-reporter best-set`: the K best-connected GPUs of a node, with their score and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
+from reporter import terminal
+from reporter.commands import EXIT_OK, Commands, add_output_arguments
+from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
+from reporter.inputs import read_input, topology_from_any_text
+from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
+
+
+def _gpu_count(value: str) -> int:
+    try:
+        count = parse_decimal(value, field="--gpus")
+    except ParseError:
+        raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
+    return count
+
+
+def _gpu_indices(value: str) -> list[int]:
+    """A comma-separated list of GPU indexes; empty means none (no GPU free, nothing forced)."""
+    try:
+        return [
+            parse_decimal(part.strip(), field="GPU") for part in value.split(",") if part.strip()
+        ]
+    except ParseError:
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
+        ) from None
+
+
+def _work_units(value: str) -> int:
+    try:
+        units = parse_decimal(value, field="--budget")
+    except ParseError:
+        raise argparse.ArgumentTypeError(f"{value[:64]!r} is not a number of work units") from None
+    if units < 1:
+        raise argparse.ArgumentTypeError(f"{units}: give at least 1 work unit")
+    return units
+
+
+def _cmd_best_set(args: argparse.Namespace) -> int:
+    topology = topology_from_any_text(read_input(args.file), args.file, args.prefix)
+    best = best_gpu_set(
+        topology,
+        args.gpus,
+        args.available,
+        must_include=args.must_include,
+        policy=args.policy,
+        budget=args.budget,
+    )
+    if args.format == "json":
+        document = best.to_document()
+        document["policy"] = str(args.policy)
+        terminal.write(sys.stdout, json.dumps(document) + "\n")
+        return EXIT_OK
+    links, numa, nic, pcie = best.score
+    policy = {
+        Policy.BEST: "",
+        Policy.PACKING: "policy: packing (connected where it can be, cutting into the smallest "
+        "connected set: the largest stay whole)\n",
+        Policy.NVIDIA_BESTEFFORT: f"policy: nvidia-besteffort (go-gpuallocator "
+        f"{GO_GPUALLOCATOR_VERSION}'s best-effort choice, as NVIDIA's device plugin makes it; "
+        "ties go to the order of --available)\n",
+    }[args.policy]
+    inexact = (
+        ""
+        if best.exact
+        else f"note: not proven optimal: the search budget of {args.budget} work units ran out "
+        "first; this is the best set found (raise --budget to search further)\n"
+    )
+    terminal.write(
+        sys.stdout,
+        f"GPUs: {','.join(map(str, best.gpus))}\n"
+        f"score: {links} {numa} {nic} {pcie} (link points, minus NUMA nodes spanned, NIC points, "
+        f"PCIe points; larger is better; {best.points_per_pair:.1f} points per pair)\n"
+        f"why: {best.explain()}\n{policy}{inexact}",
+    )
+    return EXIT_OK
+
+
+def best_set_command(commands: Commands) -> None:
+    """Add `best-set`'s parser, which names its handler, to `commands`."""
+    best_set = commands.add_parser(
+        "best-set",
+        help="the K best-connected GPUs of a node, with their score and why",
+        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
+        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
+        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
+        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
+        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
+    )
+    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    best_set.add_argument(
+        "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
+    )
+    best_set.add_argument(
+        "--available",
+        type=_gpu_indices,
+        metavar="I,J,...",
+        help="the GPU indices free to choose from (default: every GPU that is not lost; an empty "
+        "list means none is free)",
+    )
+    best_set.add_argument(
+        "--must-include",
+        type=_gpu_indices,
+        default=[],
+        metavar="I,J,...",
+        help="GPU indices the set must hold (the kubelet's mustInclude); each must be available",
+    )
+    best_set.add_argument(
+        "--policy",
+        type=Policy,
+        choices=list(Policy),
+        default=Policy.BEST,
+        help="best: the best single set (default); packing: keep the largest NVLink-connected "
+        "sets whole; nvidia-besteffort: what NVIDIA's device plugin takes (go-gpuallocator)",
+    )
+    best_set.add_argument(
+        "--budget",
+        type=_work_units,
+        default=DEFAULT_BUDGET,
+        metavar="UNITS",
+        help="search work units before settling for the best set found, reported as not proven "
+        "optimal (default: %(default)s)",
+    )
+    add_output_arguments(
+        best_set,
+        formats=("text", "json"),
+        default="text",
+        prefix_help="annotation prefix of a Node object",
+    )
+    best_set.set_defaults(handler=_cmd_best_set)

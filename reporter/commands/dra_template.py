@@ -1,0 +1,163 @@
+"""`topo-reporter dra-template`: a ResourceClaimTemplate for K NVLink-connected GPUs, from
+simulated machine kinds or from the Nodes' published topologies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from parsers.errors import ParseError, excerpt
+from parsers.integers import parse_decimal
+from reporter import terminal
+from reporter.collect import build_scanner
+from reporter.commands import (
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    Commands,
+    add_prefix_argument,
+    logs_to_stderr,
+)
+from reporter.errors import ConfigError, InputError
+from reporter.schema import dra_template, keys
+from reporter.schema.model import Topology
+from reporter.schema.node import decode_node, node_name
+
+
+def _claim_gpus(value: str) -> int:
+    # Any count reads; the template's builder refuses one it cannot serve in one line of its own.
+    try:
+        return parse_decimal(value, field="--gpus")
+    except ParseError:
+        raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
+
+
+def _simulated_machines(profiles: Sequence[str]) -> list[dra_template.Machine]:
+    machines = []
+    for profile in dict.fromkeys(profiles):
+        topology = build_scanner("auto", Path("/"), profile).scan().topology
+        if topology is None:
+            raise ConfigError(f"profile {profile!r} simulates no GPU: pick one that has GPUs")
+        machines.append(dra_template.Machine(profile, (topology,)))
+    return machines
+
+
+def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.Machine]:
+    """The Nodes' published topologies, nodes of one wiring as one machine kind."""
+    # An operator's tool: the official client, for every kubeconfig kubectl takes.
+    from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
+    from reporter.publish.api import NODES  # noqa: PLC0415  # beside the client it serves
+
+    api = kube.operator_client(kubeconfig)
+    kinds: dict[str, list[tuple[str, Topology]]] = {}
+    query: dict[str, str] = {"limit": "500"}
+    while True:
+        page = api.list(NODES, query=query)
+        for node in page["items"]:
+            try:
+                topology = decode_node(node, prefix)
+            except InputError as e:
+                # A node without the annotation runs no agent (no GPUs); one that does not decode
+                # is said, since the template then leaves its GPUs out.
+                if keys.key(prefix, keys.TOPOLOGY) in (node["metadata"].get("annotations") or {}):
+                    terminal.write(
+                        sys.stderr,
+                        f"{PROG}: warning: left out: node {node_name(node)}: {e}\n",
+                    )
+                continue
+            digest = dra_template.wiring_digest(topology)
+            kinds.setdefault(digest, []).append((node_name(node), topology))
+        token = page.get("metadata", {}).get("continue")
+        if not token:
+            break
+        query = {"limit": "500", "continue": token}
+    if not kinds:
+        raise ConfigError(
+            f"no Node publishes a {keys.key(prefix, keys.TOPOLOGY)} annotation: run the agent on "
+            "the GPU nodes first, or pass --simulate PROFILE"
+        )
+    return [
+        dra_template.Machine(
+            nodes[0][0] + (f" (+{len(nodes) - 1} alike)" if len(nodes) > 1 else ""),
+            tuple(t for _, t in nodes),
+        )
+        for nodes in sorted(kinds.values(), key=lambda n: n[0][0])
+    ]
+
+
+def _cmd_dra_template(args: argparse.Namespace) -> int:
+    logs_to_stderr()
+    try:
+        if args.simulate and args.kubeconfig:
+            raise ConfigError(
+                "--simulate and --kubeconfig both given: pass profiles, or read the cluster"
+            )
+        if args.simulate:
+            machines = _simulated_machines(args.simulate)
+        else:
+            machines = _cluster_machines(args.kubeconfig, args.prefix)
+        template = dra_template.build(
+            machines,
+            args.gpus,
+            fallback=args.fallback,
+            device_class=args.device_class,
+            name=args.name,
+            namespace=args.namespace,
+            prefix=args.prefix,
+            uuids_known=not args.simulate,
+        )
+    except ConfigError as e:
+        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
+        return EXIT_USAGE
+    terminal.write(sys.stdout, dra_template.to_yaml(template, machines))
+    return EXIT_OK
+
+
+def dra_template_command(commands: Commands) -> None:
+    """Add `dra-template`'s parser, which names its handler, to `commands`."""
+    template = commands.add_parser(
+        "dra-template",
+        help="a ResourceClaimTemplate for K NVLink-connected GPUs (Kubernetes 1.37 DRA)",
+        description="Print a resource.k8s.io/v1 ResourceClaimTemplate whose claims the DRA "
+        "allocator can meet only with K GPUs joined to each other by NVLink: a derived attribute "
+        "gives each GPU its NVLink cliques, and matchAttribute keeps them common. Needs the "
+        f"{' and '.join(dra_template.GATES)} feature gates (alpha in 1.37) on kube-apiserver and "
+        "kube-scheduler. Exit status 2 when no such template can be made (the reason on stderr).",
+    )
+    template.add_argument(
+        "--gpus",
+        type=_claim_gpus,
+        required=True,
+        metavar="K",
+        help="GPUs per claim, 2 or more (one GPU needs no NVLink)",
+    )
+    template.add_argument(
+        "--simulate",
+        metavar="PROFILE",
+        action="append",
+        help="a machine kind the cluster has: a name from `topo-reporter profiles` or a profile "
+        "YAML file; repeat it for each kind (without it, the Nodes' published topologies)",
+    )
+    template.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="read the Nodes with this kubeconfig (default: in-cluster, else KUBECONFIG or "
+        "~/.kube/config)",
+    )
+    template.add_argument(
+        "--fallback",
+        action="store_true",
+        help="add a firstAvailable alternative: K connected GPUs, else any K",
+    )
+    template.add_argument(
+        "--device-class",
+        default=dra_template.DEFAULT_DEVICE_CLASS,
+        metavar="NAME",
+        help="the DeviceClass to request (default: %(default)s)",
+    )
+    template.add_argument("--name", metavar="NAME", help="the template's name")
+    template.add_argument("--namespace", metavar="NS", help="the template's namespace")
+    add_prefix_argument(template, "annotation prefix")
+    template.set_defaults(handler=_cmd_dra_template)
