@@ -26,14 +26,11 @@ from kubernetes import client as k8s
 from bench.common import quiet_logs
 from tests import dra_allocator as alloc
 from tests.controlplane_fixtures import (
-    APISERVER_FLAGS,
-    START_TIMEOUT_S,
     RealApiServer,
     build_harness,
     create_node,
-    start_harness,
+    running_apiserver,
     stop_process,
-    wait_for_file,
 )
 
 HEADER = (
@@ -51,20 +48,12 @@ def main() -> None:
     binary = build_harness()
     with tempfile.TemporaryDirectory(prefix="dra-allocator-") as tmp:
         work = Path(tmp)
-        kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
-        apiserver = start_harness(
-            binary, ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS], log
-        )
-        try:
-            start_s = wait_for_file(kubeconfig, apiserver, START_TIMEOUT_S, log)
-            server = RealApiServer(binary, kubeconfig, log, start_s)
-            scheduler = alloc.start_scheduler(binary, kubeconfig, work, "alloc")
+        with running_apiserver(binary, work) as server:
+            scheduler = alloc.start_scheduler(binary, server.kubeconfig, work, "alloc")
             try:
                 rows = run(server, work, args.claims, args.seed)
             finally:
                 stop_process(scheduler)
-        finally:
-            stop_process(apiserver)
     print(HEADER)
     print("\n".join(rows))
 

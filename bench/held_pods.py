@@ -35,13 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import quiet_logs, table
 from tests.controlplane_fixtures import (
-    APISERVER_FLAGS,
-    START_TIMEOUT_S,
-    RealApiServer,
     build_harness,
-    start_harness,
-    stop_process,
-    wait_for_file,
+    running_apiserver,
 )
 from tests.test_controlplane_scheduler import Cluster
 
@@ -113,13 +108,7 @@ def main() -> None:
     binary = build_harness()
     with tempfile.TemporaryDirectory(prefix="held-pods-") as tmp:
         work = Path(tmp)
-        kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
-        proc = start_harness(
-            binary, ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS], log
-        )
-        try:
-            start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
-            server = RealApiServer(binary, kubeconfig, log, start_s)
+        with running_apiserver(binary, work) as server:
             rows = []
             # One cluster per count: the held pods of one run never meet the next run's.
             for held in (int(h) for h in args.held.split(",")):
@@ -131,8 +120,6 @@ def main() -> None:
                     cluster.start()
                     rows.append(measure(cluster, held, args.pods, args.tick))
                     print(rows[-1], flush=True)
-        finally:
-            stop_process(proc)
     print(
         table(
             [

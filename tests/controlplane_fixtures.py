@@ -380,26 +380,33 @@ def yunikorn_bin() -> Path:
     return YUNIKORN_PROGRAM.build()
 
 
+@contextlib.contextmanager
+def running_apiserver(binary: Path, work: Path) -> Iterator[RealApiServer]:
+    """A real kube-apiserver (on embedded etcd) from the harness, its kubeconfig and log in
+    `work`, stopped when the block ends (also on an error)."""
+    kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
+    proc = start_harness(
+        binary, ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS], log
+    )
+    try:
+        start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
+        server = RealApiServer(binary, kubeconfig, log, start_s)
+        try:
+            yield server
+        finally:
+            if server._api is not None:
+                server._api.close()
+    finally:
+        stop_process(proc)
+
+
 @pytest.fixture(scope="session")
 def real_apiserver(
     controlplane_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RealApiServer]:
     """One real kube-apiserver for the whole run, stopped at the end (also when a test fails)."""
-    work = tmp_path_factory.mktemp("controlplane")
-    kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
-    proc = start_harness(
-        controlplane_bin,
-        ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS],
-        log,
-    )
-    try:
-        start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
-        server = RealApiServer(controlplane_bin, kubeconfig, log, start_s)
+    with running_apiserver(controlplane_bin, tmp_path_factory.mktemp("controlplane")) as server:
         yield server
-        if server._api is not None:
-            server._api.close()
-    finally:
-        stop_process(proc)
 
 
 def unique(prefix: str) -> str:

@@ -444,15 +444,23 @@ def test_readyz_is_503_whenever_the_watch_is_not_running(
     assert extender.call("GET", "/readyz") == (503, b"the Node watch stopped\n")
 
 
-def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_frees_it(
-    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
-) -> None:
+def holding(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender], **meta: str
+) -> tuple[Extender, dict[str, Any]]:
+    """An extender that holds a pod of 4 GPUs for up to 10m (a free PCIe node, a busy DGX), and
+    such a pod created now, with `meta` in its metadata."""
     apiserver.add_node("pcie", annotations={KEY: annotation("pcie-8x", tuple(range(8)))})
     apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (5,))})
     extender = extender_factory(connected_wait_s=600.0)
     eventually(lambda: extender.cache.synced, "the first list")
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    held = pod(4) | {"metadata": {"name": "p", "creationTimestamp": created}}
+    return extender, pod(4) | {"metadata": {"name": "p", "creationTimestamp": created, **meta}}
+
+
+def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_frees_it(
+    apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
+) -> None:
+    extender, held = holding(apiserver, extender_factory)
     answer = extender.post("filter", {"Pod": held, "NodeNames": ["pcie"]})
     assert answer["NodeNames"] == []
     # Whole seconds since a creation time truncated to seconds: 0s, or more on a loaded machine.
@@ -469,13 +477,7 @@ def test_a_pod_created_now_is_held_by_the_servers_clock_and_its_own_annotation_f
 def test_a_held_pod_is_counted_while_held_and_its_hold_timed_when_it_passes(
     apiserver: ApiServerDouble, extender_factory: Callable[..., Extender]
 ) -> None:
-    apiserver.add_node("pcie", annotations={KEY: annotation("pcie-8x", tuple(range(8)))})
-    apiserver.add_node("dgx-busy", annotations={KEY: annotation("dgx-a100", (5,))})
-    extender = extender_factory(connected_wait_s=600.0)
-    eventually(lambda: extender.cache.synced, "the first list")
-    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    meta = {"name": "p", "uid": "0f9e6d3c-held", "creationTimestamp": created}
-    held = pod(4) | {"metadata": meta}
+    extender, held = holding(apiserver, extender_factory, uid="0f9e6d3c-held")
 
     def metric(name: str) -> float:
         found = re.search(rf"^{name} (\S+)$", extender.call("GET", "/metrics")[1].decode(), re.M)
