@@ -1,46 +1,129 @@
 """The `topo-reporter` command: argv in, exit status out.
 
-The subcommands live in reporter/commands/, one module by job, each a handler and beside it one
-function adding its parser; COMMANDS names those functions in the order `--help` lists them. Every
-error a user can cause ends in reporter.commands.run_guarded as one line on stderr (what happened,
-what to do) and a non-zero exit status: 1 for a failure, 2 for bad usage. Tracebacks are for bugs
-only.
+The subcommands' handlers live in reporter/commands/, one module by job, each beside the function
+adding its arguments; COMMANDS names them, with what `--help` says of each, in the order it lists
+them. Every error a user can cause ends in reporter.commands.run_guarded as one line on stderr
+(what happened, what to do) and a non-zero exit status: 1 for a failure, 2 for bad usage.
+Tracebacks are for bugs only.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.metadata import version
 
-from reporter.commands import PROG, Commands, run_guarded
-from reporter.commands.best_set import best_set_command
-from reporter.commands.doctor import doctor_command
-from reporter.commands.dra_template import dra_template_command
-from reporter.commands.extender import extender_command
-from reporter.commands.prune import prune_command
-from reporter.commands.run import run_command
-from reporter.commands.topology import (
-    collect_command,
-    parse_command,
-    profiles_command,
-    render_command,
+from reporter.commands import (
+    PROG,
+    Command,
+    best_set,
+    doctor,
+    dra_template,
+    extender,
+    no_arguments,
+    prune,
+    run,
+    run_guarded,
+    topology,
 )
+from reporter.schema.dra_template import GATES
 
-COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    parse_command,
-    render_command,
-    collect_command,
-    profiles_command,
-    run_command,
-    doctor_command,
-    best_set_command,
-    extender_command,
-    prune_command,
-    dra_template_command,
+COMMANDS = (
+    Command(
+        "parse",
+        help="turn `nvidia-smi topo -m` text into the schema",
+        description="Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it "
+        "in the v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
+        handler=topology.handle_parse,
+        arguments=topology.file_arguments,
+    ),
+    Command(
+        "render",
+        help="read a topology annotation or a Node object and print it",
+        description="Read a topology annotation value, or a whole Node as `kubectl get node NAME "
+        "-o json` (or -o yaml) prints it, validate it, and print it.",
+        handler=topology.handle_render,
+        arguments=topology.file_arguments,
+    ),
+    Command(
+        "collect",
+        help="read this machine's topology (or a simulated one's) and print it",
+        description="Scan this machine with NVML and sysfs, or a simulated machine, and print the "
+        "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
+        handler=topology.handle_collect,
+        arguments=topology.collect_arguments,
+    ),
+    Command(
+        "profiles",
+        help="list the simulated machines",
+        description="List the machine profiles that `--simulate` accepts.",
+        handler=topology.handle_profiles,
+        arguments=no_arguments,
+    ),
+    Command(
+        "run",
+        help="run the agent: scan, publish on the Node, serve health and metrics",
+        description="Scan the GPU topology every --interval and publish it on this Node's labels "
+        "and annotations when it changes. Settings: flags > TOPO_REPORTER_* environment > "
+        "--config YAML file > defaults.",
+        handler=run.handle,
+        arguments=run.arguments,
+    ),
+    Command(
+        "doctor",
+        help="explain why GPU pods stay Pending or run slow, node by node",
+        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
+        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
+        "no finding is an error, 1 otherwise, 2 on bad usage.",
+        handler=doctor.handle,
+        arguments=doctor.arguments,
+    ),
+    Command(
+        "best-set",
+        help="the K best-connected GPUs of a node, with their score and why",
+        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
+        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
+        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
+        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
+        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
+        handler=best_set.handle,
+        arguments=best_set.arguments,
+    ),
+    Command(
+        "extender",
+        help="serve kube-scheduler's extender verbs: filter and rank nodes by free GPUs",
+        description="A kube-scheduler extender (POST /filter, POST /prioritize; GET /healthz, "
+        "/readyz, /metrics). It drops nodes that cannot give a pod its GPUs and ranks the others "
+        "by their best free GPU set, from the availability the agents publish. It watches Nodes "
+        "itself, so the scheduler can send node names only (nodeCacheCapable: true).",
+        handler=extender.handle,
+        arguments=extender.arguments,
+    ),
+    Command(
+        "prune",
+        help="remove everything the agents under a prefix wrote to the cluster",
+        description="Remove what the agents under --prefix wrote, and nothing else: on every "
+        "Node the labels and annotations its PREFIX/owned annotation lists, that annotation, and "
+        "the PREFIX/fabric-health taint; our DeviceTaintRules and NodeResourceTopology objects; "
+        "the heartbeat Leases and NodeFeature objects in --namespace. The chart runs it from its "
+        "pre-delete hook; run it by hand with --prefix OLD after changing the prefix.",
+        handler=prune.handle,
+        arguments=prune.arguments,
+    ),
+    Command(
+        "dra-template",
+        help="a ResourceClaimTemplate for K NVLink-connected GPUs (Kubernetes 1.37 DRA)",
+        description="Print a resource.k8s.io/v1 ResourceClaimTemplate whose claims the DRA "
+        "allocator can meet only with K GPUs joined to each other by NVLink: a derived attribute "
+        "gives each GPU its NVLink cliques, and matchAttribute keeps them common. Needs the "
+        f"{' and '.join(GATES)} feature gates (alpha in 1.37) on kube-apiserver and "
+        "kube-scheduler. Exit status 2 when no such template can be made (the reason on stderr).",
+        handler=dra_template.handle,
+        arguments=dra_template.arguments,
+    ),
 )
-"""Each subcommand's parser, in the order `--help` lists them; a new subcommand is one function
-beside its handler, named here."""
+"""Every subcommand, in the order `--help` lists them: what it says of each, and the handler and
+arguments in reporter/commands/. A new subcommand is one row here."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {version('topo-reporter')}"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add_command in COMMANDS:
-        add_command(commands)
+    for command in COMMANDS:
+        command.add_to(commands)
     return parser
 
 

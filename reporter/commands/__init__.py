@@ -1,10 +1,11 @@
 """The subcommands of `topo-reporter`, one module by job, and what every command shares: the
 exit statuses and the one place an error a user can cause becomes a line on stderr.
 
-Each module holds, for each of its subcommands, the handler and beside it one function adding its
-parser; `reporter.cli` names those functions in its COMMANDS tuple. A handler builds what it needs
-from settings (reporter.settings resolves them), runs, and returns an exit status. The kubectl
-plugin (reporter.kubectl_plugin) shares the statuses and `run_guarded`.
+Each module holds, for each of its subcommands, the handler and beside it the function adding its
+arguments; `reporter.cli` names them, with what `--help` says of each, in its COMMANDS table of
+`Command`s. A handler builds what it needs from settings (reporter.settings resolves them), runs,
+and returns an exit status. The kubectl plugin (reporter.kubectl_plugin) shares the statuses and
+`run_guarded`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import structlog
@@ -32,7 +34,32 @@ EXIT_INTERRUPTED = 130
 Handler = Callable[[argparse.Namespace], int]
 """A subcommand: its parsed arguments in, the exit status out."""
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-"""What add_subparsers() returns: each subcommand's function adds its parser to it."""
+"""What add_subparsers() returns: each Command adds its parser to it."""
+Arguments = Callable[[argparse.ArgumentParser], None]
+"""A subcommand's arguments, added to its parser."""
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a subcommand that takes none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand: what `--help` says of it, its arguments, and the handler they go to."""
+
+    name: str
+    help: str
+    """One line, in the list `topo-reporter --help` prints."""
+    description: str
+    """The paragraph atop `topo-reporter NAME --help`."""
+    handler: Handler
+    arguments: Arguments
+
+    def add_to(self, commands: Commands) -> None:
+        """Add this subcommand's parser to `commands`; what it parses names the handler."""
+        parser = commands.add_parser(self.name, help=self.help, description=self.description)
+        self.arguments(parser)
+        parser.set_defaults(handler=self.handler)
 
 
 def run_guarded(prog: str, handler: Handler, args: argparse.Namespace) -> int:

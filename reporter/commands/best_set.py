@@ -9,7 +9,7 @@ import sys
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter import terminal
-from reporter.commands import EXIT_OK, Commands, add_output_arguments
+from reporter.commands import EXIT_OK, add_output_arguments
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
 from reporter.inputs import read_input, topology_from_any_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
@@ -47,7 +47,8 @@ def _work_units(value: str) -> int:
     return units
 
 
-def _cmd_best_set(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Print the best set `args` ask for, as text or JSON."""
     topology = topology_from_any_text(read_input(args.file), args.file, args.prefix)
     best = best_gpu_set(
         topology,
@@ -87,36 +88,27 @@ def _cmd_best_set(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def best_set_command(commands: Commands) -> None:
-    """Add `best-set`'s parser, which names its handler, to `commands`."""
-    best_set = commands.add_parser(
-        "best-set",
-        help="the K best-connected GPUs of a node, with their score and why",
-        description="Read a topology annotation, a Node object (JSON or YAML) or `nvidia-smi topo "
-        "-m` text, and print the K GPUs (out of --available) with the best interconnect: pairs "
-        "joined by more NVLinks first, then PIX, PXB, PHB, NODE, SYS; ties go to fewer NUMA nodes, "
-        "then to a closer RDMA NIC, then to the closer PCIe path beneath NVLink pairs. The score "
-        "ranks nodes for the same K. Exits 1 when the request cannot be met.",
-    )
-    best_set.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    best_set.add_argument(
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """FILE, the request (K, the free GPUs, the forced ones, a policy, a budget) and --format."""
+    parser.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    parser.add_argument(
         "--gpus", type=_gpu_count, required=True, metavar="K", help="how many GPUs to choose"
     )
-    best_set.add_argument(
+    parser.add_argument(
         "--available",
         type=_gpu_indices,
         metavar="I,J,...",
         help="the GPU indices free to choose from (default: every GPU that is not lost; an empty "
         "list means none is free)",
     )
-    best_set.add_argument(
+    parser.add_argument(
         "--must-include",
         type=_gpu_indices,
         default=[],
         metavar="I,J,...",
         help="GPU indices the set must hold (the kubelet's mustInclude); each must be available",
     )
-    best_set.add_argument(
+    parser.add_argument(
         "--policy",
         type=Policy,
         choices=list(Policy),
@@ -124,7 +116,7 @@ def best_set_command(commands: Commands) -> None:
         help="best: the best single set (default); packing: keep the largest NVLink-connected "
         "sets whole; nvidia-besteffort: what NVIDIA's device plugin takes (go-gpuallocator)",
     )
-    best_set.add_argument(
+    parser.add_argument(
         "--budget",
         type=_work_units,
         default=DEFAULT_BUDGET,
@@ -133,9 +125,8 @@ def best_set_command(commands: Commands) -> None:
         "optimal (default: %(default)s)",
     )
     add_output_arguments(
-        best_set,
+        parser,
         formats=("text", "json"),
         default="text",
         prefix_help="annotation prefix of a Node object",
     )
-    best_set.set_defaults(handler=_cmd_best_set)

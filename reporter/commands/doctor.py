@@ -7,10 +7,11 @@ import os
 import sys
 
 from reporter import doctor, settings, terminal
-from reporter.commands import EXIT_FAILURE, EXIT_OK, Commands, add_output_arguments
+from reporter.commands import EXIT_FAILURE, EXIT_OK, add_output_arguments
 
 
-def _cmd_doctor(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Print the findings on one node or every GPU node; 1 when one is an error."""
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
 
@@ -40,25 +41,17 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if worst is not None and worst >= doctor.Severity.ERROR else EXIT_OK
 
 
-def doctor_command(commands: Commands) -> None:
-    """Add `doctor`'s parser, which names its handler, to `commands`."""
-    diagnose = commands.add_parser(
-        "doctor",
-        help="explain why GPU pods stay Pending or run slow, node by node",
-        description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
-        "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
-        "no finding is an error, 1 otherwise, 2 on bad usage.",
-    )
-    which = diagnose.add_mutually_exclusive_group(required=True)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """--node or --all, the reader's settings, --format and --prefix, the agent's selector."""
+    which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--node", metavar="NAME", help="examine one node")
     which.add_argument(
         "--all", action="store_true", help="examine every GPU node and summarize, worst first"
     )
-    settings.add_arguments(diagnose, settings.ReaderSettings)
-    add_output_arguments(diagnose, formats=("text", "json"), default="text")
-    diagnose.add_argument(
+    settings.add_arguments(parser, settings.ReaderSettings)
+    add_output_arguments(parser, formats=("text", "json"), default="text")
+    parser.add_argument(
         "--agent-selector",
         default=doctor.AGENT_POD_SELECTOR,
         help="label selector of the agent's pods (default: %(default)s)",
     )
-    diagnose.set_defaults(handler=_cmd_doctor)

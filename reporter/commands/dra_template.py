@@ -16,7 +16,6 @@ from reporter.commands import (
     EXIT_OK,
     EXIT_USAGE,
     PROG,
-    Commands,
     add_prefix_argument,
     logs_to_stderr,
 )
@@ -87,7 +86,8 @@ def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.
     ]
 
 
-def _cmd_dra_template(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Print the template; 2 when none can be made (the reason on stderr)."""
     logs_to_stderr()
     try:
         if args.simulate and args.kubeconfig:
@@ -115,49 +115,39 @@ def _cmd_dra_template(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def dra_template_command(commands: Commands) -> None:
-    """Add `dra-template`'s parser, which names its handler, to `commands`."""
-    template = commands.add_parser(
-        "dra-template",
-        help="a ResourceClaimTemplate for K NVLink-connected GPUs (Kubernetes 1.37 DRA)",
-        description="Print a resource.k8s.io/v1 ResourceClaimTemplate whose claims the DRA "
-        "allocator can meet only with K GPUs joined to each other by NVLink: a derived attribute "
-        "gives each GPU its NVLink cliques, and matchAttribute keeps them common. Needs the "
-        f"{' and '.join(dra_template.GATES)} feature gates (alpha in 1.37) on kube-apiserver and "
-        "kube-scheduler. Exit status 2 when no such template can be made (the reason on stderr).",
-    )
-    template.add_argument(
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """K, where the machines come from (--simulate or --kubeconfig), and the template's names."""
+    parser.add_argument(
         "--gpus",
         type=_claim_gpus,
         required=True,
         metavar="K",
         help="GPUs per claim, 2 or more (one GPU needs no NVLink)",
     )
-    template.add_argument(
+    parser.add_argument(
         "--simulate",
         metavar="PROFILE",
         action="append",
         help="a machine kind the cluster has: a name from `topo-reporter profiles` or a profile "
         "YAML file; repeat it for each kind (without it, the Nodes' published topologies)",
     )
-    template.add_argument(
+    parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="read the Nodes with this kubeconfig (default: in-cluster, else KUBECONFIG or "
         "~/.kube/config)",
     )
-    template.add_argument(
+    parser.add_argument(
         "--fallback",
         action="store_true",
         help="add a firstAvailable alternative: K connected GPUs, else any K",
     )
-    template.add_argument(
+    parser.add_argument(
         "--device-class",
         default=dra_template.DEFAULT_DEVICE_CLASS,
         metavar="NAME",
         help="the DeviceClass to request (default: %(default)s)",
     )
-    template.add_argument("--name", metavar="NAME", help="the template's name")
-    template.add_argument("--namespace", metavar="NS", help="the template's namespace")
-    add_prefix_argument(template, "annotation prefix")
-    template.set_defaults(handler=_cmd_dra_template)
+    parser.add_argument("--name", metavar="NAME", help="the template's name")
+    parser.add_argument("--namespace", metavar="NS", help="the template's namespace")
+    add_prefix_argument(parser, "annotation prefix")

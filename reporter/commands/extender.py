@@ -9,10 +9,11 @@ import os
 import structlog
 
 from reporter import logs, settings
-from reporter.commands import EXIT_OK, Commands
+from reporter.commands import EXIT_OK
 
 
-def _cmd_extender(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Serve the extender until a signal stops it."""
     # The extender's modules (its server, cache and watchers) load for this command only.
     from reporter.extender import assembly  # noqa: PLC0415
 
@@ -23,15 +24,6 @@ def _cmd_extender(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def extender_command(commands: Commands) -> None:
-    """Add `extender`'s parser, which names its handler, to `commands`."""
-    extender = commands.add_parser(
-        "extender",
-        help="serve kube-scheduler's extender verbs: filter and rank nodes by free GPUs",
-        description="A kube-scheduler extender (POST /filter, POST /prioritize; GET /healthz, "
-        "/readyz, /metrics). It drops nodes that cannot give a pod its GPUs and ranks the others "
-        "by their best free GPU set, from the availability the agents publish. It watches Nodes "
-        "itself, so the scheduler can send node names only (nodeCacheCapable: true).",
-    )
-    settings.add_arguments(extender, settings.ExtenderSettings)
-    extender.set_defaults(handler=_cmd_extender)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag for each of the extender's settings."""
+    settings.add_arguments(parser, settings.ExtenderSettings)

@@ -9,12 +9,13 @@ import sys
 import structlog
 
 from reporter import assembly, logs, settings, terminal
-from reporter.commands import EXIT_OK, Commands
+from reporter.commands import EXIT_OK
 from reporter.publish.prune import Pruner
 from reporter.publish.retry import Backoff
 
 
-def _cmd_prune(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Remove (or, with --dry-run, list) what the agents under the prefix wrote."""
     config = settings.resolve_as(settings.PruneSettings, vars(args), os.environ)
     logs.configure(log_format=config.log_format, level=config.log_level, node=None)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.prune")
@@ -43,16 +44,6 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def prune_command(commands: Commands) -> None:
-    """Add `prune`'s parser, which names its handler, to `commands`."""
-    prune = commands.add_parser(
-        "prune",
-        help="remove everything the agents under a prefix wrote to the cluster",
-        description="Remove what the agents under --prefix wrote, and nothing else: on every "
-        "Node the labels and annotations its PREFIX/owned annotation lists, that annotation, and "
-        "the PREFIX/fabric-health taint; our DeviceTaintRules and NodeResourceTopology objects; "
-        "the heartbeat Leases and NodeFeature objects in --namespace. The chart runs it from its "
-        "pre-delete hook; run it by hand with --prefix OLD after changing the prefix.",
-    )
-    settings.add_arguments(prune, settings.PruneSettings)
-    prune.set_defaults(handler=_cmd_prune)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag for each of prune's settings."""
+    settings.add_arguments(parser, settings.PruneSettings)

@@ -7,10 +7,11 @@ import os
 
 from reporter import assembly, logs, settings
 from reporter.agent import run_until_signalled
-from reporter.commands import EXIT_FAILURE, EXIT_OK, Commands
+from reporter.commands import EXIT_FAILURE, EXIT_OK
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Run the agent until a signal stops it (or for one scan, with --once)."""
     config = settings.resolve(vars(args), os.environ)
     logs.configure(
         log_format=config.log_format, level=config.log_level, node=assembly.agent_node(config)
@@ -27,14 +28,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def run_command(commands: Commands) -> None:
-    """Add `run`'s parser, which names its handler, to `commands`."""
-    run = commands.add_parser(
-        "run",
-        help="run the agent: scan, publish on the Node, serve health and metrics",
-        description="Scan the GPU topology every --interval and publish it on this Node's labels "
-        "and annotations when it changes. Settings: flags > TOPO_REPORTER_* environment > "
-        "--config YAML file > defaults.",
-    )
-    settings.add_arguments(run)
-    run.set_defaults(handler=_cmd_run)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag for each of the agent's settings."""
+    settings.add_arguments(parser)

@@ -14,8 +14,6 @@ from reporter.collect import build_scanner, list_profiles
 from reporter.commands import (
     EXIT_OK,
     PROG,
-    Commands,
-    Handler,
     add_output_arguments,
     logs_to_stderr,
 )
@@ -24,53 +22,28 @@ from reporter.inputs import read_input, topology_from_document_text, topology_fr
 from reporter.schema.formats import FORMATS, format_topology
 
 
-def _cmd_parse(args: argparse.Namespace) -> int:
+def handle_parse(args: argparse.Namespace) -> int:
+    """Print the topology of `nvidia-smi topo -m` text in --format."""
     topology = topology_from_text(read_input(args.file), args.file)
     terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
 
 
-def _file_command(
-    commands: Commands, name: str, help_text: str, description: str, handler: Handler
-) -> None:
-    """A subcommand that reads one FILE and prints a topology in --format."""
-    reader = commands.add_parser(name, help=help_text, description=description)
-    reader.add_argument("file", metavar="FILE", help="a file, or - for stdin")
-    add_output_arguments(reader, formats=FORMATS, default="json")
-    reader.set_defaults(handler=handler)
+def file_arguments(parser: argparse.ArgumentParser) -> None:
+    """FILE, read for a topology printed in --format (`parse`, `render`)."""
+    parser.add_argument("file", metavar="FILE", help="a file, or - for stdin")
+    add_output_arguments(parser, formats=FORMATS, default="json")
 
 
-def parse_command(commands: Commands) -> None:
-    """Add `parse`'s parser, which names its handler, to `commands`."""
-    _file_command(
-        commands,
-        "parse",
-        "turn `nvidia-smi topo -m` text into the schema",
-        "Read `nvidia-smi topo -m` (or `-mp`) output, as pasted anywhere, and print it in the "
-        "v1 schema. Fields the text does not carry (UUIDs, PCI addresses) are null.",
-        _cmd_parse,
-    )
-
-
-def _cmd_render(args: argparse.Namespace) -> int:
+def handle_render(args: argparse.Namespace) -> int:
+    """Print the topology of an annotation value or a Node object in --format."""
     topology = topology_from_document_text(read_input(args.file), args.file, args.prefix)
     terminal.write(sys.stdout, format_topology(topology, args.format, args.prefix))
     return EXIT_OK
 
 
-def render_command(commands: Commands) -> None:
-    """Add `render`'s parser, which names its handler, to `commands`."""
-    _file_command(
-        commands,
-        "render",
-        "read a topology annotation or a Node object and print it",
-        "Read a topology annotation value, or a whole Node as `kubectl get node NAME -o json` "
-        "(or -o yaml) prints it, validate it, and print it.",
-        _cmd_render,
-    )
-
-
-def _cmd_collect(args: argparse.Namespace) -> int:
+def handle_collect(args: argparse.Namespace) -> int:
+    """Print the topology this machine (or a simulated one) has, in --format."""
     logs_to_stderr()
     config = settings.resolve_as(settings.CollectSettings, vars(args), os.environ)
     scanner = build_scanner(config.backend, Path(config.sysfs_root), config.simulate)
@@ -91,32 +64,16 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def collect_command(commands: Commands) -> None:
-    """Add `collect`'s parser, which names its handler, to `commands`."""
-    collect = commands.add_parser(
-        "collect",
-        help="read this machine's topology (or a simulated one's) and print it",
-        description="Scan this machine with NVML and sysfs, or a simulated machine, and print the "
-        "topology the agent would publish. `auto` uses NVML where it loads and sysfs otherwise.",
-    )
-    settings.add_arguments(collect, settings.CollectSettings)
-    add_output_arguments(collect, formats=FORMATS, default="json")
-    collect.set_defaults(handler=_cmd_collect)
+def collect_arguments(parser: argparse.ArgumentParser) -> None:
+    """The collect settings (backend, sysfs root, --simulate), --format and --prefix."""
+    settings.add_arguments(parser, settings.CollectSettings)
+    add_output_arguments(parser, formats=FORMATS, default="json")
 
 
-def _cmd_profiles(args: argparse.Namespace) -> int:
+def handle_profiles(args: argparse.Namespace) -> int:
+    """List the simulated machines, a name and a description each."""
     profiles = list_profiles()
     width = max(len(p.name) for p in profiles)
     for profile in profiles:
         terminal.write(sys.stdout, f"{profile.name:<{width}}  {profile.description}\n")
     return EXIT_OK
-
-
-def profiles_command(commands: Commands) -> None:
-    """Add `profiles`'s parser, which names its handler, to `commands`."""
-    profiles = commands.add_parser(
-        "profiles",
-        help="list the simulated machines",
-        description="List the machine profiles that `--simulate` accepts.",
-    )
-    profiles.set_defaults(handler=_cmd_profiles)
