@@ -17,7 +17,6 @@ documents stay in the object, under the attribute feature `gputopology.annotatio
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import threading
@@ -242,14 +241,7 @@ class NodeFeatureSink:
         self._namespace = namespace
         self._log = log.bind(nodefeature=f"{namespace}/{self._name}")
         self._on_error = on_error
-        self._retry = functools.partial(
-            retry.call,
-            stop=stop,
-            backoff=backoff,
-            log=self._log,
-            on_error=on_error,
-            on_wait=on_wait,
-        )
+        self._retry = retry.Retrying(stop, backoff, self._log, on_error, on_wait)
         self._known: _Read | None = None
 
     def _current(self) -> dict[str, Any] | None:
@@ -300,7 +292,7 @@ class NodeFeatureSink:
             return True
 
         try:
-            return bool(self._retry(attempt, what="write nodefeature"))
+            return self._retry(attempt, what="write nodefeature")
         except PublishError:
             self._known = None
             raise

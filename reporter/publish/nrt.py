@@ -79,13 +79,11 @@ class NrtSink:
         stop: threading.Event,
         backoff: retry.Backoff,
         log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None] = lambda e: None,
+        on_error: retry.OnError = lambda e: None,
     ) -> None:
         self._api = api
-        self._stop = stop
-        self._backoff = backoff
         self._log = log
-        self._on_error = on_error
+        self._retry = retry.Retrying(stop, backoff, log, on_error)
         self._known: dict[str, Any] | None = None
 
     def forget(self) -> None:
@@ -106,14 +104,7 @@ class NrtSink:
                 self._known = None  # a 409 or a vanished object: read again
                 raise
 
-        return retry.call(
-            attempt,
-            what=f"write NodeResourceTopology {name}",
-            stop=self._stop,
-            backoff=self._backoff,
-            log=self._log,
-            on_error=self._on_error,
-        )
+        return self._retry(attempt, what=f"write NodeResourceTopology {name}")
 
     def withdraw(self, name: str) -> bool:
         """Make our object `name` one the scheduler does not filter on (nrt.withdrawn); True when
@@ -134,14 +125,7 @@ class NrtSink:
                 self._known = None
                 raise
 
-        return retry.call(
-            attempt,
-            what=f"withdraw NodeResourceTopology {name}",
-            stop=self._stop,
-            backoff=self._backoff,
-            log=self._log,
-            on_error=self._on_error,
-        )
+        return self._retry(attempt, what=f"withdraw NodeResourceTopology {name}")
 
     def _read(self, name: str) -> dict[str, Any] | None:
         """Our object as last known or read; None when there is none. Raises

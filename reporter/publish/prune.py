@@ -215,16 +215,12 @@ class Pruner:
         self._api = api
         self._prefix = prefix
         self._namespace = namespace
-        self._log = log
-        self._backoff = backoff
-        # Never set: prune is one pass, ended by its process; retry.call wants one.
-        self._stop = threading.Event()
+        # The stop event is never set: prune is one pass, ended by its process.
+        self._retry = retry.Retrying(threading.Event(), backoff, log)
 
     def _call(self, operation: Callable[[], Any], what: str) -> Any:
         try:
-            return retry.call(
-                operation, what=what, stop=self._stop, backoff=self._backoff, log=self._log
-            )
+            return self._retry(operation, what=what)
         except ApiPermanentError as e:
             if e.status == 403:
                 raise ApiPermanentError(f"{e} ({FORBIDDEN_HINT})", status=403) from None

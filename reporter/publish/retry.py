@@ -60,54 +60,55 @@ class _Wait(tenacity.wait.wait_base):
         return wait
 
 
-def call(
-    operation: Callable[[], T],
-    *,
-    what: str,
-    stop: threading.Event,
-    backoff: Backoff,
-    log: structlog.typing.FilteringBoundLogger,
-    on_error: OnError = lambda e: None,
-    on_wait: OnWait = lambda seconds: None,
-) -> T:
-    """Run `operation`, retrying ApiTransientError; re-raises the last error when attempts end.
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """How one writer retries its API calls: the same stop, backoff and listeners for each
+    operation it makes."""
 
-    `on_wait` hears of each wait before it starts, so that a health check can tell a wait asked
-    for (a server's Retry-After, the backoff) from a loop that is stuck.
-    Raises Interrupted when `stop` is set before an attempt or during a wait.
-    """
+    stop: threading.Event
+    """Set: no further attempt, and a wait ends at once (Interrupted)."""
+    backoff: Backoff
+    log: structlog.typing.FilteringBoundLogger
+    on_error: OnError = lambda e: None
+    on_wait: OnWait = lambda seconds: None
+    """Hears of each wait before it starts, so that a health check can tell a wait asked for (a
+    server's Retry-After, the backoff) from a loop that is stuck."""
 
-    def sleep(seconds: float) -> None:
-        on_wait(seconds)
-        if stop.wait(seconds):
-            raise Interrupted(what)
+    def __call__(self, operation: Callable[[], T], *, what: str) -> T:
+        """Run `operation`, retrying ApiTransientError; re-raises the last error when attempts
+        end. Raises Interrupted when `stop` is set before an attempt or during a wait."""
 
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning(
-            "api_retry",
-            operation=what,
-            attempt=state.attempt_number,
-            wait_s=round(wait, 3),
-            error=str(error),
+        def sleep(seconds: float) -> None:
+            self.on_wait(seconds)
+            if self.stop.wait(seconds):
+                raise Interrupted(what)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            wait = state.next_action.sleep if state.next_action is not None else 0.0
+            self.log.warning(
+                "api_retry",
+                operation=what,
+                attempt=state.attempt_number,
+                wait_s=round(wait, 3),
+                error=str(error),
+            )
+
+        def attempt() -> T:
+            if self.stop.is_set():
+                raise Interrupted(what)
+            try:
+                return operation()
+            except PublishError as e:
+                self.on_error(e)
+                raise
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(ApiTransientError),
+            stop=tenacity.stop_after_attempt(self.backoff.attempts),
+            wait=_Wait(self.backoff),
+            sleep=sleep,
+            before_sleep=before_sleep,
+            reraise=True,
         )
-
-    def attempt() -> T:
-        if stop.is_set():
-            raise Interrupted(what)
-        try:
-            return operation()
-        except PublishError as e:
-            on_error(e)
-            raise
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(ApiTransientError),
-        stop=tenacity.stop_after_attempt(backoff.attempts),
-        wait=_Wait(backoff),
-        sleep=sleep,
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    return retrying(attempt)
+        return retrying(attempt)

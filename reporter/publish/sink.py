@@ -11,7 +11,6 @@ client.
 
 from __future__ import annotations
 
-import functools
 import threading
 from datetime import UTC, datetime
 from typing import Protocol
@@ -74,9 +73,7 @@ class NodePatchSink:
         self._prefix = prefix
         self._log = log
         self._on_error = on_error
-        self._retry = functools.partial(
-            retry.call, stop=stop, backoff=backoff, log=log, on_error=on_error, on_wait=on_wait
-        )
+        self._retry = retry.Retrying(stop, backoff, log, on_error, on_wait)
         self._known: NodeMetadata | None = None
 
     def _read(self) -> NodeMetadata:
@@ -126,7 +123,7 @@ class NodePatchSink:
             return True
 
         try:
-            return bool(self._retry(attempt, what="patch node"))
+            return self._retry(attempt, what="patch node")
         except PublishError:
             self._known = None
             raise
