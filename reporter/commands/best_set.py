@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
@@ -15,14 +16,25 @@ from reporter.inputs import read_input, topology_from_any_text
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
 
 
-def _gpu_count(value: str) -> int:
-    try:
-        count = parse_decimal(value, field="--gpus")
-    except ParseError:
-        raise argparse.ArgumentTypeError(f"{excerpt(value)} is not a number of GPUs") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{count}: ask for at least 1 GPU")
+def _count(flag: str, units: str, too_few: str) -> Callable[[str], int]:
+    """The type of `flag`: a whole number of `units`, 1 or more (`too_few` says so below 1)."""
+
+    def count(value: str) -> int:
+        try:
+            number = parse_decimal(value, field=flag)
+        except ParseError:
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(value)} is not a number of {units}"
+            ) from None
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{number}: {too_few}")
+        return number
+
     return count
+
+
+_gpu_count = _count("--gpus", "GPUs", "ask for at least 1 GPU")
+_work_units = _count("--budget", "work units", "give at least 1 work unit")
 
 
 def _gpu_indices(value: str) -> list[int]:
@@ -35,16 +47,6 @@ def _gpu_indices(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"{excerpt(value)} is not a comma-separated list of GPU indices (0,1,5)"
         ) from None
-
-
-def _work_units(value: str) -> int:
-    try:
-        units = parse_decimal(value, field="--budget")
-    except ParseError:
-        raise argparse.ArgumentTypeError(f"{value[:64]!r} is not a number of work units") from None
-    if units < 1:
-        raise argparse.ArgumentTypeError(f"{units}: give at least 1 work unit")
-    return units
 
 
 def handle(args: argparse.Namespace) -> int:
