@@ -50,7 +50,7 @@ from reporter.kubectl_plugin import main as plugin_main
 from reporter.publish.devicetaints import DeviceTaintSink
 from reporter.publish.lease import LeaseWatch, beat
 from reporter.publish.watch import NodeAnnotation, NodeWatch
-from reporter.publish.wire import WireClient
+from reporter.publish.wire import ApiRequest, WireClient
 from reporter.schema import dra, keys
 from reporter.schema.availability import (
     Allocation,
@@ -559,7 +559,7 @@ class StreamTransport:
     def __init__(self, body: bytes) -> None:
         self._body = body
 
-    def send(self, method: str, path: str, **_: Any) -> urllib3.BaseHTTPResponse:
+    def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
         return urllib3.HTTPResponse(body=io.BytesIO(self._body), status=200, preload_content=False)
 
 

@@ -14,7 +14,7 @@ ConfigError with one line saying so, which every command that needs it prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from reporter.errors import ConfigError
 from reporter.inputs import MAX_PEM_BYTES, read_bounded
 from reporter.publish import errors_map
 from reporter.publish.rest import MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
-from reporter.publish.wire import JSON, WireClient
+from reporter.publish.wire import ApiRequest, WireClient
 
 OFFICIAL_CLIENT_MISSING = (
     "this needs the official kubernetes client, which is not installed (the topo-reporter image "
@@ -173,32 +173,26 @@ class KubeTransport:
         self.host = str(configuration.host)
         self._timeout = request_timeout_s
 
-    def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Mapping[str, Any] | None = None,
-        content_type: str = JSON,
-        accept: str = JSON,
-        read_timeout_s: float | None = None,
-        what: str,
-    ) -> urllib3.BaseHTTPResponse:
-        headers = {"Accept": accept}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        timeout = self._timeout if read_timeout_s is None else (self._timeout[0], read_timeout_s)
+    def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
+        headers = {"Accept": request.accept}
+        if request.body is not None:
+            headers["Content-Type"] = request.content_type
+        timeout = (
+            self._timeout
+            if request.read_timeout_s is None
+            else (self._timeout[0], request.read_timeout_s)
+        )
+        what = request.what
         try:
-            request = self._api.param_serialize(
-                method,
-                path,
-                query_params=list(query),
+            serialized = self._api.param_serialize(
+                request.method,
+                request.path,
+                query_params=list(request.query),
                 header_params=headers,
-                body=None if body is None else dict(body),
+                body=None if request.body is None else dict(request.body),
                 auth_settings=["BearerToken"],
             )
-            answer = self._api.call_api(*request, _request_timeout=timeout)
+            answer = self._api.call_api(*serialized, _request_timeout=timeout)
         except ApiException as e:
             # The client reports a TLS failure as an ApiException without a status, raised while
             # handling urllib3's error: a connection cut under the request is transient, as the

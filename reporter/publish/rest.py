@@ -26,7 +26,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -45,7 +45,7 @@ from reporter.errors import (
 from reporter.inputs import MAX_PEM_BYTES, load_cert_chain, read_bounded
 from reporter.publish import errors_map
 from reporter.publish.client import COMPONENT
-from reporter.publish.wire import JSON, WireClient
+from reporter.publish.wire import ApiRequest, WireClient
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S = 60.0
@@ -384,35 +384,27 @@ class RestTransport:
         self._timeout = urllib3.Timeout(connect=request_timeout_s[0], read=request_timeout_s[1])
         self._user_agent = _user_agent()
 
-    def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Mapping[str, Any] | None = None,
-        content_type: str = JSON,
-        accept: str = JSON,
-        read_timeout_s: float | None = None,
-        what: str,
-    ) -> urllib3.BaseHTTPResponse:
+    def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
         """The response with its body unread; raises the mapped transport error (ApiTransientError
         or, for TLS, ApiPermanentError) when no answer came."""
-        headers = {"Accept": accept, "User-Agent": self._user_agent}
+        headers = {"Accept": request.accept, "User-Agent": self._user_agent}
         token = self._token.value(self._source)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
+        if request.body is not None:
+            data = json.dumps(request.body).encode()
+            headers["Content-Type"] = request.content_type
         timeout = self._timeout
-        if read_timeout_s is not None:
-            timeout = urllib3.Timeout(connect=self._timeout.connect_timeout, read=read_timeout_s)
+        if request.read_timeout_s is not None:
+            timeout = urllib3.Timeout(
+                connect=self._timeout.connect_timeout, read=request.read_timeout_s
+            )
+        query = f"?{urlencode(request.query)}" if request.query else ""
         try:
             return self._pool.request(
-                method,
-                self.host + path + (f"?{urlencode(query)}" if query else ""),
+                request.method,
+                self.host + request.path + query,
                 body=data,
                 headers=headers,
                 timeout=timeout,
@@ -421,7 +413,7 @@ class RestTransport:
                 preload_content=False,
             )
         except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise errors_map.transport_error(e, what, self.host) from e
+            raise errors_map.transport_error(e, request.what, self.host) from e
 
 
 class RestApiClient(WireClient):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import urllib3
@@ -32,23 +33,29 @@ _ERROR_BODY_BYTES = 64 * 1024
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """One HTTP request to the API server, as WireClient asks a Transport to send it."""
+
+    method: str
+    path: str
+    what: str
+    """`errors_map.describe`'s text, which begins every error the request ends in."""
+    query: Sequence[tuple[str, str]] = ()
+    body: Mapping[str, Any] | None = None
+    """Sent as JSON, with `content_type`; None: no body."""
+    content_type: str = JSON
+    accept: str = JSON
+    read_timeout_s: float | None = None
+    """None: the transport's own read timeout."""
+
+
 class Transport(Protocol):
     """One HTTP request to the API server."""
 
     host: str
 
-    def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Mapping[str, Any] | None = None,
-        content_type: str = JSON,
-        accept: str = JSON,
-        read_timeout_s: float | None = None,
-        what: str,
-    ) -> urllib3.BaseHTTPResponse:
+    def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
         """The response, its body unread (the caller reads and releases it). Raises the mapped
         transport error (errors_map.transport_error, or tls_error) when no answer came."""
         ...
@@ -81,13 +88,15 @@ class WireClient:
         """The answer. Raises _Missing for a get or delete whose 404 names the object."""
         what = errors_map.describe(verb, resource, name, namespace, body)
         response = self._transport.send(
-            method,
-            resource.path(namespace, name if named else None),
-            query=sorted((query or {}).items()),
-            body=body,
-            content_type=content_type,
-            accept=accept,
-            what=what,
+            ApiRequest(
+                method,
+                resource.path(namespace, name if named else None),
+                what,
+                query=sorted((query or {}).items()),
+                body=body,
+                content_type=content_type,
+                accept=accept,
+            )
         )
         failed = response.status >= 400
         data = self._read(response, _ERROR_BODY_BYTES if failed else MAX_ANSWER_BYTES, what)
@@ -203,12 +212,14 @@ class WireClient:
         # The server ends the watch after timeoutSeconds; reading a little longer than that tells
         # a dead connection from a quiet cluster (bookmarks come about once a minute).
         response = self._transport.send(
-            "GET",
-            resource.path(namespace),
-            query=sorted(query.items()),
-            accept=_METADATA if metadata_only else JSON,
-            read_timeout_s=timeout_s + 30,
-            what=what,
+            ApiRequest(
+                "GET",
+                resource.path(namespace),
+                what,
+                query=sorted(query.items()),
+                accept=_METADATA if metadata_only else JSON,
+                read_timeout_s=timeout_s + 30,
+            )
         )
         if response.status >= 400:
             data = self._read(response, _ERROR_BODY_BYTES, what)
