@@ -152,9 +152,13 @@ class NvmlCollector:
 
         Any other NVML error fails the source: CollectError naming the call and the GPU.
         """
+        return self._mapped(gpu, function, lambda: getattr(self._nvml, function)(*args))
+
+    def _mapped(self, gpu: int | None, function: str, operation: Callable[[], T]) -> T | None:
+        """`operation()`, which calls `function`, its NVML errors mapped as `_call` says."""
         n = self._nvml
         try:
-            return getattr(n, function)(*args)
+            return operation()
         except n.NVMLError_GpuIsLost as e:
             raise _GpuLostError(function) from e
         except self._degradable():
@@ -367,20 +371,15 @@ class NvmlCollector:
         none (NotSupported, FunctionNotFound), False when the driver wants another struct
         version. Raises _GpuLostError, CollectError for any other error."""
         n = self._nvml
-        try:
-            getattr(n, function)(handle, ctypes.byref(info))
-        except n.NVMLError_ArgumentVersionMismatch:
-            return False
-        except n.NVMLError_GpuIsLost as e:
-            raise _GpuLostError(function) from e
-        except self._degradable():
-            log.debug("nvml_field_unavailable", function=function, gpu=index)
-            return None
-        except n.NVMLError as e:
-            raise CollectError(
-                f"NVML {function} on GPU {index} failed: {e} (error {e.value})"
-            ) from e
-        return True
+
+        def fill() -> bool:
+            try:
+                getattr(n, function)(handle, ctypes.byref(info))
+            except n.NVMLError_ArgumentVersionMismatch:
+                return False
+            return True
+
+        return self._mapped(index, function, fill)
 
     def _fabric(self, index: int, handle: Any) -> GpuFabric | None:
         """The GPU's multi-node fabric: the v3 struct (health summary), v2 where the driver
