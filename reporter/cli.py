@@ -28,7 +28,7 @@ from reporter.commands import (
 )
 from reporter.schema.dra_template import GATES
 
-COMMANDS = (
+COMMANDS: tuple[Command, ...] = (
     Command(
         "parse",
         help="turn `nvidia-smi topo -m` text into the schema",

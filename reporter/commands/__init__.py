@@ -1,5 +1,6 @@
-"""The subcommands of `topo-reporter`, one module by job, and what every command shares: the
-exit statuses and the one place an error a user can cause becomes a line on stderr.
+"""The subcommands of `topo-reporter`, one module by job, and what every command shares: how one
+is declared (Command), the exit statuses and the one place an error a user can cause becomes a
+line on stderr.
 
 Each module holds, for each of its subcommands, the handler and beside it the function adding its
 arguments; `reporter.cli` names them, with what `--help` says of each, in its COMMANDS table of
