@@ -23,9 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import Any
-
-import structlog
+from typing import Any, Unpack
 
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
@@ -35,9 +33,9 @@ from reporter.availability import (
     connected_now,
     node_score,
 )
-from reporter.errors import PublishError, SchemaError
+from reporter.errors import SchemaError
 from reporter.extender.eligibility import OPEN_NODE, NodeFacts, node_facts
-from reporter.extender.reflector import Reflector
+from reporter.extender.reflector import Loop, Reflector
 from reporter.publish.watch import NodeAnnotation, NodeWatchClient, WatchEvent
 from reporter.schema import keys
 from reporter.schema.availability import Availability, decode_availability
@@ -487,26 +485,10 @@ class NodeWatcher(Reflector[WatchEvent]):
     """Keeps a NodeCache current: list, then watch from its resourceVersion, relist on 410."""
 
     what = "nodes"
+    thread_name = "topo-reporter-watch"
 
-    def __init__(
-        self,
-        client: NodeWatchClient,
-        cache: NodeCache,
-        *,
-        stop: threading.Event,
-        log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None] = lambda e: None,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-    ) -> None:
-        super().__init__(
-            stop=stop,
-            log=log,
-            on_error=on_error,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            thread_name="topo-reporter-watch",
-        )
+    def __init__(self, client: NodeWatchClient, cache: NodeCache, **loop: Unpack[Loop]) -> None:
+        super().__init__(**loop)
         self._client = client
         self._cache = cache
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Unpack
 
-import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
 from reporter.errors import PublishError
-from reporter.extender.reflector import Reflector
+from reporter.extender.reflector import Loop, Reflector
 from reporter.publish.lease import Beat, BeatEvent, LeaseWatch
 
 SWEEP_S = 1.0
@@ -153,26 +153,10 @@ class HeartbeatWatcher(Reflector[BeatEvent]):
 
     what = "leases"
     log_prefix = "lease_"
+    thread_name = "topo-reporter-heartbeats"
 
-    def __init__(
-        self,
-        client: LeaseWatch,
-        heartbeats: Heartbeats,
-        *,
-        stop: threading.Event,
-        log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None] = lambda e: None,
-        backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-    ) -> None:
-        super().__init__(
-            stop=stop,
-            log=log,
-            on_error=on_error,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            thread_name="topo-reporter-heartbeats",
-        )
+    def __init__(self, client: LeaseWatch, heartbeats: Heartbeats, **loop: Unpack[Loop]) -> None:
+        super().__init__(**loop)
         self._client = client
         self._heartbeats = heartbeats
         self._threads.append(

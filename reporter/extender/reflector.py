@@ -14,7 +14,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NotRequired, Protocol, TypedDict, TypeVar, Unpack
 
 import structlog
 
@@ -33,6 +33,21 @@ class Versioned(Protocol):
 E = TypeVar("E", bound=Versioned)
 
 
+def _unheard(error: PublishError) -> None:
+    """No one else hears of an error; the log and `problem` still say it."""
+
+
+class Loop(TypedDict):
+    """How a reflector runs: the stop that ends it, its log, who hears of each error, and the
+    backoff between failures (0.5 s doubling up to 30 s unless told)."""
+
+    stop: threading.Event
+    log: structlog.typing.FilteringBoundLogger
+    on_error: NotRequired[Callable[[PublishError], None]]
+    backoff_initial_s: NotRequired[float]
+    backoff_max_s: NotRequired[float]
+
+
 class Reflector(ABC, Generic[E]):
     """One list-watch loop on a thread of its own; subclasses say what is listed and watched."""
 
@@ -40,23 +55,16 @@ class Reflector(ABC, Generic[E]):
     """The objects, as errors and the first problem name them ("nodes", "leases")."""
     log_prefix: str = ""
     """Put before `watch_expired` and `watch_failed` in the log."""
+    thread_name: str
+    """The loop's thread, as a thread dump names it."""
 
-    def __init__(
-        self,
-        *,
-        stop: threading.Event,
-        log: structlog.typing.FilteringBoundLogger,
-        on_error: Callable[[PublishError], None],
-        backoff_initial_s: float,
-        backoff_max_s: float,
-        thread_name: str,
-    ) -> None:
-        self._stop = stop
-        self._log = log
-        self._on_error = on_error
-        self._initial_s = backoff_initial_s
-        self._max_s = backoff_max_s
-        self._threads = [threading.Thread(target=self.run, name=thread_name, daemon=True)]
+    def __init__(self, **loop: Unpack[Loop]) -> None:
+        self._stop = loop["stop"]
+        self._log = loop["log"]
+        self._on_error = loop.get("on_error", _unheard)
+        self._initial_s = loop.get("backoff_initial_s", 0.5)
+        self._max_s = loop.get("backoff_max_s", 30.0)
+        self._threads = [threading.Thread(target=self.run, name=self.thread_name, daemon=True)]
         self._problem: str | None = f"no list of {self.what} yet"
 
     @abstractmethod
