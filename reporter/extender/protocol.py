@@ -34,7 +34,9 @@ from datetime import datetime
 from itertools import compress
 from json.encoder import encode_basestring_ascii
 from operator import is_, not_
-from typing import Any, cast
+from typing import Annotated, Any, cast
+
+import msgspec
 
 from parsers.duration import DURATION_MAX_S, parse_duration
 from parsers.errors import ParseError
@@ -70,9 +72,6 @@ _CREATED = re.compile(
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
 a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
 the values (and refuses a date or an offset that does not exist)."""
-_PLAIN = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
-"""The characters `json.dumps` writes as they are (`ensure_ascii`): printable ASCII but a quote
-and a backslash."""
 _RESOURCE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -115,6 +114,26 @@ class ExtenderArgs:
     it by); None otherwise or when it is not a string of 1 to MAX_UID_CHARS characters."""
 
 
+class _NamesArgs(msgspec.Struct, frozen=True):
+    """An ExtenderArgs of the NodeNames form (nodeCacheCapable), as far as the extender reads it,
+    its bounds checked as it is decoded: what every scheduling cycle sends, in one C pass."""
+
+    Pod: msgspec.Raw
+    """Kept as its text: the standard decoder reads it, as in every other form."""
+    NodeNames: Annotated[
+        tuple[
+            Annotated[str, msgspec.Meta(min_length=1, max_length=_NODE_NAME_CHARS)],
+            ...,
+        ],
+        msgspec.Meta(max_length=MAX_NODES),
+    ]
+    Nodes: None = None
+    """Sent as null beside NodeNames; anything else is not this form."""
+
+
+_NAMES_ARGS = msgspec.json.Decoder(_NamesArgs)
+
+
 def parse_args(
     body: bytes,
     resource: str = DEFAULT_RESOURCE,
@@ -123,6 +142,20 @@ def parse_args(
     """Read an ExtenderArgs JSON body; `wait_key` is the pod annotation that sets its own hold
     limit. Raises BadRequestError naming what is wrong (never for the pod's metadata: what the
     extender reads there is only ever a reason to hold, and unreadable means absent)."""
+    try:
+        names = _NAMES_ARGS.decode(body)
+        pod = json.loads(bytes(names.Pod))
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        # Not the NodeNames form with its bounds kept, or JSON only the standard decoder takes
+        # (NaN, a lone surrogate): the general reading decides, and says what is wrong.
+        return _parse_any(body, resource, wait_key)
+    if not isinstance(pod, dict):
+        return _parse_any(body, resource, wait_key)
+    return replace(_hold_facts(pod, wait_key, resource), node_names=names.NodeNames)
+
+
+def _parse_any(body: bytes, resource: str, wait_key: str) -> ExtenderArgs:
+    """`parse_args` for every form, each check in Python."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:
@@ -356,43 +389,52 @@ def filter_answer(
     # One snapshot of the verdicts: a node updated during the call is read once.
     members = verdicts.failed if held is None else verdicts.held
     failed = list(map(members.get, names)) if args.gpus else []
+    kept: Sequence[str]
     if held is None:
         unresolvable: list[str | None] = []
         dropped = len(failed) - failed.count(None)
-        kept = list(compress(names, map(not_, failed))) if dropped else list(names)
+        kept = list(compress(names, map(not_, failed))) if dropped else names
     else:
         # Held: a node is in one map or the other, or neither (kept: None is None), never both.
         unresolvable = list(map(verdicts.unresolvable.get, names))
         kept = list(compress(names, map(is_, failed, unresolvable)))
         dropped = len(names) - len(kept)
     if args.node_list is None:
-        nodes, node_names = "null", _names_json(kept)
+        nodes, node_names = b"null", _names_json(kept)
     else:
         keep = set(kept)
         items = [i for i in args.node_list.get("items") or [] if i["metadata"]["name"] in keep]
-        nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":"))
-        node_names = "null"
+        nodes = json.dumps({**args.node_list, "items": items}, separators=(",", ":")).encode()
+        node_names = b"null"
     joined = ",".join(filter(None, failed))
     unjoined = ",".join(filter(None, unresolvable))
     if held is not None:
         reason = encode_basestring_ascii(held)
         joined, unjoined = joined.replace(HELD, reason), unjoined.replace(HELD, reason)
-    return (
-        f'{{"Nodes":{nodes},"NodeNames":{node_names},"FailedNodes":{{{joined}}},'
-        f'"FailedAndUnresolvableNodes":{{{unjoined}}},"Error":""}}'
-    ).encode(), dropped
+    return b"".join(
+        (
+            b'{"Nodes":',
+            nodes,
+            b',"NodeNames":',
+            node_names,
+            f',"FailedNodes":{{{joined}}},"FailedAndUnresolvableNodes":{{{unjoined}}},'.encode(),
+            b'"Error":""}',
+        )
+    ), dropped
 
 
-def _names_json(names: list[str]) -> str:
-    """`json.dumps(names)` without spaces, in one join where no name needs escaping (node names
-    never do): at 15,000 names half of what the encoder takes."""
-    joined = '","'.join(names)
-    # What is left once the plain characters go: the separators' quotes, where no name has any.
-    if joined.isascii():
-        left = joined.encode().translate(None, _PLAIN)
-        if len(left) == joined.count('"') == 2 * len(names) - 2:
-            return f'["{joined}"]' if names else "[]"
-    return json.dumps(names, separators=(",", ":"))
+_ENCODE = msgspec.json.Encoder()
+
+
+def _names_json(names: Sequence[str]) -> bytes:
+    """`json.dumps(names)` without spaces, byte for byte: msgspec's encoding where it is the
+    same, ASCII without DEL (node names always are), a third of the standard encoder's time."""
+    encoded = _ENCODE.encode(names)
+    # Both escape quotes, backslashes and control characters alike; json.dumps alone escapes DEL
+    # and non-ASCII (`ensure_ascii`).
+    if encoded.isascii() and b"\x7f" not in encoded:
+        return encoded
+    return json.dumps(names, separators=(",", ":")).encode()
 
 
 MAX_UID_CHARS = 128
