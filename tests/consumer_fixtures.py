@@ -61,7 +61,7 @@ START_TIMEOUT_S = 180.0
 WAIT_S = 90.0
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
-KUEUE_VERSION = "v0.17.0"
+KUEUE_VERSION = "v0.19.2"
 """The Kueue release the consumers module builds (go.mod) and whose manifests are installed."""
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_SERVICE = "kueue-webhook-service"
@@ -429,7 +429,7 @@ def real_kueue(
     real_controller_manager: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealKueue]:
-    """Kueue v0.17.0's controller manager, installed and ready (its readiness probe says the
+    """Kueue v0.19.2's controller manager, installed and ready (its readiness probe says the
     certificates are in place and the webhook server listens)."""
     work = tmp_path_factory.mktemp("kueue")
     webhook_port, health_port = free_port(), free_port()

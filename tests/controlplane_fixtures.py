@@ -42,14 +42,24 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 40.0
 MAX_LOG_TAIL = 4000
 APISERVER_FLAGS = (
-    "--feature-gates=DRADeviceTaints=true",
-    "--runtime-config=resource.k8s.io/v1alpha3=true",
+    "--feature-gates=DRADerivedAttributes=true,DRAListTypeAttributes=true,"
+    "GenericWorkload=true,TopologyAwareWorkloadScheduling=true",
+    "--runtime-config=scheduling.k8s.io/v1beta1=true",
 )
-"""The shared kube-apiserver serves DRA's DeviceTaintRules (alpha in 1.34: the gate, and its
-API version, which alpha versions need turned on): tests/test_controlplane_dra.py writes them, and
-one server for every control-plane test is cheaper than a second one with gates of its own."""
-SCHEDULER_FEATURE_GATES = "--feature-gates=DRADeviceTaints=true"
-"""The scheduler's DRA plugin heeds DeviceTaintRules only with its own gate on."""
+"""The shared kube-apiserver (1.37) serves DRA's derived and list-type attributes (alpha: a claim
+may carry `derivedAttributes`, a slice list-valued attributes) and KEP-5732's PodGroups (the beta
+`scheduling.k8s.io/v1beta1` API, which beta APIs need turned on): one server for every
+control-plane test is cheaper than a second one with gates of its own. DeviceTaintRules are GA
+(`resource.k8s.io/v1`) and on by default."""
+RULES_VERSION = "v1"
+"""The version the harness's apiserver serves DeviceTaintRules in (GA from 1.37; the agent finds
+the newest served one, reporter.schema.dra.VERSIONS)."""
+SCHEDULER_FEATURE_GATES = (
+    "--feature-gates=DRADerivedAttributes=true,DRAListTypeAttributes=true,"
+    "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+)
+"""The scheduler's allocator evaluates derived attributes, and its pod-group plugins place a
+PodGroup by its topology key, only with their own gates on."""
 
 
 def go_version(go: str) -> tuple[int, int]:
@@ -89,8 +99,11 @@ def go_binary() -> str:
 
 
 CONSUMERS = HARNESS / "consumers"
-"""The second Go module: other projects' own code (Koordinator, Kueue, Volcano) on a newer
-Kubernetes."""
+"""The second Go module: other projects' own code (Koordinator's koordlet, Volcano's discovery), on
+the harness's Kubernetes."""
+PLUGINS = HARNESS / "plugins"
+"""The third Go module: schedulers whose latest releases build only against Kubernetes 1.34
+(scheduler-plugins' NodeResourceTopologyMatch, YuniKorn), run against the harness's apiserver."""
 LIBPFM_MISSING = (
     "the consumers module needs libpfm4-dev (Koordinator's koordlet links libpfm4 through cgo): "
     "apt-get install -y libpfm4-dev"
@@ -184,19 +197,22 @@ class GoProgram:
 
 HARNESS_PROGRAM = GoProgram("controlplane", HARNESS)
 CONSUMERS_PROGRAM = GoProgram("consumers", CONSUMERS, selected_by="consumers_bin")
+KUEUE = HARNESS / "kueue"
+"""The fourth Go module: Kueue alone, on the Kubernetes its own go.mod pins (1.36)."""
 KUEUE_PROGRAM = GoProgram(
-    "kueue", CONSUMERS, package="sigs.k8s.io/kueue/cmd/kueue", selected_by="kueue_bin"
+    "kueue", KUEUE, package="sigs.k8s.io/kueue/cmd/kueue", selected_by="kueue_bin"
 )
+PLUGINS_PROGRAM = GoProgram("plugins", PLUGINS, selected_by="plugins_bin")
 YUNIKORN_PROGRAM = GoProgram(
     "yunikorn",
-    HARNESS,
+    PLUGINS,
     package="github.com/apache/yunikorn-k8shim/pkg/cmd/shim",
     selected_by="yunikorn_bin",
 )
 DRACEL_PROGRAM = GoProgram("dracel", HARNESS, package="./dracel", selected_by="dracel_bin")
 PROMETHEUS_MODULE = HARNESS / "prometheus"
-"""The third Go module: Prometheus' own promtool and server (v0.314.0, on Kubernetes 1.35.3 like
-the consumers module, which cannot hold it: Koordinator's replace block pins
+"""The fifth Go module: Prometheus' own promtool and server (v0.314.0, on the harness's Kubernetes
+like the consumers module, which cannot hold it: Koordinator's replace block pins
 github.com/prometheus/prometheus to v0.39.2 there)."""
 # remove_all_sd: Prometheus' own tag for a build without the service discoveries' cloud SDKs
 # (the tests scrape static loopback targets); promtool keeps the kubernetes and file ones.
@@ -218,6 +234,7 @@ PROGRAMS = (
     HARNESS_PROGRAM,
     CONSUMERS_PROGRAM,
     KUEUE_PROGRAM,
+    PLUGINS_PROGRAM,
     YUNIKORN_PROGRAM,
     DRACEL_PROGRAM,
     PROMTOOL_PROGRAM,
@@ -351,7 +368,7 @@ def consumers_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def kueue_bin() -> Path:
-    """Kueue's controller manager, its own main package, built in the consumers module."""
+    """Kueue's controller manager, its own main package, built in the kueue module."""
     return KUEUE_PROGRAM.build()
 
 
@@ -374,8 +391,15 @@ def prometheus_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def plugins_bin() -> Path:
+    """kube-scheduler 1.34.9 with scheduler-plugins' NodeResourceTopologyMatch registered
+    (tests/controlplane/plugins)."""
+    return PLUGINS_PROGRAM.build()
+
+
+@pytest.fixture(scope="session")
 def yunikorn_bin() -> Path:
-    """YuniKorn's scheduler (the k8shim with the core inside), its own main, built in the harness
+    """YuniKorn's scheduler (the k8shim with the core inside), its own main, built in the plugins
     module."""
     return YUNIKORN_PROGRAM.build()
 

@@ -60,8 +60,8 @@ def get_node_feature(server: RealApiServer, namespace: str, name: str) -> dict[s
 
 def test_kubectl_version_reports_the_pinned_release(real_apiserver: RealApiServer) -> None:
     version = json.loads(kubectl_out(real_apiserver, "version", "-o", "json"))
-    assert version["serverVersion"]["gitVersion"] == "v1.34.9"
-    assert (version["serverVersion"]["major"], version["serverVersion"]["minor"]) == ("1", "34")
+    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    assert (version["serverVersion"]["major"], version["serverVersion"]["minor"]) == ("1", "37")
 
 
 def test_the_node_sink_publishes_and_kubectl_describe_node_reads_it(

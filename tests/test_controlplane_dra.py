@@ -1,13 +1,12 @@
 """Issue 22 item 3 on the real control plane: the agent's DeviceTaintRules, obeyed by the real
 kube-scheduler's DRA allocator.
 
-The shared kube-apiserver serves DeviceTaintRules (tests/controlplane_fixtures.APISERVER_FLAGS:
-the `DRADeviceTaints` gate and resource.k8s.io/v1alpha3), and the scheduler here runs with its
-own gate on. Each Node gets a ResourceSlice shaped like the one NVIDIA's DRA driver publishes
-(`gpu.nvidia.com`, a pool named after the node, devices `gpu-<minor>` with the driver's attributes;
-created by the test: no driver runs) and NVIDIA's DeviceClass. The real agent (`run --once
---dra-device-taints` on a simulated machine whose GPUs lost NVLinks) writes the rules; the
-scheduler is started after them, so that its first list holds them, and every wait is a polling
+The shared kube-apiserver (1.37) serves DeviceTaintRules as GA, resource.k8s.io/v1, and the
+scheduler heeds them by default. Each Node gets a ResourceSlice shaped like the one NVIDIA's DRA
+driver publishes (`gpu.nvidia.com`, a pool named after the node, devices `gpu-<minor>` with the
+driver's attributes; created by the test: no driver runs) and NVIDIA's DeviceClass. The real agent
+(`run --once --dra-device-taints` on a simulated machine whose GPUs lost NVLinks) writes the rules;
+the scheduler is started after them, so that its first list holds them, and every wait is a polling
 deadline. No kubelet runs: a bound pod never starts, which the allocation does not need.
 """
 
@@ -35,6 +34,7 @@ from reporter.schema import dra, keys
 from reporter.schema.availability import decode_availability, encode_availability
 from reporter.schema.codec import encode
 from tests.controlplane_fixtures import (
+    RULES_VERSION,
     SCHEDULER_FEATURE_GATES,
     NodeFactory,
     RealApiServer,
@@ -51,8 +51,7 @@ pytestmark = pytest.mark.controlplane
 
 PREFIX = "gpu.topology.io"
 GROUP = "resource.k8s.io"
-RULES = "v1alpha3"
-"""What 1.34 serves DeviceTaintRules in (the agent finds it; the test reads it there)."""
+RULES = RULES_VERSION
 DRA_API = "v1"
 GPUS = 4
 DEVICE_CLASS = "gpu.nvidia.com"

@@ -48,6 +48,7 @@ NODE_SPEC_FIELDS_COMPARED = {
     "unschedulable",
     "configSource",
     "externalID",
+    "podPreemptionPolicy",
 }
 """What the policy compares field by field; `taints` is judged on its own."""
 

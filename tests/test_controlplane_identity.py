@@ -25,7 +25,7 @@ from kubernetes import config as k8s_config
 from reporter.publish.client import DEGRADED_REASON, EventType, event_body
 from reporter.publish.patch import NodeMetadata
 from reporter.schema import dra
-from tests.controlplane_fixtures import NodeFactory, RealApiServer
+from tests.controlplane_fixtures import RULES_VERSION, NodeFactory, RealApiServer
 from tests.helm_chart import EXTENDER_ALONE, FULLNAME, NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
@@ -426,7 +426,7 @@ def test_the_extenders_token_may_list_and_watch_leases_in_the_release_namespace_
 
 # --- DRA DeviceTaintRules (issue 22 item 3): the pool is the node, and only the own node ------
 
-RULES = ("resource.k8s.io", "v1alpha3", "devicetaintrules")
+RULES = ("resource.k8s.io", RULES_VERSION, "devicetaintrules")
 
 
 def taint_rule(name: str, pool: str | None) -> dict[str, Any]:
@@ -434,7 +434,7 @@ def taint_rule(name: str, pool: str | None) -> dict[str, Any]:
     if pool is not None:
         selector["pool"] = pool
     return {
-        "apiVersion": "resource.k8s.io/v1alpha3",
+        "apiVersion": f"resource.k8s.io/{RULES_VERSION}",
         "kind": "DeviceTaintRule",
         "metadata": {"name": name},
         "spec": {
@@ -461,7 +461,7 @@ def wait_for_rule_policy(api: k8s.CustomObjectsApi, node_b: str) -> None:
 def agent_rule(node: str, device: str = "gpu-0") -> dict[str, Any]:
     """The rule the agent on `node` writes for `device` (reporter.schema.dra.rule)."""
     return dra.rule(
-        dra.DeviceTaint(0, device, dra.REASON_LOST), node=node, prefix=PREFIX, version="v1alpha3"
+        dra.DeviceTaint(0, device, dra.REASON_LOST), node=node, prefix=PREFIX, version=RULES_VERSION
     )
 
 

@@ -1,14 +1,16 @@
 """scheduler-plugins' NodeResourceTopologyMatch, for real, on the NodeResourceTopology objects the
-agent publishes: the harness's kube-scheduler with the plugin registered as scheduler-plugins'
-own build registers it (`sigs.k8s.io/scheduler-plugins` v0.34.7), configured with the stanza of
-docs/scheduling.md (filter, score, and the reserve cache with `cacheResyncPeriodSeconds`), binds
-pods on Nodes of simulated DGX H100s whose objects `topo-reporter run --availability --nrt` wrote
-with simulated allocations. Each Node is its own group, so each pod is judged against one Node.
+agent publishes: kube-scheduler 1.34.9 (tests/controlplane/plugins: the plugin's latest release,
+`sigs.k8s.io/scheduler-plugins` v0.34.7, builds only against 1.34) with the plugin registered as
+scheduler-plugins' own build registers it, against the harness's 1.37 apiserver, configured with the
+stanza of docs/scheduling.md (filter, score, and the reserve cache with `cacheResyncPeriodSeconds`),
+binds pods on Nodes of simulated DGX H100s whose objects `topo-reporter run --availability --nrt`
+wrote with simulated allocations. Each Node is its own group, so each pod is judged against one
+Node.
 
-The scheduler's own count agrees with no allocation (no pod holds the simulated GPUs; allocatable
-is 8 and the pods' CPUs fit the Node), so every refusal here is the plugin's, from our object:
-the zones' free GPUs and CPUs and the kubelet's policy and scope, from its config file or as the
-user states it (`--topology-manager-policy`). No kubelet runs: a bound pod never starts."""
+The scheduler's own count agrees with no allocation (no pod holds the simulated GPUs; allocatable is
+8 and the pods' CPUs fit the Node), so every refusal here is the plugin's, from our object: the
+zones' free GPUs and CPUs and the kubelet's policy and scope, from its config file or as the user
+states it (`--topology-manager-policy`). No kubelet runs: a bound pod never starts."""
 
 from __future__ import annotations
 
@@ -85,8 +87,9 @@ NODES: dict[str, tuple[tuple[int, ...], str | None, tuple[str, ...], dict[str, s
 class NrtCluster:
     """GPU Nodes published by the agent with --nrt, and the scheduler with the plugin."""
 
-    def __init__(self, server: RealApiServer, store: Store, work: Path) -> None:
+    def __init__(self, server: RealApiServer, store: Store, work: Path, scheduler: Path) -> None:
         self.server = server
+        self.scheduler = scheduler
         self.core = server.core()
         self.store = store
         self.work = work
@@ -174,12 +177,11 @@ class NrtCluster:
         (profile,) = config["profiles"]
         profile["schedulerName"] = self.scheduler_name
         config["leaderElection"] = {"leaderElect": False}
+        config["clientConnection"] = {"kubeconfig": str(self.server.kubeconfig)}
         path = self.work / "scheduler.yaml"
         path.write_text(yaml.safe_dump(config))
         self._scheduler = start_harness(
-            self.server.binary,
-            ["scheduler", "--config", str(path), "--kubeconfig", str(self.server.kubeconfig)],
-            self.work / "scheduler.log",
+            self.scheduler, ["--config", str(path)], self.work / "scheduler.log"
         )
 
     def zone_gpus(self, short: str) -> dict[str, str]:
@@ -306,9 +308,14 @@ class NrtCluster:
 
 @pytest.fixture(scope="module")
 def cluster(
-    real_apiserver: RealApiServer, real_nrt_crd: str, tmp_path_factory: pytest.TempPathFactory
+    real_apiserver: RealApiServer,
+    real_nrt_crd: str,
+    plugins_bin: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[NrtCluster]:
-    made = NrtCluster(real_apiserver, Store(real_apiserver), tmp_path_factory.mktemp("nrt-sched"))
+    made = NrtCluster(
+        real_apiserver, Store(real_apiserver), tmp_path_factory.mktemp("nrt-sched"), plugins_bin
+    )
     try:
         made.add_nodes()
         made.start()

@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
 from reporter.schema import dra
 from reporter.schema.nrt import MANAGED_BY, MANAGER
-from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
+from tests.controlplane_fixtures import RULES_VERSION, NodeFactory, RealApiServer, unique
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
 
@@ -38,7 +38,7 @@ FOREIGN_LABELS = {"team": "ml", f"{PREFIX}/set-by-hand": "yes"}
 FOREIGN_ANNOTATIONS = {"other.io/note": "keep"}
 NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
 NFD = ("nfd.k8s-sigs.io", "v1alpha1", "nodefeatures")
-RULES = ("resource.k8s.io", dra.DRY_RUN_VERSION, "devicetaintrules")
+RULES = ("resource.k8s.io", RULES_VERSION, "devicetaintrules")
 
 
 def kubeconfig_for_token(server: RealApiServer, token: str, work: Path) -> Path:

@@ -3,7 +3,7 @@ code on the real control plane, on Nodes the agent published from simulated GB20
 (tests/consumer_fixtures.py: racks 0 and 1 both on clique 17044, rack 2 split in two partitions;
 4 trays each).
 
-- Kueue v0.17.0 (its controller manager, webhooks and certificate management), with the real
+- Kueue v0.19.2 (its controller manager, webhooks and certificate management), with the real
   kube-controller-manager's Job controller and the real kube-scheduler, from the Topology and
   ResourceFlavor docs/scheduling.md shows: a job in one partition, never across the two racks on
   one clique ID; one that fits no partition waits; a tray whose fabric turns unhealthy, tainted by

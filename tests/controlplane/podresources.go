@@ -18,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	apisgrpc "k8s.io/kubernetes/pkg/kubelet/apis/grpc"
 	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
@@ -257,17 +258,17 @@ func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 type devicesProvider struct{ s *state }
 
 // UpdateAllocatedDevices frees devices of terminated pods; the file lists running pods only.
-func (devicesProvider) UpdateAllocatedDevices() {}
+func (devicesProvider) UpdateAllocatedDevices(klog.Logger) {}
 func (d devicesProvider) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
 	return d.s.current().assigned[podUID][containerName]
 }
-func (d devicesProvider) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
+func (d devicesProvider) GetAllocatableDevices(klog.Logger) []*podresourcesapi.ContainerDevices {
 	return d.s.refresh().allocatable
 }
 
 type dynamicResourcesProvider struct{ s *state }
 
-func (d dynamicResourcesProvider) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+func (d dynamicResourcesProvider) GetDynamicResources(_ klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	return d.s.current().claims[string(pod.UID)][container.Name]
 }
 
@@ -275,10 +276,18 @@ func (d dynamicResourcesProvider) GetDynamicResources(pod *v1.Pod, container *v1
 // the `none` policies.
 type emptyProviders struct{}
 
-func (emptyProviders) GetCPUs(string, string) []int64                              { return nil }
-func (emptyProviders) GetAllocatableCPUs() []int64                                 { return nil }
-func (emptyProviders) GetMemory(string, string) []*podresourcesapi.ContainerMemory { return nil }
-func (emptyProviders) GetAllocatableMemory() []*podresourcesapi.ContainerMemory    { return nil }
+func (emptyProviders) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
+func (emptyProviders) GetPodCPUs(string) []int64              { return nil }
+func (emptyProviders) GetAllocatableCPUs() []int64            { return nil }
+func (emptyProviders) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.ContainerMemory {
+	return nil
+}
+func (emptyProviders) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory {
+	return nil
+}
+func (emptyProviders) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory {
+	return nil
+}
 
 func runPodResources(args []string) error {
 	fs := flag.NewFlagSet("podresources", flag.ContinueOnError)

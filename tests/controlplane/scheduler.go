@@ -11,11 +11,6 @@ import (
 
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"sigs.k8s.io/yaml"
-
-	// scheduler-plugins' configuration types (NodeResourceTopologyMatchArgs) in kube-scheduler's
-	// scheme, as its own cmd/scheduler does: a KubeSchedulerConfiguration may then configure them.
-	_ "sigs.k8s.io/scheduler-plugins/apis/config/scheme"
-	"sigs.k8s.io/scheduler-plugins/pkg/noderesourcetopology"
 )
 
 // maxConfigBytes bounds the KubeSchedulerConfiguration read: real ones are a few KiB.
@@ -52,9 +47,7 @@ func runScheduler(args []string) error {
 	// without leader elect"); a requested stop is a clean exit here.
 	stopped := make(chan os.Signal, 1)
 	signal.Notify(stopped, syscall.SIGTERM, syscall.SIGINT)
-	// scheduler-plugins' NodeResourceTopologyMatch registered out of tree, as its own kube-scheduler
-	// build registers it; a configuration that does not enable it runs the stock scheduler.
-	cmd := app.NewSchedulerCommand(app.WithPlugin(noderesourcetopology.Name, noderesourcetopology.New))
+	cmd := app.NewSchedulerCommand()
 	// One scheduler per test: no leader election; no HTTPS port that a second one would collide on.
 	cmd.SetArgs(append([]string{"--config=" + configPath, "--leader-elect=false", "--secure-port=0"}, fs.Args()...))
 	err := cmd.Execute()
