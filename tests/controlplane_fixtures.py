@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -405,13 +405,13 @@ def yunikorn_bin() -> Path:
 
 
 @contextlib.contextmanager
-def running_apiserver(binary: Path, work: Path) -> Iterator[RealApiServer]:
+def running_apiserver(
+    binary: Path, work: Path, flags: Sequence[str] = APISERVER_FLAGS
+) -> Iterator[RealApiServer]:
     """A real kube-apiserver (on embedded etcd) from the harness, its kubeconfig and log in
-    `work`, stopped when the block ends (also on an error)."""
+    `work`, stopped when the block ends (also on an error); `flags`: kube-apiserver's own."""
     kubeconfig, log = work / "admin.kubeconfig", work / "apiserver.log"
-    proc = start_harness(
-        binary, ["apiserver", "--kubeconfig", str(kubeconfig), "--", *APISERVER_FLAGS], log
-    )
+    proc = start_harness(binary, ["apiserver", "--kubeconfig", str(kubeconfig), "--", *flags], log)
     try:
         start_s = wait_for_file(kubeconfig, proc, START_TIMEOUT_S, log)
         server = RealApiServer(binary, kubeconfig, log, start_s)

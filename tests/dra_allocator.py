@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client as k8s
 
 from reporter.placement import pair_link
-from reporter.schema import dra
+from reporter.schema import dra, dra_template
 from reporter.schema.model import Topology
 from tests.controlplane_fixtures import SCHEDULER_FEATURE_GATES, start_harness
 from tests.dra_cel import nvidia_attributes
@@ -125,15 +125,42 @@ def resource_slice(node: str, trial: Trial) -> dict[str, Any]:
     }
 
 
-def plain_claim(name: str, k: int) -> dict[str, Any]:
+def plain_claim(name: str, trial: Trial) -> dict[str, Any]:
     """k GPUs of NVIDIA's class and nothing else: what a user writes without a template."""
-    exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": k}
+    exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": trial.k}
     return {
         "apiVersion": f"{GROUP}/{API}",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }
+
+
+ClaimMaker = Callable[[str, Trial], dict[str, Any]]
+"""A trial's ResourceClaim under a name."""
+
+
+@cache
+def template(profile: str, k: int, fallback: bool) -> dra_template.Template:
+    """What `topo-reporter dra-template --gpus K --simulate PROFILE [--fallback]` prints, for one
+    machine kind; TemplateError where the wiring has no k connected GPUs (PCIe only)."""
+    machine = dra_template.Machine(profile, (topology(profile),))
+    return dra_template.build([machine], k, fallback=fallback)
+
+
+def template_claim(fallback: bool) -> ClaimMaker:
+    """The claim the resourceclaim controller makes from the template: its `spec.spec`."""
+
+    def claim(name: str, trial: Trial) -> dict[str, Any]:
+        spec = template(trial.profile, trial.k, fallback).document["spec"]["spec"]
+        return {
+            "apiVersion": f"{GROUP}/{API}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    return claim
 
 
 def start_scheduler(
@@ -178,8 +205,10 @@ def ensure_device_class(api: k8s.CustomObjectsApi) -> None:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     trial: Trial
-    allocated: tuple[int, ...]
-    """The GPU indexes the allocator gave the claim."""
+    allocated: tuple[int, ...] | None
+    """The GPU indexes the allocator gave the claim; None: the pod is unschedulable."""
+    reason: str = ""
+    """The scheduler's message on an unschedulable pod."""
 
 
 def allocate(
@@ -192,10 +221,12 @@ def allocate(
     batch: Sequence[Trial],
     wait_s: float,
     logs: Callable[[], str],
+    claim: ClaimMaker = plain_claim,
 ) -> list[Outcome]:
     """Run `batch` at once: a Node, its slice, a claim and a pod per trial; each claim's
-    allocation read back as GPU indexes. Slices are deleted afterwards (Nodes by `make_node`'s
-    owner); claims and pods stay in `namespace`."""
+    allocation read back as GPU indexes, or the scheduler's reason where it found the pod
+    unschedulable (a claim that can be met is met at the pod's first attempt). Slices are deleted
+    afterwards (Nodes by `make_node`'s owner); claims and pods stay in `namespace`."""
     names = []
     slices = []
     for i, trial in enumerate(batch):
@@ -205,7 +236,7 @@ def allocate(
         slices.append(body["metadata"]["name"])
         name = f"c{i}"
         api.create_namespaced_custom_object(
-            GROUP, API, namespace, "resourceclaims", plain_claim(name, trial.k)
+            GROUP, API, namespace, "resourceclaims", claim(name, trial)
         )
         core.create_namespaced_pod(namespace, claim_pod(name, name, node=node, scheduler=scheduler))
         names.append(name)
@@ -224,6 +255,8 @@ def allocate(
                 ).get("results") or []
                 if results:
                     outcomes[name] = Outcome(trial, _indexes(trial.profile, results))
+                elif (reason := unschedulable(core, namespace, name)) is not None:
+                    outcomes[name] = Outcome(trial, None, reason)
             assert time.monotonic() < deadline, (
                 f"{len(names) - len(outcomes)} of {len(names)} claims never allocated\n{logs()}"
             )
@@ -237,6 +270,15 @@ def allocate(
                 if e.status != 404:
                     raise
     return [outcomes[n] for n in names]
+
+
+def unschedulable(core: k8s.CoreV1Api, namespace: str, pod: str) -> str | None:
+    """The scheduler's message where it marked the pod unschedulable, else None."""
+    status = core.read_namespaced_pod_status(pod, namespace).status
+    for condition in (status.conditions if status else None) or []:
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            return str(condition.message or "")
+    return None
 
 
 def _indexes(profile: str, results: list[dict[str, Any]]) -> tuple[int, ...]:
@@ -273,5 +315,41 @@ def share(outcomes: Sequence[Outcome]) -> Share:
         first.k,
         len(outcomes),
         sum(connected_possible(o.trial) for o in outcomes),
-        sum(connected(o.trial.profile, o.allocated) for o in outcomes),
+        sum(o.allocated is not None and connected(o.trial.profile, o.allocated) for o in outcomes),
     )
+
+
+def latencies(
+    api: k8s.CustomObjectsApi,
+    core: k8s.CoreV1Api,
+    *,
+    namespace: str,
+    scheduler: str,
+    make_node: Callable[[], str],
+    batch: Sequence[Trial],
+    claim: ClaimMaker,
+    wait_s: float,
+) -> list[float]:
+    """Seconds from each pod's creation until its claim shows the allocation, one trial at a
+    time (so that no pod waits behind another): the node, its slice and the claim are in place
+    first. Every trial must be one its claim can meet."""
+    out = []
+    for i, trial in enumerate(batch):
+        node = make_node()
+        body = resource_slice(node, trial)
+        api.create_cluster_custom_object(GROUP, API, "resourceslices", body)
+        name = f"l{i}"
+        api.create_namespaced_custom_object(
+            GROUP, API, namespace, "resourceclaims", claim(name, trial)
+        )
+        started = time.monotonic()
+        core.create_namespaced_pod(namespace, claim_pod(name, name, node=node, scheduler=scheduler))
+        while True:
+            got = api.get_namespaced_custom_object(GROUP, API, namespace, "resourceclaims", name)
+            if (got.get("status") or {}).get("allocation"):
+                out.append(time.monotonic() - started)
+                break
+            assert time.monotonic() - started < wait_s, f"claim {name} not allocated: {trial}"
+            time.sleep(0.002)
+        api.delete_cluster_custom_object(GROUP, API, "resourceslices", body["metadata"]["name"])
+    return out

@@ -26,6 +26,7 @@ from reporter.schema.model import Gpu, Source, Topology
 from tests.controlplane_fixtures import go_binary
 from tests.dra_cel import evaluate, nvidia_attributes
 from tests.golden import DRA_TEMPLATES, dra_templates
+from tests.test_doctor_groups import json_values
 
 NV12, SYS = Link(LinkKind.NV, 12), Link(LinkKind.SYS)
 PROFILES = [p.name for p in list_profiles()]
@@ -420,3 +421,29 @@ def test_any_cluster_gets_an_exact_map_or_one_refusal(
                 assert connected(topology, gpus), (machine.name, gpus)
             if not any(topology.gpus[i].lost for i in gpus):  # complete over usable GPUs
                 assert shared == connected(topology, gpus), (machine.name, gpus)
+
+
+# --- keeps_derived_attributes: the stored template, as the apiserver answers ---------------------
+
+
+def test_a_stored_template_keeps_its_derived_attribute_or_is_told_dropped() -> None:
+    for fallback in (False, True):
+        document = dra_template.build(
+            [Machine("dgx-1-v100", (scanned("dgx-1-v100"),))], 4, fallback=fallback
+        ).document
+        assert dra_template.keeps_derived_attributes(document)
+        (request,) = document["spec"]["spec"]["devices"]["requests"]
+        for r in request.get("firstAvailable", [request.get("exactly")]):
+            r.pop("derivedAttributes", None)
+        assert not dra_template.keeps_derived_attributes(document)
+
+
+@given(
+    stored=st.fixed_dictionaries(
+        {"spec": st.fixed_dictionaries({"spec": st.fixed_dictionaries({"devices": json_values})})}
+    )
+    | json_values
+)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_any_shape_of_answer_is_judged_without_raising(stored: Any) -> None:
+    assert dra_template.keeps_derived_attributes(stored) in (True, False)

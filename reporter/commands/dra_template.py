@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
@@ -19,7 +20,8 @@ from reporter.commands import (
     add_prefix_argument,
     logs_to_stderr,
 )
-from reporter.errors import ConfigError, InputError
+from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, InputError
+from reporter.publish.api import NODES, RESOURCE_CLAIM_TEMPLATES, ApiClient
 from reporter.schema import dra_template, keys
 from reporter.schema.model import Topology
 from reporter.schema.node import decode_node, node_name
@@ -43,13 +45,15 @@ def _simulated_machines(profiles: Sequence[str]) -> list[dra_template.Machine]:
     return machines
 
 
-def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.Machine]:
-    """The Nodes' published topologies, nodes of one wiring as one machine kind."""
+def _operator_client(kubeconfig: str | None) -> ApiClient:
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
-    from reporter.publish.api import NODES  # noqa: PLC0415  # beside the client it serves
 
-    api = kube.operator_client(kubeconfig)
+    return kube.operator_client(kubeconfig)
+
+
+def _cluster_machines(api: ApiClient, prefix: str) -> list[dra_template.Machine]:
+    """The Nodes' published topologies, nodes of one wiring as one machine kind."""
     kinds: dict[str, list[tuple[str, Topology]]] = {}
     query: dict[str, str] = {"limit": "500"}
     while True:
@@ -86,6 +90,40 @@ def _cluster_machines(kubeconfig: str | None, prefix: str) -> list[dra_template.
     ]
 
 
+def _check_served(api: ApiClient, document: dict[str, Any], namespace: str) -> None:
+    """Create the template as a dry run: the apiserver answers as it would store it. With
+    `DRADerivedAttributes` off it drops the derived attribute without a word (an alpha field), and
+    every claim would then wait for an attribute no device carries: that is refused here, with the
+    gate named. Where the caller may not create templates, it is said and the template printed."""
+    try:
+        stored = api.create(RESOURCE_CLAIM_TEMPLATES, document, namespace, dry_run=True)
+    except ApiPermanentError as e:
+        if e.status == 403:
+            terminal.write(
+                sys.stderr,
+                f"{PROG}: warning: the feature gates were not checked (a dry-run create of the "
+                f"template was refused: {e})\n",
+            )
+            return
+        if e.status == 404:
+            raise ConfigError(
+                "the cluster serves no resource.k8s.io/v1 ResourceClaimTemplates in namespace "
+                f"{namespace}: the template needs Kubernetes 1.37 or newer with the "
+                f"{' and '.join(dra_template.GATES)} feature gates (or pass --namespace of one "
+                "that exists)"
+            ) from None
+        raise ConfigError(f"the cluster's apiserver refuses the template: {e}") from None
+    except ApiTransientError as e:
+        terminal.write(sys.stderr, f"{PROG}: warning: the feature gates were not checked: {e}\n")
+        return
+    if not dra_template.keeps_derived_attributes(stored):
+        raise ConfigError(
+            "the cluster's kube-apiserver drops the template's derivedAttributes: feature gate "
+            f"{dra_template.GATES[0]} is off there; turn on {' and '.join(dra_template.GATES)} on "
+            "kube-apiserver and kube-scheduler, then run this again"
+        )
+
+
 def handle(args: argparse.Namespace) -> int:
     """Print the template; 2 when none can be made (the reason on stderr)."""
     logs_to_stderr()
@@ -94,10 +132,11 @@ def handle(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--simulate and --kubeconfig both given: pass profiles, or read the cluster"
             )
-        if args.simulate:
+        api = None if args.simulate else _operator_client(args.kubeconfig)
+        if api is None:
             machines = _simulated_machines(args.simulate)
         else:
-            machines = _cluster_machines(args.kubeconfig, args.prefix)
+            machines = _cluster_machines(api, args.prefix)
         template = dra_template.build(
             machines,
             args.gpus,
@@ -108,6 +147,8 @@ def handle(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             uuids_known=not args.simulate,
         )
+        if api is not None:
+            _check_served(api, template.document, args.namespace or "default")
     except ConfigError as e:
         terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
         return EXIT_USAGE

@@ -68,6 +68,11 @@ def resource_claims(version: str) -> Resource:
     return Resource("resource.k8s.io", version, "resourceclaims", "ResourceClaim", True)
 
 
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+)
+
+
 def device_taint_rules(version: str) -> Resource:
     """DRA's DeviceTaintRules in one version of resource.k8s.io: which one a cluster serves
     changes with its release and gates (v1alpha3 in 1.34 and 1.35, v1beta2 in 1.36, v1 later)."""
@@ -90,9 +95,15 @@ class ApiClient(Protocol):
         ...
 
     def create(
-        self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Create `body`; returns the object as stored."""
+        """Create `body`; returns the object as stored. `dry_run`: the server admits, defaults and
+        drops fields as for a real create, and stores nothing (`dryRun=All`)."""
         ...
 
     def replace(

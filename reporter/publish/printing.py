@@ -59,8 +59,15 @@ class PrintingClient:
         return None if found is None else dict(found)
 
     def create(
-        self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
+        if dry_run:
+            return dict(body)
         if resource == EVENTS:
             self._log.info(
                 "event", type=body.get("type"), reason=body.get("reason"), message=body["message"]

@@ -134,10 +134,24 @@ class WireClient:
             return None
 
     def create(
-        self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None
+        self,
+        resource: Resource,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         name = str((body.get("metadata") or {}).get("name") or "")
-        return self._call("POST", "create", resource, name, namespace, body, named=False)
+        return self._call(
+            "POST",
+            "create",
+            resource,
+            name,
+            namespace,
+            body,
+            named=False,
+            query={"dryRun": "All"} if dry_run else None,
+        )
 
     def replace(
         self,

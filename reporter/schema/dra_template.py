@@ -411,6 +411,20 @@ def build(
     )
 
 
+def keeps_derived_attributes(stored: Any) -> bool:
+    """Whether a template as the apiserver stored (or would store) it still has the derived
+    attribute on every request that carries the constraint; False for any shape but ours."""
+    try:
+        (request,) = stored["spec"]["spec"]["devices"]["requests"]
+        if "firstAvailable" in request:
+            request = next(r for r in request["firstAvailable"] if r.get("name") == CONNECTED)
+        else:
+            request = request["exactly"]
+        return bool(request.get("derivedAttributes"))
+    except (KeyError, TypeError, ValueError, StopIteration, AttributeError):
+        return False
+
+
 def to_yaml(template: Template, machines: Sequence[Machine]) -> str:
     """The template as YAML after a comment naming the gates it needs and the machines it covers."""
     uuid = ", ".join(template.by_uuid)
