@@ -33,6 +33,9 @@ def handle(args: argparse.Namespace) -> int:
             by_node[name] = sorted([*by_node[name], *findings], key=lambda f: -f.severity)
         # Pod groups that must stay in one partition, against every partition's room.
         by_node |= doctor.pod_group_findings(reader.workloads() or [], nodes, args.prefix)
+        # dra-template's templates, against the wirings the nodes publish now and the gate.
+        templates = reader.dra_templates(args.prefix) or []
+        by_node |= doctor.dra_template_findings(templates, nodes, args.prefix)
     if args.format == "json":
         terminal.write(sys.stdout, doctor.report_json(by_node))
     else:

@@ -1,10 +1,11 @@
 """The operator's checklist for GPU pods that stay Pending or run slow, walked automatically.
 
-Six modules, by job:
+Seven modules, by job:
 - reporter.doctor.model: a finding, what was observed, how a Node object is read (pure);
 - reporter.doctor.node: findings about one node (pure; the agent runs `local_findings` itself);
 - reporter.doctor.racks: findings across nodes and racks, from the Nodes' labels (pure);
 - reporter.doctor.groups: Pending Kueue Workloads no NVLink partition has room for (pure);
+- reporter.doctor.templates: `dra-template`'s templates against the wirings and the gate (pure);
 - reporter.doctor.reader: the API reads (`ClusterReader`) and `examine`, the one part that reads;
 - reporter.doctor.report: the report as text or JSON, and a finding as an Event message (pure).
 
@@ -28,6 +29,7 @@ from reporter.doctor.reader import (
     is_gpu_node,
 )
 from reporter.doctor.report import report_json, report_text, worst
+from reporter.doctor.templates import dra_template_findings
 
 __all__ = [
     "AGENT_POD_SELECTOR",
@@ -38,6 +40,7 @@ __all__ = [
     "DraObservation",
     "Finding",
     "Severity",
+    "dra_template_findings",
     "examine",
     "fabric_cluster_findings",
     "is_gpu_node",

@@ -2,8 +2,8 @@
 Node object (a dict, as the API serves it) is read.
 
 Pure: values and constants only. It reads nothing, and knows no check: the checks live in
-reporter.doctor.node (one node), reporter.doctor.racks (across nodes) and
-reporter.doctor.groups (pod groups).
+reporter.doctor.node (one node), reporter.doctor.racks (across nodes),
+reporter.doctor.groups (pod groups) and reporter.doctor.templates (dra-template's templates).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from reporter.doctor.model import (
     node_annotations,
 )
 from reporter.doctor.node import node_findings
+from reporter.doctor.templates import TEMPLATE_GROUP, covered_digests
 from reporter.errors import ApiPermanentError, SchemaError
 from reporter.publish.api import (
     DRA_VERSIONS,
@@ -196,6 +197,30 @@ class ApiClusterReader:
                 if e.status == 403:
                     return None
                 raise
+        return None
+
+    def dra_templates(self, prefix: str) -> list[dict[str, Any]] | None:
+        """The ResourceClaimTemplates in every namespace that carry our
+        `<prefix>/dra-template-machines` annotation, in the newest version served; None where
+        none is served (404) or the operator may not list them (403)."""
+        for version in DRA_VERSIONS:
+            resource = Resource(
+                TEMPLATE_GROUP, version, "resourceclaimtemplates", "ResourceClaimTemplate", True
+            )
+            try:
+                page = self._api.list(resource)
+            except ApiPermanentError as e:
+                if e.status == 404:
+                    continue
+                if e.status == 403:
+                    return None
+                raise
+            items = page.get("items") if isinstance(page, Mapping) else None
+            return [
+                t
+                for t in (items if isinstance(items, list) else ())
+                if covered_digests(t, prefix) is not None
+            ]
         return None
 
 

@@ -14,17 +14,31 @@ from reporter.doctor.model import Finding, Severity
 
 WORKLOAD = "workload "
 """How a finding's subject that is a Workload, not a node, begins (`workload NAMESPACE/NAME`)."""
+TEMPLATE = "template "
+"""How a finding's subject that is a ResourceClaimTemplate begins (`template NAMESPACE/NAME`)."""
+KINDS = {WORKLOAD: "workload", TEMPLATE: "template"}
+"""Each subject that is not a node, by how it begins: its key in the JSON report."""
+
+
+def _kind(name: str) -> str | None:
+    return next((k for k in KINDS if name.startswith(k)), None)
 
 
 def _subject(name: str) -> str:
-    return name if name.startswith(WORKLOAD) else f"node {name}"
+    return name if _kind(name) is not None else f"node {name}"
+
+
+def _json_subject(name: str) -> dict[str, str]:
+    kind = _kind(name)
+    return {"node": name} if kind is None else {KINDS[kind]: name.removeprefix(kind)}
 
 
 def summarize(
     findings_by_node: Mapping[str, list[Finding]],
 ) -> list[tuple[str, Severity, list[str]]]:
     """Nodes by finding, worst first: (code, severity, nodes), for `doctor --all`; a Workload's
-    finding names the workload (`workload NAMESPACE/NAME`) where a node's names the node."""
+    or a template's finding names it (`workload NAMESPACE/NAME`, `template NAMESPACE/NAME`)
+    where a node's names the node."""
     nodes: dict[str, list[str]] = {}
     severity: dict[str, Severity] = {}
     for node, findings in findings_by_node.items():
@@ -41,7 +55,7 @@ def report_text(findings_by_node: Mapping[str, list[Finding]], summary: bool) ->
     out: list[str] = []
     if summary:
         rows = summarize(findings_by_node)
-        nodes = [n for n in findings_by_node if not n.startswith(WORKLOAD)]
+        nodes = [n for n in findings_by_node if _kind(n) is None]
         healthy = [n for n in nodes if not findings_by_node[n]]
         out.append(f"{len(nodes)} nodes, {len(healthy)} without findings")
         out += [
@@ -67,11 +81,7 @@ def report_json(findings_by_node: Mapping[str, list[Finding]]) -> str:
     doc = {
         "nodes": [
             {
-                **(
-                    {"workload": node.removeprefix(WORKLOAD)}
-                    if node.startswith(WORKLOAD)
-                    else {"node": node}
-                ),
+                **_json_subject(node),
                 "findings": [
                     {
                         "code": f.code,

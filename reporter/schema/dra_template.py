@@ -411,18 +411,36 @@ def build(
     )
 
 
+def _member(obj: Any, name: str) -> Mapping[str, Any]:
+    """`obj[name]` where both are objects, else empty."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def connected_request(template: Any) -> tuple[Mapping[str, Any], bool] | None:
+    """In a template as stored (any shape), the request that asks for connected GPUs (`exactly`,
+    or the `firstAvailable` subrequest named `connected`) and whether it has a fallback; None
+    where it has none."""
+    devices = _member(_member(_member(template, "spec"), "spec"), "devices")
+    requests = devices.get("requests")
+    for request in requests if isinstance(requests, list) else ():
+        exactly = _member(request, "exactly")
+        if exactly:
+            return exactly, False
+        alternatives = request.get("firstAvailable") if isinstance(request, Mapping) else None
+        for sub in alternatives if isinstance(alternatives, list) else ():
+            if isinstance(sub, Mapping) and sub.get("name") == CONNECTED:
+                return sub, True
+    return None
+
+
 def keeps_derived_attributes(stored: Any) -> bool:
     """Whether a template as the apiserver stored (or would store) it still has the derived
-    attribute on every request that carries the constraint; False for any shape but ours."""
-    try:
-        (request,) = stored["spec"]["spec"]["devices"]["requests"]
-        if "firstAvailable" in request:
-            request = next(r for r in request["firstAvailable"] if r.get("name") == CONNECTED)
-        else:
-            request = request["exactly"]
-        return bool(request.get("derivedAttributes"))
-    except (KeyError, TypeError, ValueError, StopIteration, AttributeError):
-        return False
+    attribute on its connected request: kube-apiserver drops the alpha field, without a word,
+    where DRADerivedAttributes is off. False for any shape but ours."""
+    found = connected_request(stored)
+    derived = found[0].get("derivedAttributes") if found is not None else None
+    return isinstance(derived, list) and bool(derived)
 
 
 def to_yaml(template: Template, machines: Sequence[Machine]) -> str:
