@@ -1,8 +1,8 @@
 """The DeviceTaintRule sink: writes only on change, touches only its own node's rules, and says once
 that a cluster serves none.
 
-Against the real kube-apiserver (the shared one serves DeviceTaintRules: the `DRADeviceTaints`
-gate and resource.k8s.io/v1alpha3), through both API clients; the answers a server without the
+Against the real kube-apiserver (the shared one, 1.37, serves DeviceTaintRules as GA
+resource.k8s.io/v1), through both API clients; the answers a server without the
 gate gives (404 for every version) and a refusal (403) come from the API server double.
 """
 
@@ -24,12 +24,12 @@ from reporter.schema import dra
 from reporter.schema.dra import DeviceTaint
 from reporter.schema.model import Topology
 from tests.agent_support import ApiClientFactory
-from tests.controlplane_fixtures import RealApiServer, unique
+from tests.controlplane_fixtures import RULES_VERSION, RealApiServer, unique
 from tests.kube_double import ApiServerDouble
 from tests.test_doctor_findings import dgx
 
 PREFIX = "gpu.topology.io"
-RULES = ("resource.k8s.io", "v1alpha3", "devicetaintrules")
+RULES = ("resource.k8s.io", RULES_VERSION, "devicetaintrules")
 LOG = structlog.get_logger("test")
 
 
@@ -122,7 +122,7 @@ def names(api: k8s.CustomObjectsApi, node: str) -> dict[str, str]:
 
 def body(name: str, node: str, device: str, labels: dict[str, str] | None = None) -> Any:
     return {
-        "apiVersion": "resource.k8s.io/v1alpha3",
+        "apiVersion": f"resource.k8s.io/{RULES_VERSION}",
         "kind": "DeviceTaintRule",
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {
@@ -178,7 +178,7 @@ def test_on_the_real_server_rules_follow_health_and_only_changes_are_written(
 
     # An administrator's quarantine under the agent's name and labels, NoExecute: not a rule the
     # agent writes, so it is neither deleted nor replaced, and the GPU's rule is told blocked.
-    quarantine = dra.rule(taint(4), node=node, prefix=PREFIX, version="v1alpha3")
+    quarantine = dra.rule(taint(4), node=node, prefix=PREFIX, version=RULES_VERSION)
     quarantine["spec"]["taint"]["effect"] = "NoExecute"
     rules.create_cluster_custom_object(*RULES, quarantine)
     clock.now = 600
