@@ -41,6 +41,7 @@ from reporter.collect.simulate.racks import RackNode, rack_nodes, write_profiles
 from reporter.settings import Settings
 from tests.controlplane_fixtures import (
     NODE_CAPACITY,
+    SCHEDULER_FEATURE_GATES,
     RealApiServer,
     go_module_dir,
     install_crds,
@@ -138,7 +139,8 @@ class RackScheduler:
 def rack_scheduler(
     controlplane_bin: Path, real_apiserver: RealApiServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RackScheduler]:
-    """The real kube-scheduler, default plugins, one profile under a scheduler name of its own."""
+    """The real kube-scheduler, default plugins, one profile under a scheduler name of its own;
+    the gates its pod-group plugins need (KEP-5732) on."""
     work = tmp_path_factory.mktemp("rack-scheduler")
     name = unique("rack-scheduler")
     config = {
@@ -152,7 +154,15 @@ def rack_scheduler(
     log = work / "scheduler.log"
     proc = start_harness(
         controlplane_bin,
-        ["scheduler", "--config", str(path), "--kubeconfig", str(real_apiserver.kubeconfig)],
+        [
+            "scheduler",
+            "--config",
+            str(path),
+            "--kubeconfig",
+            str(real_apiserver.kubeconfig),
+            "--",
+            SCHEDULER_FEATURE_GATES,
+        ],
         log,
     )
     try:
