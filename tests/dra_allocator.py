@@ -48,6 +48,8 @@ WIRINGS = (
 """NVLink pairs (dra-driver-nvidia-gpu#214), an NVLink bridge, the hybrid cube mesh (an island that
 is not a clique), PCIe only, NVSwitch."""
 SIZES = (2, 4)
+REASON = "cannot allocate all claims"
+"""The DRA plugin's message for every allocation that fails (tests/test_controlplane_dra.py)."""
 
 
 @cache
@@ -222,11 +224,14 @@ def allocate(
     wait_s: float,
     logs: Callable[[], str],
     claim: ClaimMaker = plain_claim,
+    may_wait: Callable[[Trial], bool] = lambda _: False,
 ) -> list[Outcome]:
     """Run `batch` at once: a Node, its slice, a claim and a pod per trial; each claim's
-    allocation read back as GPU indexes, or the scheduler's reason where it found the pod
-    unschedulable (a claim that can be met is met at the pod's first attempt). Slices are deleted
-    afterwards (Nodes by `make_node`'s owner); claims and pods stay in `namespace`."""
+    allocation read back as GPU indexes. A trial `may_wait` says its claim cannot be met ends
+    instead when the scheduler finds the pod unschedulable for the claim (REASON): a first
+    attempt may come before the scheduler has seen the new Node or slice, and says otherwise.
+    Slices are deleted afterwards (Nodes by `make_node`'s owner); claims and pods stay in
+    `namespace`."""
     names = []
     slices = []
     for i, trial in enumerate(batch):
@@ -255,7 +260,7 @@ def allocate(
                 ).get("results") or []
                 if results:
                     outcomes[name] = Outcome(trial, _indexes(trial.profile, results))
-                elif (reason := unschedulable(core, namespace, name)) is not None:
+                elif may_wait(trial) and REASON in (reason := unschedulable(core, namespace, name)):
                     outcomes[name] = Outcome(trial, None, reason)
             assert time.monotonic() < deadline, (
                 f"{len(names) - len(outcomes)} of {len(names)} claims never allocated\n{logs()}"
@@ -272,13 +277,13 @@ def allocate(
     return [outcomes[n] for n in names]
 
 
-def unschedulable(core: k8s.CoreV1Api, namespace: str, pod: str) -> str | None:
-    """The scheduler's message where it marked the pod unschedulable, else None."""
+def unschedulable(core: k8s.CoreV1Api, namespace: str, pod: str) -> str:
+    """The scheduler's message where it last marked the pod unschedulable, else ""."""
     status = core.read_namespaced_pod_status(pod, namespace).status
     for condition in (status.conditions if status else None) or []:
         if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
             return str(condition.message or "")
-    return None
+    return ""
 
 
 def _indexes(profile: str, results: list[dict[str, Any]]) -> tuple[int, ...]:

@@ -1,9 +1,10 @@
 """`topo-reporter dra-template` reading the wiring from the Nodes of the real kube-apiserver.
 
-The harness's apiserver is 1.34.9, which does not serve `derivedAttributes`, so what is tested
-here is the reading: the Nodes' published topology annotations (decoded by reporter/schema/codec.py
-through the official client the doctor uses), nodes of one wiring taken as one kind, and nodes that
-share GPU product and PCI bus IDs but are wired differently keyed by their UUIDs. Each test's Nodes
+What is tested here is the reading (the template's claims on the real scheduler:
+tests/test_controlplane_dra_connected.py): the Nodes' published topology annotations (decoded by
+reporter/schema/codec.py through the official client the doctor uses), nodes of one wiring taken
+as one kind, and nodes that share GPU product and PCI bus IDs but are wired differently keyed by
+their UUIDs. Each test's Nodes
 carry a prefix of their own, so nodes other tests publish are not read.
 """
 

@@ -170,7 +170,7 @@ def test_the_map_stays_within_the_expression_limit_or_is_refused(
 
 
 # -- the expression in Kubernetes' own DRA CEL compiler and evaluator (k8s.io/dynamic-resource-
-#    allocation/cel at the harness's version, 1.34: see tests/controlplane/dracel) -------------
+#    allocation/cel at the harness's version, 1.37: see tests/controlplane/dracel) -------------
 
 
 def devices_of(

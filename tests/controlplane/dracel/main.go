@@ -3,10 +3,10 @@
 // the version this harness carries: the code that compiles a claim's CEL at the apiserver and
 // evaluates it per device in the kube-scheduler's allocator.
 //
-// This release's compiler takes only expressions that evaluate to bool (a selector); a derived
-// attribute, which evaluates to a list of strings, compiles only in 1.37's. So each expression E
-// is checked as the selector `(E) == W`, with W the list our Python model says the device must
-// get: that compiles E in the DRA environment (its device type, cel.bind, optional lookups), and
+// Each expression E is checked as the selector `(E) == W`, with W the list our Python model says
+// the device must get (the claims made from the templates run on the real 1.37 scheduler in
+// tests/test_controlplane_dra_connected.py): that compiles E in the DRA environment (its device
+// type, cel.bind, optional lookups), and
 // evaluating it on a device built from its attributes, as the allocator builds it, shows both
 // that E runs without a runtime error and that its value is W.
 //
