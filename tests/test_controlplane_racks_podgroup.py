@@ -29,6 +29,10 @@ Only the outcomes that cannot come by chance are asserted: the constrained group
 gang-only group on trays whose scores send it across the two racks; the bare gang-only split count
 is printed (`-s`), not asserted.
 
+The file is named to run after tests/test_controlplane_prune.py, which prunes the default prefix
+from every Node of the shared apiserver: the session's `rack_cluster` is published when it is first
+used, and must be first used after that.
+
 No kubelet runs: a bound pod never starts, and the scheduler still counts its GPUs. Everything
 waits by polling.
 """
