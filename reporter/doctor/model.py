@@ -66,6 +66,12 @@ class DraObservation:
     allocated ResourceClaim holds."""
 
 
+def field(obj: Any, name: str) -> Mapping[str, Any]:
+    """`obj[name]` where both are objects, else empty: an object of any shape reads safely."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
 def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
     """The Node object's labels; empty where it has none."""
     return dict((node.get("metadata") or {}).get("labels") or {})

@@ -8,7 +8,7 @@ operator may not make is unknown (None), never an error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from reporter.doctor.groups import WORKLOAD_GROUP, WORKLOAD_VERSIONS
@@ -18,6 +18,7 @@ from reporter.doctor.model import (
     DraObservation,
     Finding,
     Severity,
+    field,
     node_annotations,
 )
 from reporter.doctor.node import node_findings
@@ -60,12 +61,6 @@ class ClusterReader(Protocol):
     def dra(self, node: str) -> DraObservation: ...
 
 
-def _field(obj: Any, name: str) -> Mapping[str, Any]:
-    """`obj[name]` where both are objects, else empty: a list item of any shape reads safely."""
-    value = obj.get(name) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
 def dra_observation(
     node: str, slices: list[dict[str, Any]] | None, claims: list[dict[str, Any]] | None
 ) -> DraObservation:
@@ -76,15 +71,15 @@ def dra_observation(
         mine = sum(
             1
             for s in slices
-            if (spec := _field(s, "spec")).get("driver") == dra.DRIVER
-            and node in (spec.get("nodeName"), _field(spec, "pool").get("name"))
+            if (spec := field(s, "spec")).get("driver") == dra.DRIVER
+            and node in (spec.get("nodeName"), field(spec, "pool").get("name"))
         )
     held = None
     if claims is not None:
         found: list[tuple[str, str]] = []
         for claim in claims:
-            meta = _field(claim, "metadata")
-            devices = _field(_field(_field(claim, "status"), "allocation"), "devices")
+            meta = field(claim, "metadata")
+            devices = field(field(field(claim, "status"), "allocation"), "devices")
             results = devices.get("results")
             for result in results if isinstance(results, list) else ():
                 if (
@@ -187,40 +182,39 @@ class ApiClusterReader:
     def workloads(self) -> list[dict[str, Any]] | None:
         """Kueue's Workloads in every namespace, in the newest version served; None where Kueue
         is not installed (404) or the operator may not list them (403)."""
-        for version in WORKLOAD_VERSIONS:
-            resource = Resource(WORKLOAD_GROUP, version, "workloads", "Workload", True)
-            try:
-                return list(self._api.list(resource)["items"])
-            except ApiPermanentError as e:
-                if e.status == 404:
-                    continue
-                if e.status == 403:
-                    return None
-                raise
-        return None
+        page = self._newest(WORKLOAD_GROUP, WORKLOAD_VERSIONS, "workloads", "Workload")
+        return None if page is None else list(page["items"])
 
     def dra_templates(self, prefix: str) -> list[dict[str, Any]] | None:
         """The ResourceClaimTemplates in every namespace that carry our
         `<prefix>/dra-template-machines` annotation, in the newest version served; None where
         none is served (404) or the operator may not list them (403)."""
-        for version in DRA_VERSIONS:
-            resource = Resource(
-                TEMPLATE_GROUP, version, "resourceclaimtemplates", "ResourceClaimTemplate", True
-            )
+        page = self._newest(
+            TEMPLATE_GROUP, DRA_VERSIONS, "resourceclaimtemplates", "ResourceClaimTemplate"
+        )
+        if page is None:
+            return None
+        items = page.get("items") if isinstance(page, Mapping) else None
+        return [
+            t
+            for t in (items if isinstance(items, list) else ())
+            if covered_digests(t, prefix) is not None
+        ]
+
+    def _newest(
+        self, group: str, versions: Sequence[str], plural: str, kind: str
+    ) -> dict[str, Any] | None:
+        """The list of a namespaced resource in every namespace, in the newest of `versions`
+        served; None where none is served (404) or the operator may not list it (403)."""
+        for version in versions:
             try:
-                page = self._api.list(resource)
+                return self._api.list(Resource(group, version, plural, kind, True))
             except ApiPermanentError as e:
                 if e.status == 404:
                     continue
                 if e.status == 403:
                     return None
                 raise
-            items = page.get("items") if isinstance(page, Mapping) else None
-            return [
-                t
-                for t in (items if isinstance(items, list) else ())
-                if covered_digests(t, prefix) is not None
-            ]
         return None
 
 

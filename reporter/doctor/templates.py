@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reporter.doctor.model import Finding, Severity
+from reporter.doctor.model import Finding, Severity, field
 from reporter.doctor.report import TEMPLATE
 from reporter.errors import InputError
 from reporter.schema import dra_template, keys
@@ -35,16 +35,10 @@ DERIVED_GATE = dra_template.GATES[0]
 """The gate of `derivedAttributes` (the other, DRAListTypeAttributes, drops no stored field)."""
 
 
-def _mapping(obj: Any, name: str) -> Mapping[str, Any]:
-    """`obj[name]` where both are objects, else empty."""
-    value = obj.get(name) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
 def covered_digests(template: Any, prefix: str) -> tuple[str, ...] | None:
     """The wiring digests a template's `<prefix>/dra-template-machines` annotation lists; None
     where it has no such annotation (not one of ours)."""
-    annotations = _mapping(_mapping(template, "metadata"), "annotations")
+    annotations = field(field(template, "metadata"), "annotations")
     value = annotations.get(keys.key(prefix, dra_template.ANNOTATION_MACHINES))
     if not isinstance(value, str):
         return None
@@ -87,7 +81,7 @@ def dra_template_findings(
         if covered is None or found is None:
             continue
         request, fallback = found
-        meta = _mapping(template, "metadata")
+        meta = field(template, "metadata")
         namespace, name = meta.get("namespace", "?"), meta.get("name", "?")
         subject = f"{TEMPLATE}{namespace}/{name}"
         findings: list[Finding] = []
