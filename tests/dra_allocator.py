@@ -213,6 +213,21 @@ class Outcome:
     """The scheduler's message on an unschedulable pod."""
 
 
+def stage(
+    api: k8s.CustomObjectsApi,
+    namespace: str,
+    node: str,
+    trial: Trial,
+    name: str,
+    claim: ClaimMaker,
+) -> str:
+    """The trial's slice on `node` and its claim `name`, created: the slice's name."""
+    body = resource_slice(node, trial)
+    api.create_cluster_custom_object(GROUP, API, "resourceslices", body)
+    api.create_namespaced_custom_object(GROUP, API, namespace, "resourceclaims", claim(name, trial))
+    return str(body["metadata"]["name"])
+
+
 def allocate(
     api: k8s.CustomObjectsApi,
     core: k8s.CoreV1Api,
@@ -235,14 +250,9 @@ def allocate(
     names = []
     slices = []
     for i, trial in enumerate(batch):
-        node = make_node()
-        body = resource_slice(node, trial)
-        api.create_cluster_custom_object(GROUP, API, "resourceslices", body)
-        slices.append(body["metadata"]["name"])
         name = f"c{i}"
-        api.create_namespaced_custom_object(
-            GROUP, API, namespace, "resourceclaims", claim(name, trial)
-        )
+        node = make_node()
+        slices.append(stage(api, namespace, node, trial, name, claim))
         core.create_namespaced_pod(namespace, claim_pod(name, name, node=node, scheduler=scheduler))
         names.append(name)
     deadline = time.monotonic() + wait_s
@@ -340,13 +350,9 @@ def latencies(
     first. Every trial must be one its claim can meet."""
     out = []
     for i, trial in enumerate(batch):
-        node = make_node()
-        body = resource_slice(node, trial)
-        api.create_cluster_custom_object(GROUP, API, "resourceslices", body)
         name = f"l{i}"
-        api.create_namespaced_custom_object(
-            GROUP, API, namespace, "resourceclaims", claim(name, trial)
-        )
+        node = make_node()
+        made = stage(api, namespace, node, trial, name, claim)
         started = time.monotonic()
         core.create_namespaced_pod(namespace, claim_pod(name, name, node=node, scheduler=scheduler))
         while True:
@@ -356,5 +362,5 @@ def latencies(
                 break
             assert time.monotonic() - started < wait_s, f"claim {name} not allocated: {trial}"
             time.sleep(0.002)
-        api.delete_cluster_custom_object(GROUP, API, "resourceslices", body["metadata"]["name"])
+        api.delete_cluster_custom_object(GROUP, API, "resourceslices", made)
     return out

@@ -14,7 +14,6 @@ bench/dra_allocator.py runs 200 claims per wiring and size, and the latency with
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,17 @@ from tests.controlplane_fixtures import (
     NodeFactory,
     RealApiServer,
     running_apiserver,
-    stop_process,
-    unique,
 )
 from tests.test_agent_cli import CLI, env
+from tests.test_controlplane_dra_allocator import (  # noqa: F401  # the scheduler fixture
+    CLAIMS,
+    SEED,
+    logs_of,
+    scheduler,
+)
 from tests.test_controlplane_scheduler import WAIT_S
 
 pytestmark = pytest.mark.controlplane
-
-CLAIMS = 12
-SEED = 30
 
 
 def templated(profile: str, k: int) -> bool:
@@ -55,26 +55,11 @@ CASES = tuple((p, k) for p in alloc.WIRINGS for k in alloc.sizes(p) if templated
 instead of printing a template that would leave every pod Pending."""
 
 
-def logs_of(work: Path) -> Callable[[], str]:
-    return lambda: "\n".join(
-        f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
-        for log in sorted(work.glob("*.log"))
-    )
-
-
-@pytest.fixture
-def scheduler(real_apiserver: RealApiServer, tmp_path: Path) -> Iterator[str]:
-    name = f"connected-{unique('s')}"
-    proc = alloc.start_scheduler(real_apiserver.binary, real_apiserver.kubeconfig, tmp_path, name)
-    yield name
-    stop_process(proc)
-
-
 def run(
     server: RealApiServer,
     namespace: str,
     factory: NodeFactory,
-    scheduler: str,
+    scheduler_name: str,
     work: Path,
     fallback: bool,
 ) -> list[alloc.Outcome]:
@@ -85,7 +70,7 @@ def run(
         api,
         server.core(),
         namespace=namespace,
-        scheduler=scheduler,
+        scheduler=scheduler_name,
         make_node=lambda: factory(ready=True),
         batch=batch,
         wait_s=WAIT_S * 2,
@@ -104,7 +89,7 @@ def test_every_claim_that_can_be_connected_is_and_the_others_wait_with_the_reaso
     real_apiserver: RealApiServer,
     real_namespace: str,
     real_node_factory: NodeFactory,
-    scheduler: str,
+    scheduler: str,  # noqa: F811  # the fixture imported above
     tmp_path: Path,
 ) -> None:
     outcomes = run(real_apiserver, real_namespace, real_node_factory, scheduler, tmp_path, False)
@@ -127,7 +112,7 @@ def test_with_fallback_every_claim_is_placed_connected_where_it_could_be(
     real_apiserver: RealApiServer,
     real_namespace: str,
     real_node_factory: NodeFactory,
-    scheduler: str,
+    scheduler: str,  # noqa: F811  # the fixture imported above
     tmp_path: Path,
 ) -> None:
     outcomes = run(real_apiserver, real_namespace, real_node_factory, scheduler, tmp_path, True)
@@ -137,6 +122,17 @@ def test_with_fallback_every_claim_is_placed_connected_where_it_could_be(
         if alloc.connected_possible(o.trial):
             assert alloc.connected(o.trial.profile, o.allocated), o
     assert any(not alloc.connected_possible(o.trial) for o in outcomes)
+
+
+def dra_template_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "dra-template", *args],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+        timeout=60,
+    )
 
 
 def create_template(server: RealApiServer, namespace: str, document: dict[str, Any]) -> Any:
@@ -154,15 +150,9 @@ def derived(stored: dict[str, Any]) -> Any:
 def test_the_apiserver_stores_the_printed_template_as_it_is(
     real_apiserver: RealApiServer, real_namespace: str
 ) -> None:
-    printed = subprocess.run(
-        [*CLI, "dra-template", "--gpus", "4", "--simulate", "dgx-1-v100"],
-        capture_output=True,
-        text=True,
-        env=env(),
-        check=True,
-        timeout=60,
-    ).stdout
-    document = yaml.safe_load(printed)
+    printed = dra_template_cli("--gpus", "4", "--simulate", "dgx-1-v100")
+    assert printed.returncode == 0, printed.stderr
+    document = yaml.safe_load(printed.stdout)
     stored = create_template(real_apiserver, real_namespace, document)
     assert derived(stored) == derived(document)
     assert stored["spec"]["spec"] == document["spec"]["spec"]
@@ -191,14 +181,7 @@ def test_with_the_gate_off_the_apiserver_drops_the_attribute_and_the_tool_names_
                 )
             )
         )
-        checked = subprocess.run(
-            [*CLI, "dra-template", "--gpus", "4", "--kubeconfig", str(plain.kubeconfig)],
-            capture_output=True,
-            text=True,
-            env=env(),
-            check=False,
-            timeout=60,
-        )
+        checked = dra_template_cli("--gpus", "4", "--kubeconfig", str(plain.kubeconfig))
     assert checked.returncode == 2, checked
     assert checked.stdout == ""
     (line,) = checked.stderr.splitlines()
