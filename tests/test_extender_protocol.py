@@ -787,3 +787,27 @@ def test_the_kept_names_are_written_as_json_dumps_writes_them(names: list[str]) 
     answer = filter_answer(args, RankTable(GPU).verdicts(1))[0].decode()
     assert f'"NodeNames":{json.dumps(names, separators=(",", ":"))},' in answer
     assert json.loads(answer)["NodeNames"] == names
+
+
+@given(
+    frees=st.lists(st.sets(st.integers(0, 7)), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 8), max_size=12),
+    k=st.integers(0, 9),
+)
+def test_filter_counts_as_dropped_exactly_the_nodes_it_fails(
+    frees: list[set[int]], picks: list[int], k: int
+) -> None:
+    """The count filter returns (the `filtered_nodes` metric) is the number of candidates it
+    answered as failed, in every mix: none failing, all failing, nodes it does not know (index
+    len(frees): never failed), names sent twice, no GPUs asked for."""
+    ranks = table({f"n{i}": ranked("dgx-a100", tuple(sorted(f))) for i, f in enumerate(frees)})
+    names = [f"n{min(i, len(frees))}" for i in picks]
+    args = parse_args(body(Pod=pod(k), NodeNames=names))
+    raw, dropped = filter_answer(args, ranks.verdicts(k))
+    answer = json.loads(raw)
+    failed = answer["FailedNodes"]
+    assert answer["NodeNames"] == [n for n in names if n not in failed]
+    assert dropped == sum(n in failed for n in names)
+    if k == 0:
+        assert answer["NodeNames"] == names
+        assert dropped == 0
