@@ -54,6 +54,7 @@ from reporter.publish.watch import NodeAnnotation, WatchEvent
 from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
+from tests.test_extender_eligibility import repro_affinity
 
 KEY = "gpu.topology.io/availability"
 GPU = "nvidia.com/gpu"
@@ -763,6 +764,8 @@ HELD_FOR_BUSY = {
         True,
     ),
     "the node is not Ready": ({}, {"status": NOT_READY}, False),
+    # Issue 41, item 3: 34,000 expressions the node fails, past the budget: read as anywhere.
+    "an affinity past the hold check's budget": (repro_affinity(), {}, True),
 }
 
 
