@@ -313,7 +313,7 @@ def test_an_affinity_within_the_budget_is_read_and_one_item_more_is_anywhere() -
     tolerations = [{"key": "k", "operator": "Exists"}] * 10
     selector = {f"s{i}": "x" for i in range(5)}
     left = MAX_PLACEMENT_CHECKS - 1 - len(tolerations) - len(selector)
-    at = {
+    at: dict[str, Any] = {
         "nodeSelector": selector,
         "tolerations": tolerations,
         "affinity": affinity({"matchExpressions": [expr("zone", "In", "a")] * left}),

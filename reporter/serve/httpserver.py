@@ -28,6 +28,11 @@ because a process that any pod can reach must outlive any client:
   `slot_wait_s` for a slot, then is answered 503. Memory is bounded by the slots times what one
   body costs to answer, plus the bodies' share above.
 
+A GET without a body (health, metrics) is never queued behind the verbs. It is answered on the
+loop, except on the `offloaded` paths (the extender's /metrics): those are answered in one thread
+of their own, one at a time, so that however many clients ask, the loop never builds one and
+only that one thread does.
+
 A handler's exception is a 500 with one line, logged; it never reaches the client or kills the
 server. Nothing here reads cluster state: the handlers do.
 """
@@ -129,8 +134,11 @@ class HttpServer:
         log: structlog.typing.FilteringBoundLogger | None = None,
         too_large_hint: str = "",
         on_refused: Callable[[Request, int], None] = lambda request, status: None,
+        offloaded: frozenset[str] = frozenset(),
     ) -> None:
+        """`offloaded`: the paths whose GET is answered off the loop, in one thread."""
         self._handler = handler
+        self._offloaded = offloaded
         self._limits = limits
         self._too_large_hint = too_large_hint
         self._on_refused = on_refused
@@ -143,6 +151,7 @@ class HttpServer:
         self._busy_at = -float("inf")  # when a request was last refused for want of room
         self._slots = asyncio.Semaphore(limits.concurrent_requests)
         self._pool = ThreadPoolExecutor(limits.concurrent_requests, thread_name_prefix=name)
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-get")
         self._loop = _Loop(limits.header_timeout_s, _connection_cap(limits.max_connections))
         _quiet_uvicorn(self._log)
         config = uvicorn.Config(
@@ -200,6 +209,7 @@ class HttpServer:
         if not self._loop.is_running() and not self._loop.is_closed():
             self._loop.close()  # never started: the thread that closes it never ran
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._builder.shutdown(wait=False, cancel_futures=True)
         self._socket.close()
 
     def _serve(self) -> None:
@@ -244,8 +254,12 @@ class HttpServer:
             return text(400, "Content-Length and Transfer-Encoding together: send one"), True
         length_text = headers.get(b"content-length")
         if method in ("GET", "HEAD") and length_text in (None, b"0"):
-            # Health and metrics: cheap, never queued behind the verbs, answered on the loop.
-            return self._handle(Request(method, path, b"")), False
+            # Health and metrics: never queued behind the verbs; cheap ones on the loop.
+            request = Request(method, path, b"")
+            if path in self._offloaded:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._builder, self._handle, request), False
+            return self._handle(request), False
         if length_text is None:
             return text(411, "the request must state its Content-Length"), True
         try:
