@@ -58,7 +58,7 @@ _EXCLUDING = frozenset({"NoSchedule", "NoExecute"})
 _MAX_ITEMS = 1024
 """More taints or conditions than any Node the API server admits holds (its whole size is
 bounded): a longer list is not read."""
-MAX_PLACEMENT_CHECKS = 256
+MAX_PLACEMENT_CHECKS = 128
 """The most a pod's placement may hold for the hold check to read it: its nodeSelector pairs, its
 required node affinity's terms and their expressions and fields, and its tolerations, together.
 The check judges the placement against every node worth waiting for, and its cost per node grows
