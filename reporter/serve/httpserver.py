@@ -29,9 +29,11 @@ because a process that any pod can reach must outlive any client:
   body costs to answer, plus the bodies' share above.
 
 A GET without a body (health, metrics) is never queued behind the verbs. It is answered on the
-loop, except on the `offloaded` paths (the extender's /metrics): those are answered in one thread
-of their own, one at a time, so that however many clients ask, the loop never builds one and
-only that one thread does.
+loop, except on the `offloaded` paths (the extender's /metrics): those are built in one thread of
+their own, never on the loop, and at most once per `OFFLOADED_EVERY_S`; every request waits for
+the first build that starts after it came, and shares it with the others that came meanwhile.
+So however many clients loop on such a path, it costs a bounded share of the process (issue
+41, item 5), and no answer is older than its request.
 
 A handler's exception is a 500 with one line, logged; it never reaches the client or kills the
 server. Nothing here reads cluster state: the handlers do.
@@ -64,6 +66,9 @@ _FD_RESERVE = 64
 _STOP_WAIT_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 """A request head's size, as h11 counts it while the head is incomplete (its default)."""
+OFFLOADED_EVERY_S = 0.1
+"""The least time between the starts of two builds of an offloaded path's answer: ten a second
+at most, whatever the number of clients (a scraper asks every 15 to 60 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +141,14 @@ class HttpServer:
         on_refused: Callable[[Request, int], None] = lambda request, status: None,
         offloaded: frozenset[str] = frozenset(),
     ) -> None:
-        """`offloaded`: the paths whose GET is answered off the loop, in one thread."""
+        """`offloaded`: the paths whose GET is built off the loop, shared, and at most once per
+        OFFLOADED_EVERY_S."""
         self._handler = handler
         self._offloaded = offloaded
+        # The loop's own, by method and path: the build the next requests share (not started
+        # yet), and when the last one started (the loop's clock).
+        self._next_build: dict[tuple[str, str], asyncio.Task[Response]] = {}
+        self._built_at: dict[tuple[str, str], float] = {}
         self._limits = limits
         self._too_large_hint = too_large_hint
         self._on_refused = on_refused
@@ -257,8 +267,7 @@ class HttpServer:
             # Health and metrics: never queued behind the verbs; cheap ones on the loop.
             request = Request(method, path, b"")
             if path in self._offloaded:
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._builder, self._handle, request), False
+                return await self._shared(request), False
             return self._handle(request), False
         if length_text is None:
             return text(411, "the request must state its Content-Length"), True
@@ -281,6 +290,25 @@ class HttpServer:
         finally:
             self._in_flight -= 1
             self._slots.release()
+
+    async def _shared(self, request: Request) -> Response:
+        """The answer to an offloaded GET: the next build to start, shared."""
+        key = (request.method, request.path)
+        build = self._next_build.get(key)
+        if build is None:
+            build = self._next_build[key] = asyncio.create_task(self._build(key, request))
+        # Shielded: a client that goes away stops its own wait, not the build the others share.
+        return await asyncio.shield(build)
+
+    async def _build(self, key: tuple[str, str], request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        wait = self._built_at.get(key, -OFFLOADED_EVERY_S) + OFFLOADED_EVERY_S - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # Started: a request that comes from now on waits for the next build.
+        del self._next_build[key]
+        self._built_at[key] = loop.time()
+        return await loop.run_in_executor(self._builder, self._handle, request)
 
     async def _read_and_wait(self, receive: Any) -> bytes | Response:
         """The whole body, with a slot taken for it; or the answer that refuses it.
