@@ -20,7 +20,7 @@ from parsers.cpulist import format_cpulist
 from reporter import doctor, terminal
 from reporter.commands import EXIT_FAILURE, EXIT_OK, run_guarded
 from reporter.errors import ApiPermanentError, InputError, SchemaError
-from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.cache import NodeCache
 from reporter.placement_quality import decode_held_sets, judge
 from reporter.publish.watch import node_annotation
 from reporter.schema import dra, keys

@@ -25,7 +25,8 @@ resources other than the GPUs, and any filter plugin or extender of the schedule
 A pod whose placement does not read, or holds more than the check reads (`MAX_PLACEMENT_CHECKS`
 terms, expressions, fields, selector pairs and tolerations, `MAX_PLACEMENT_VALUES` values), is
 judged as free to run anywhere (`ANYWHERE`): as before, the hold is then decided over every node;
-it never makes a request fail. So one node's check costs at most a few hundred comparisons.
+it never makes a request fail. So judging one node costs at most MAX_PLACEMENT_CHECKS lookups
+(tolerations: for each of its taints).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ MAX_PLACEMENT_CHECKS = 128
 """The most a pod's placement may hold for the hold check to read it: its nodeSelector pairs, its
 required node affinity's terms and their expressions and fields, and its tolerations, together.
 The check judges the placement against every node worth waiting for, and its cost per node grows
-with these (issue 41, item 3: 34,000 expressions, 3.4 ms a node, 6 s a call at 2,000 nodes).
-Real pods hold a few dozen; a larger placement reads as ANYWHERE."""
+with these (issue 41, item 3: 34,000 expressions, 3.4 ms a node, 6 s a call at 2,000 nodes; at
+this bound 33 to 45 ms, bench/README.md). Real pods hold a few dozen; a larger placement reads
+as ANYWHERE."""
 MAX_PLACEMENT_VALUES = 1024
 """The most values the affinity's expressions and fields may hold together (an `In` of a few
 hundred host names fits). Each is looked up in a set, so they cost the per-node check nothing
