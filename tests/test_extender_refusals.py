@@ -1,6 +1,7 @@
 """One-line refusals for what the standard JSON decoder reads and no encoder writes (issue 41,
-item 7): a lone surrogate escape (`"\\ud800x"`) anywhere in a filter or prioritize body, in
-both forms, is answered 200 or 400 with one line: never a 500, never a traceback in the log."""
+item 7): a lone surrogate escape (`"\\ud800x"`) anywhere in a filter, prioritize or preempt
+body, in every form, is answered 200 or 400 with one line: never a 500, never a traceback in the
+log."""
 
 from __future__ import annotations
 
@@ -114,7 +115,9 @@ def bodies(draw: st.DrawFn) -> bytes:
         },
         "tolerations": [{"key": draw(text), "operator": "Exists"}],
     }
-    found: dict[str, Any] = {"Pod": spec}
+    # Read by preempt only (the other verbs leave it): its victims' nodes and UIDs.
+    victims = {n: {"Pods": [{"UID": draw(text)}]} for n in names}
+    found: dict[str, Any] = {"Pod": spec, "NodeNameToMetaVictims": victims}
     if draw(st.booleans()):
         found["NodeNames"] = names
     else:
@@ -122,7 +125,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     return json.dumps(found).encode()
 
 
-@given(raw=bodies(), verb=st.sampled_from(["filter", "prioritize"]))
+@given(raw=bodies(), verb=st.sampled_from(["filter", "prioritize", "preempt"]))
 def test_strings_with_lone_surrogates_anywhere_are_answered_never_failed(
     extender: ExtenderServer, raw: bytes, verb: str
 ) -> None:
