@@ -10,7 +10,7 @@ import argparse
 import logging
 
 from bench.common import median_seconds, quiet_logs, table
-from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics
 from reporter.publish.watch import node_annotation
 from tests.test_extender_capacity import PREFIX, node_objects
@@ -26,7 +26,7 @@ def main() -> None:
     cache.replace(node_annotation(o, f"{PREFIX}/availability") for o in objects)
     metrics = ExtenderMetrics(cache)
     rows = []
-    median, best = median_seconds(lambda: cache.capacity(CAPABLE_SIZES), args.repeat)
+    median, best = median_seconds(cache.capacity, args.repeat)
     rows.append(("capacity counts", f"{median * 1000:.2f}", f"{best * 1000:.2f}"))
     median, best = median_seconds(metrics.render, args.repeat)
     rows.append(("whole /metrics render", f"{median * 1000:.2f}", f"{best * 1000:.2f}"))

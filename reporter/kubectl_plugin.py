@@ -20,7 +20,7 @@ from parsers.cpulist import format_cpulist
 from reporter import doctor, terminal
 from reporter.commands import EXIT_FAILURE, EXIT_OK, run_guarded
 from reporter.errors import ApiPermanentError, InputError, SchemaError
-from reporter.extender.cache import CAPABLE_SIZES, NodeCache
+from reporter.extender.cache import NodeCache
 from reporter.placement_quality import decode_held_sets, judge
 from reporter.publish.watch import node_annotation
 from reporter.schema import dra, keys
@@ -90,12 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
 def capacity(nodes: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, Any]:
     """The cluster's free capacity from its Nodes, counted by the extender's own cache: the
     nodes that hand a pod of k GPUs an NVLink-connected set now (k in CAPABLE_SIZES), and per
-    NVLink partition its nodes and those whose GPUs are all free."""
+    multi-node NVLink partition (not a node's own `node-<name>`) its nodes and those whose GPUs
+    are all free."""
     key = keys.key(prefix, keys.AVAILABILITY)
     cache = NodeCache(prefix)
     listed = [node_annotation(n, key) for n in nodes]
     cache.replace(listed)
-    capable, free = cache.capacity(CAPABLE_SIZES)
+    capable, free = cache.capacity()
     members = Tally(n.partition for n in listed if n.partition is not None)
     return {
         "connected_capable_nodes": {str(k): n for k, n in capable.items()},

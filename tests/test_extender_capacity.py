@@ -166,9 +166,9 @@ def test_a_node_that_changes_partition_or_is_deleted_moves_in_the_counts() -> No
     )
     cache.apply(WatchEvent("MODIFIED", node_annotation(first, key), "2"))
     old = tray_topologies()[0][1]
-    assert cache.capacity((2,)) == ({2: 1}, {old: 1})
+    assert cache.capacity() == ({2: 1, 4: 1, 8: 0}, {old: 1})
     first["metadata"]["labels"][f"{PREFIX}/nvlink-partition"] = "other.1"
     cache.apply(WatchEvent("MODIFIED", node_annotation(first, key), "3"))
-    assert cache.capacity((2,)) == ({2: 1}, {"other.1": 1})
+    assert cache.capacity() == ({2: 1, 4: 1, 8: 0}, {"other.1": 1})
     cache.apply(WatchEvent("DELETED", node_annotation(first, key), "4"))
-    assert cache.capacity((2,)) == ({2: 0}, {})
+    assert cache.capacity() == ({2: 0, 4: 0, 8: 0}, {})

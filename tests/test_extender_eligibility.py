@@ -4,6 +4,7 @@ the laws that tie the operators, terms and expressions together."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from reporter.extender.eligibility import (
     ANYWHERE,
+    MAX_PLACEMENT_CHECKS,
+    MAX_PLACEMENT_VALUES,
     NOT_READY_TAINT,
     UNREACHABLE_TAINT,
     UNSCHEDULABLE_TAINT,
@@ -286,3 +289,66 @@ def test_a_taint_excludes_until_a_toleration_of_its_key_exists(
     exists = placement({"tolerations": [{"key": key, "operator": "Exists"}]})
     assert exists.allows("n", facts) is all(t.key == key for t in taints)
     assert placement({}).allows("n", facts) is (not taints)
+
+
+# -- The hold check's budget (issue 41, item 3) -------------------------------------------------
+
+
+def repro_affinity() -> dict[str, Any]:
+    """The review's affinity: 34 terms of 1,000 expressions (34,000, about 1.4 MB of JSON, which
+    the API server stores), each term failing only at its last expression, so that judging one
+    node read them all: 3.4 ms a node."""
+    term = {"matchExpressions": [expr("zone", "Exists")] * 999 + [expr("zone", "DoesNotExist")]}
+    return {"affinity": affinity(*[term] * 34)}
+
+
+def test_the_repros_affinity_of_34000_expressions_reads_as_anywhere() -> None:
+    spec = repro_affinity()
+    assert 1_300_000 < len(json.dumps(spec)) < 1_450_000
+    assert placement(spec) is ANYWHERE
+
+
+def test_an_affinity_within_the_budget_is_read_and_one_item_more_is_anywhere() -> None:
+    # Terms, expressions and fields spend one each; the selector's pairs and the tolerations too.
+    tolerations = [{"key": "k", "operator": "Exists"}] * 10
+    selector = {f"s{i}": "x" for i in range(5)}
+    left = MAX_PLACEMENT_CHECKS - 1 - len(tolerations) - len(selector)
+    at: dict[str, Any] = {
+        "nodeSelector": selector,
+        "tolerations": tolerations,
+        "affinity": affinity({"matchExpressions": [expr("zone", "In", "a")] * left}),
+    }
+    assert placement(at) is not ANYWHERE
+    at["nodeSelector"] |= {"one": "more"}
+    assert placement(at) is ANYWHERE
+    values = [str(i) for i in range(MAX_PLACEMENT_VALUES // 2)]
+    spec = one(expr("zone", "In", *values), expr("zone", "NotIn", *values))
+    assert placement(spec) is not ANYWHERE
+    spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"][0]["values"].append("1 more")
+    assert placement(spec) is ANYWHERE
+
+
+class CountedLabels(dict[str, str]):
+    """A node's labels that count how often the check looks one up."""
+
+    looked = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.looked += 1
+        return super().get(key, default)
+
+
+def test_judging_one_node_looks_up_at_most_the_budget_whatever_the_values() -> None:
+    # The worst a readable placement can do: every check passes but the last, so every one is
+    # read; values cost one set lookup each, however many.
+    values = [f"v{i}" for i in range(MAX_PLACEMENT_VALUES - 1)] + ["a"]
+    exprs = [expr("zone", "In", *values)] + [expr("zone", "Exists")] * (MAX_PLACEMENT_CHECKS - 3)
+    term = {"matchExpressions": [*exprs, expr("zone", "DoesNotExist")]}
+    spec = {"affinity": affinity(term)}
+    labels = CountedLabels(zone="a")
+    found = placement(spec)
+    assert found is not ANYWHERE
+    assert found.allows("n", NodeFacts(labels)) is False
+    assert labels.looked == MAX_PLACEMENT_CHECKS - 1  # one check is the term

@@ -13,6 +13,14 @@ def tracker(forget_s: float = FORGET_S, bound: int = MAX_HELD) -> tuple[HeldPods
     return HeldPods(ended.append, forget_s=forget_s, bound=bound), ended
 
 
+def counted_tracker(bound: int) -> tuple[HeldPods, list[float], list[None]]:
+    """A tracker, the holds it ended and the holds it dropped for want of room."""
+    ended: list[float] = []
+    dropped: list[None] = []
+    held = HeldPods(ended.append, dropped=lambda: dropped.append(None), bound=bound)
+    return held, ended, dropped
+
+
 def test_a_pod_held_again_is_one_pod_and_its_hold_ends_when_it_passes() -> None:
     held, ended = tracker()
     held.held("a", 100.0)
@@ -37,16 +45,43 @@ def test_a_pod_not_seen_is_forgotten_and_timed_to_its_last_hold() -> None:
     assert held.longest_s(411.0) == 0.0
 
 
-def test_at_the_bound_the_pod_seen_least_recently_ends() -> None:
-    held, ended = tracker(bound=2)
+def test_at_the_bound_a_new_pod_is_dropped_and_counted_and_no_tracked_pod_ends() -> None:
+    # Issue 41, item 6: a tracked pod is never evicted for a new UID.
+    held, ended, dropped = counted_tracker(bound=2)
     held.held("a", 0.0)
     held.held("b", 1.0)
-    held.held("a", 2.0)  # a is now the most recent
+    held.held("c", 2.0)
     held.held("c", 3.0)
-    assert ended == [0.0]  # b: held at 1, last seen at 1
+    assert (ended, len(dropped)) == ([], 2)
     assert held.count(3.0) == 2
+    assert held.longest_s(3.0) == 3.0  # a, from its first hold
     held.passed("a", 5.0)
-    assert ended == [0.0, 5.0]
+    assert ended == [5.0]
+    held.held("c", 6.0)  # room again: c is tracked from now
+    assert (held.count(6.0), len(dropped)) == (2, 2)
+
+
+def test_at_the_bound_a_pod_no_longer_seen_makes_room() -> None:
+    held, ended, dropped = counted_tracker(bound=1)
+    held.held("gone", 0.0)
+    held.held("new", FORGET_S + 1.0)  # gone was last seen more than FORGET_S ago
+    assert (ended, dropped) == ([0.0], [])
+    assert held.longest_s(FORGET_S + 1.0) == 0.0
+
+
+def test_a_flood_of_made_up_uids_never_restarts_a_held_pods_hold() -> None:
+    # The repro: a pod held 2,100 s read 540 s after 10,000 made-up UIDs came between its calls
+    # (the scheduler retries a held pod at least every 5 minutes).
+    held, ended, dropped = counted_tracker(bound=MAX_HELD)
+    held.held("real", 0.0)
+    for i in range(10_000):
+        held.held(f"made-up-{i}", 100.0 + i * 0.01)
+    for t in range(300, 2101, 300):
+        held.held("real", float(t))
+    assert held.longest_s(2100.0) == 2100.0
+    assert held.count(2100.0) == 1  # the made-up ones, not seen since, are forgotten
+    assert len(dropped) == 1  # the real pod and 9,999 made-up ones filled it
+    assert ended == [0.0] * 9_999  # each made-up one held once
 
 
 def test_a_pod_without_a_uid_is_not_counted() -> None:

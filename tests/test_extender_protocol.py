@@ -54,6 +54,7 @@ from reporter.publish.watch import NodeAnnotation, WatchEvent
 from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
+from tests.test_extender_eligibility import repro_affinity
 
 KEY = "gpu.topology.io/availability"
 GPU = "nvidia.com/gpu"
@@ -167,6 +168,12 @@ def test_gpus_requested_counts_only_the_managed_resource() -> None:
         (body(Pod=pod(1), NodeNames="a"), "NodeNames is not a list"),
         (body(Pod=pod(1), NodeNames=["a", 3]), "NodeNames[1] is not a node name"),
         (body(Pod=pod(1), NodeNames=["x" * 254]), "NodeNames[0] is not a node name"),
+        # Issue 41, item 7: `"\ud800x"` in the JSON, which the standard decoder reads.
+        (body(Pod=pod(1), NodeNames=["b", "\ud800x"]), "NodeNames[1] is not a node name: it"),
+        (
+            body(Pod=pod(1), Nodes={"items": [{"metadata": {"name": "\udfffx"}}]}),
+            "Nodes.items[0] is not a node name: it holds a lone surrogate escape",
+        ),
         (body(Pod=pod(1), Nodes=[]), "Nodes is not a NodeList"),
         (body(Pod=pod(1), Nodes={"items": [{"kind": "Node"}]}), "Nodes.items[0] is not a Node"),
         (body(Pod=pod(1), Nodes={"items": [{"metadata": {}}]}), "Nodes.items[0] is not a node"),
@@ -192,6 +199,8 @@ def test_gpus_requested_counts_only_the_managed_resource() -> None:
         "NodeNames not a list",
         "a node name that is not a string",
         "a node name longer than Kubernetes allows",
+        "a node name holding a lone surrogate",
+        "a Node whose name holds a lone surrogate",
         "Nodes not a NodeList",
         "a Node without metadata",
         "a Node without a name",
@@ -710,6 +719,10 @@ def test_a_node_the_cache_does_not_know_is_spared_while_the_pod_is_held() -> Non
             "NodeNameToMetaVictims['a'].NumPDBViolations is not a count",
         ),
         (body(Pod={}, NodeNameToMetaVictims={"": {}}), "NodeNameToMetaVictims[0] is not a node"),
+        (
+            body(Pod={}, NodeNameToMetaVictims={"\ud800x": {}}),
+            "NodeNameToMetaVictims[0] is not a node name: it holds a lone surrogate escape",
+        ),
     ],
 )
 def test_a_malformed_preemption_request_is_one_line_naming_the_problem(
@@ -751,6 +764,8 @@ HELD_FOR_BUSY = {
         True,
     ),
     "the node is not Ready": ({}, {"status": NOT_READY}, False),
+    # Issue 41, item 3: 34,000 expressions the node fails, past the budget: read as anywhere.
+    "an affinity past the hold check's budget": (repro_affinity(), {}, True),
 }
 
 

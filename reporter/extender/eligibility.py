@@ -22,8 +22,11 @@ there:
 What it cannot see (so a node passing here may still refuse the pod): the pods on the node (pod
 affinity and anti-affinity, topology spread, host ports), volumes and their zones, DRA claims,
 resources other than the GPUs, and any filter plugin or extender of the scheduler's own.
-A pod whose placement does not read is judged as free to run anywhere (`ANYWHERE`): as before,
-the hold is then decided over every node; it never makes a request fail.
+A pod whose placement does not read, or holds more than the check reads (`MAX_PLACEMENT_CHECKS`
+terms, expressions, fields, selector pairs and tolerations, `MAX_PLACEMENT_VALUES` values), is
+judged as free to run anywhere (`ANYWHERE`): as before, the hold is then decided over every node;
+it never makes a request fail. So judging one node costs at most MAX_PLACEMENT_CHECKS lookups
+(tolerations: for each of its taints).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from typing import Any
 
 __all__ = [
     "ANYWHERE",
+    "MAX_PLACEMENT_CHECKS",
+    "MAX_PLACEMENT_VALUES",
     "NOT_READY_TAINT",
     "OPEN_NODE",
     "UNREACHABLE_TAINT",
@@ -52,8 +57,19 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 _EXCLUDING = frozenset({"NoSchedule", "NoExecute"})
 _MAX_ITEMS = 1024
-"""More taints, tolerations, terms or expressions than any object the API server admits holds
-(a Node's or a Pod's whole size is bounded): a longer list is not read."""
+"""More taints or conditions than any Node the API server admits holds (its whole size is
+bounded): a longer list is not read."""
+MAX_PLACEMENT_CHECKS = 128
+"""The most a pod's placement may hold for the hold check to read it: its nodeSelector pairs, its
+required node affinity's terms and their expressions and fields, and its tolerations, together.
+The check judges the placement against every node worth waiting for, and its cost per node grows
+with these (issue 41, item 3: 34,000 expressions, 3.4 ms a node, 6 s a call at 2,000 nodes; at
+this bound 33 to 45 ms, bench/README.md). Real pods hold a few dozen; a larger placement reads
+as ANYWHERE."""
+MAX_PLACEMENT_VALUES = 1024
+"""The most values the affinity's expressions and fields may hold together (an `In` of a few
+hundred host names fits). Each is looked up in a set, so they cost the per-node check nothing
+more; this bounds reading them. More read as ANYWHERE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +147,15 @@ class _Requirement:
     key: str
     operator: str
     values: tuple[str, ...]
+    members: frozenset[str]
+    """The values as a set: `In` and `NotIn` look a label up in it, whatever their number."""
 
     def matches(self, found: str | None) -> bool:
         op = self.operator
         if op == "In":
-            return found is not None and found in self.values
+            return found is not None and found in self.members
         if op == "NotIn":
-            return found is None or found not in self.values
+            return found is None or found not in self.members
         if op == "Exists":
             return found is not None
         if op == "DoesNotExist":
@@ -215,24 +233,49 @@ ANYWHERE = Placement({}, None, (_Toleration("", "Exists", "", ""),))
 
 
 class _UnreadableError(Exception):
-    """Part of the pod's placement is not what the API server admits."""
+    """Part of the pod's placement is not what the API server admits, or more than the hold
+    check reads (`MAX_PLACEMENT_CHECKS`, `MAX_PLACEMENT_VALUES`)."""
+
+
+class _Budget:
+    """What is left of MAX_PLACEMENT_CHECKS and MAX_PLACEMENT_VALUES while a placement is read:
+    each list is counted whole before any of it is read, so a larger one costs one look."""
+
+    __slots__ = ("checks", "values")
+
+    def __init__(self) -> None:
+        self.checks = MAX_PLACEMENT_CHECKS
+        self.values = MAX_PLACEMENT_VALUES
+
+    def spend(self, checks: int, values: int = 0) -> None:
+        self.checks -= checks
+        self.values -= values
+        if self.checks < 0 or self.values < 0:
+            raise _UnreadableError
 
 
 def placement(spec: Any) -> Placement:
-    """The placement a Pod's `spec` asks for; ANYWHERE when any part of it does not read."""
+    """The placement a Pod's `spec` asks for; ANYWHERE when any part of it does not read, or it
+    holds more than the hold check reads."""
     if not isinstance(spec, dict):
         return ANYWHERE
+    budget = _Budget()
     try:
-        return Placement(_selector(spec), _terms(spec), _tolerations(spec))
+        return Placement(_selector(spec, budget), _terms(spec, budget), _tolerations(spec, budget))
     except _UnreadableError:
         return ANYWHERE
 
 
-def _items(value: Any) -> list[Any]:
+def _items(value: Any, budget: _Budget, *, values: bool = False) -> list[Any]:
+    """`value` as a list, its length spent from `budget` (as checks, or as `values`)."""
     if value is None:
         return []
-    if not isinstance(value, list) or len(value) > _MAX_ITEMS:
+    if not isinstance(value, list):
         raise _UnreadableError
+    if values:
+        budget.spend(0, len(value))
+    else:
+        budget.spend(len(value))
     return value
 
 
@@ -244,16 +287,17 @@ def _text(value: Any, default: str | None = None) -> str:
     return value
 
 
-def _selector(spec: Mapping[str, Any]) -> dict[str, str]:
+def _selector(spec: Mapping[str, Any], budget: _Budget) -> dict[str, str]:
     raw = spec.get("nodeSelector")
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise _UnreadableError
+    budget.spend(len(raw))
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
-def _terms(spec: Mapping[str, Any]) -> tuple[_Term, ...] | None:
+def _terms(spec: Mapping[str, Any], budget: _Budget) -> tuple[_Term, ...] | None:
     affinity = spec.get("affinity")
     node = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     required = (
@@ -266,13 +310,15 @@ def _terms(spec: Mapping[str, Any]) -> tuple[_Term, ...] | None:
     if not isinstance(required, dict):
         raise _UnreadableError
     terms = []
-    for term in _items(required.get("nodeSelectorTerms")):
+    for term in _items(required.get("nodeSelectorTerms"), budget):
         if not isinstance(term, dict):
             raise _UnreadableError
+        expressions = _items(term.get("matchExpressions"), budget)
+        fields = _items(term.get("matchFields"), budget)
         terms.append(
             _Term(
-                tuple(_requirement(r) for r in _items(term.get("matchExpressions"))),
-                tuple(_requirement(r) for r in _items(term.get("matchFields"))),
+                tuple(_requirement(r, budget) for r in expressions),
+                tuple(_requirement(r, budget) for r in fields),
             )
         )
     return tuple(terms)
@@ -281,16 +327,16 @@ def _terms(spec: Mapping[str, Any]) -> tuple[_Term, ...] | None:
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 
 
-def _requirement(raw: Any) -> _Requirement:
+def _requirement(raw: Any, budget: _Budget) -> _Requirement:
     if not isinstance(raw, dict) or raw.get("operator") not in _OPERATORS:
         raise _UnreadableError
-    values = tuple(_text(v) for v in _items(raw.get("values")))
-    return _Requirement(_text(raw.get("key")), raw["operator"], values)
+    values = tuple(_text(v) for v in _items(raw.get("values"), budget, values=True))
+    return _Requirement(_text(raw.get("key")), raw["operator"], values, frozenset(values))
 
 
-def _tolerations(spec: Mapping[str, Any]) -> tuple[_Toleration, ...]:
+def _tolerations(spec: Mapping[str, Any], budget: _Budget) -> tuple[_Toleration, ...]:
     found = []
-    for raw in _items(spec.get("tolerations")):
+    for raw in _items(spec.get("tolerations"), budget):
         if not isinstance(raw, dict):
             raise _UnreadableError
         operator = _text(raw.get("operator"), "Equal")

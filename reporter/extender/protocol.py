@@ -237,18 +237,33 @@ def _first_line(e: BaseException) -> str:
 def _node_names(names: Sequence[Any], where: str) -> tuple[str, ...]:
     if len(names) > MAX_NODES:
         raise BadRequestError(f"{where} holds {len(names)} nodes, more than {MAX_NODES}")
-    # Builtins over the whole list for the common case (join refuses anything but strings); the
-    # loop only finds the culprit.
+    # Builtins over the whole list for the common case (join refuses anything but strings,
+    # encode a lone surrogate); the loop only finds the culprit.
     try:
-        "".join(names)
+        "".join(names).encode()
         valid = "" not in names and max(map(len, names), default=1) <= _NODE_NAME_CHARS
-    except TypeError:
+    except (TypeError, UnicodeEncodeError):
         valid = False
     if not valid:
         for i, name in enumerate(names):
             if not isinstance(name, str) or not 0 < len(name) <= _NODE_NAME_CHARS:
                 raise BadRequestError(f"{where}[{i}] is not a node name")
+            if not _is_unicode(name):
+                raise BadRequestError(
+                    f"{where}[{i}] is not a node name: it holds a lone surrogate escape "
+                    "(\\ud800 to \\udfff), which no Kubernetes name can"
+                )
     return tuple(names)
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is Unicode text, without the lone surrogates a JSON escape can carry
+    (`"\\ud800"`): the standard decoder admits them, no encoder of the answer does."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _item_name(item: Any, i: int) -> Any:

@@ -11,6 +11,7 @@ NodeCache and never calls the API.
 
 from __future__ import annotations
 
+import operator
 import ssl
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +30,8 @@ from prometheus_client.registry import Collector
 
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
-from reporter.extender.cache import CAPABLE_SIZES, DEFAULT_RESOURCE, NodeCache, RankTable
-from reporter.extender.holds import FORGET_S, HeldPods
+from reporter.extender.cache import DEFAULT_RESOURCE, NodeCache, RankTable
+from reporter.extender.holds import FORGET_S, MAX_HELD, HeldPods
 from reporter.schema.keys import CONNECTED_WAIT, key
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
@@ -70,15 +71,17 @@ VERBS = ("filter", "prioritize", "preempt")
 
 
 class CapacityCollector(Collector):
-    """The cluster's free capacity, computed from the cache at each scrape (no state of its own):
-    nodes that can host a connected set of 2, 4 and 8 GPUs now, and whole free nodes per NVLink
-    partition (one series per partition a node carries: bounded by the partitions)."""
+    """The cluster's free capacity, from the counts the cache keeps as nodes change (no state of
+    its own, no work per node): nodes that can host a connected set of 2, 4 and 8 GPUs now, and
+    whole free nodes per multi-node NVLink partition (one series per such partition; a node's
+    own `node-<name>` partition is left out, so the series are as many as the fabric's
+    partitions, not the nodes)."""
 
     def __init__(self, cache: NodeCache) -> None:
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
-        capable, free = self._cache.capacity(CAPABLE_SIZES)
+        capable, free = self._cache.capacity()
         nodes = GaugeMetricFamily(
             "topo_reporter_extender_connected_capable_nodes",
             "Nodes that hand a pod of this many GPUs an NVLink-connected set now.",
@@ -89,7 +92,8 @@ class CapacityCollector(Collector):
         yield nodes
         partitions = GaugeMetricFamily(
             "topo_reporter_extender_partition_free_nodes",
-            "Nodes of each NVLink partition (the nvlink-partition label) whose GPUs are all free.",
+            "Nodes of each multi-node NVLink partition (the nvlink-partition label; a node's "
+            "own node-<name> partition is left out) whose GPUs are all free.",
             labels=["partition"],
         )
         for partition, n in sorted(free.items()):
@@ -100,7 +104,8 @@ class CapacityCollector(Collector):
 class ExtenderMetrics:
     """The extender's metrics, in a private registry; names `topo_reporter_extender_*`."""
 
-    def __init__(self, cache: NodeCache) -> None:
+    def __init__(self, cache: NodeCache, clock: Callable[[], float] = time.time) -> None:
+        """`clock`: POSIX seconds now, for the held pods' gauges (the server's own clock)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -155,18 +160,24 @@ class ExtenderMetrics:
             buckets=(10, 30, 60, 300, 600, 1800, 3600, 7200, 14400, 86400),
             registry=r,
         )
-        self.held = HeldPods(self.hold_duration.observe)
+        untracked = Counter(
+            "topo_reporter_extender_held_pods_untracked",
+            f"Holds of a pod not counted in held_pods: {MAX_HELD} pods were tracked already "
+            "(a flood of made-up pod UIDs, or as many pods held); each such call counts.",
+            registry=r,
+        )
+        self.held = HeldPods(self.hold_duration.observe, dropped=untracked.inc)
         Gauge(
             "topo_reporter_extender_held_pods",
             "Pods held for an NVLink-connected set now (seen held in the last "
             f"{FORGET_S / 60:g} minutes).",
             registry=r,
-        ).set_function(lambda: self.held.count(time.time()))
+        ).set_function(lambda: self.held.count(clock()))
         Gauge(
             "topo_reporter_extender_held_longest_seconds",
             "How long the pod held longest for an NVLink-connected set has been held (0: none).",
             registry=r,
-        ).set_function(lambda: self.held.longest_s(time.time()))
+        ).set_function(lambda: self.held.longest_s(clock()))
         self.preemption_vetoed = Counter(
             "topo_reporter_extender_preemption_vetoed_nodes",
             "Nodes preempt took from the scheduler's candidates: no victims, or the pod is held "
@@ -185,9 +196,7 @@ class ExtenderMetrics:
             ["availability"],
             registry=r,
         )
-        nodes.labels(availability="readable").set_function(
-            lambda: cache.counts()[0] - cache.counts()[1]
-        )
+        nodes.labels(availability="readable").set_function(lambda: operator.sub(*cache.counts()))
         nodes.labels(availability="unreadable").set_function(lambda: cache.counts()[1])
         Gauge(
             "topo_reporter_extender_cache_synced",
@@ -217,9 +226,12 @@ class ExtenderServer:
         watching: Callable[[], bool] = lambda: True,
         problem: Callable[[], str | None] = lambda: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`connected_wait_s`: how long from its creation a pod of k >= 2 GPUs may be held for
-        an NVLink-connected set (0: never). Raises OSError when the address cannot be bound."""
+        an NVLink-connected set (0: never); `clock`: POSIX seconds now. Raises OSError when the
+        address cannot be bound."""
+        self._clock = clock
         self._cache = cache
         self._metrics = metrics
         self._resource = resource
@@ -240,6 +252,9 @@ class ExtenderServer:
                 "--max-request-bytes with the memory limit"
             ),
             on_refused=self._refused,
+            # Off the event loop, one at a time (issue 41, item 5: 16 clients looping on it took
+            # /filter's median from 1 ms to 1.5 s while it was built on the loop).
+            offloaded=frozenset({"/metrics"}),
         )
         metrics.in_flight.set_function(lambda: server.in_flight)
         metrics.connections.set_function(lambda: server.connections)
@@ -263,7 +278,7 @@ class ExtenderServer:
             # Both forms name the victims' nodes only: their wiring comes from the cache.
             victims = protocol.parse_preemption_args(body, self._resource, self._wait_key)
             answer, vetoed = protocol.preempt_answer(
-                victims, self._cache.table(), now=time.time(), limit_s=self._connected_wait_s
+                victims, self._cache.table(), now=self._clock(), limit_s=self._connected_wait_s
             )
             self._metrics.preemption_vetoed.inc(vetoed)
             return answer
@@ -281,7 +296,7 @@ class ExtenderServer:
         )
         verdicts = table.verdicts(args.gpus)
         if verb == "filter":
-            now = time.time()
+            now = self._clock()
             held = protocol.hold_reason(
                 args, verdicts, now=now, limit_s=self._connected_wait_s, facts=table.facts
             )

@@ -28,6 +28,13 @@ because a process that any pod can reach must outlive any client:
   `slot_wait_s` for a slot, then is answered 503. Memory is bounded by the slots times what one
   body costs to answer, plus the bodies' share above.
 
+A GET without a body (health, metrics) is never queued behind the verbs. It is answered on the
+loop, except on the `offloaded` paths (the extender's /metrics): those are built in one thread of
+their own, never on the loop, and at most once per `OFFLOADED_EVERY_S`; every request waits for
+the first build that starts after it came, and shares it with the others that came meanwhile.
+So however many clients loop on such a path, it costs a bounded share of the process (issue
+41, item 5), and no answer is older than its request.
+
 A handler's exception is a 500 with one line, logged; it never reaches the client or kills the
 server. Nothing here reads cluster state: the handlers do.
 """
@@ -59,6 +66,9 @@ _FD_RESERVE = 64
 _STOP_WAIT_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 """A request head's size, as h11 counts it while the head is incomplete (its default)."""
+OFFLOADED_EVERY_S = 0.1
+"""The least time between the starts of two builds of an offloaded path's answer: ten a second
+at most, whatever the number of clients (a scraper asks every 15 to 60 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +139,16 @@ class HttpServer:
         log: structlog.typing.FilteringBoundLogger | None = None,
         too_large_hint: str = "",
         on_refused: Callable[[Request, int], None] = lambda request, status: None,
+        offloaded: frozenset[str] = frozenset(),
     ) -> None:
+        """`offloaded`: the paths whose GET is built off the loop, shared, and at most once per
+        OFFLOADED_EVERY_S."""
         self._handler = handler
+        self._offloaded = offloaded
+        # The loop's own, by method and path: the build the next requests share (not started
+        # yet), and when the last one started (the loop's clock).
+        self._next_build: dict[tuple[str, str], asyncio.Task[Response]] = {}
+        self._built_at: dict[tuple[str, str], float] = {}
         self._limits = limits
         self._too_large_hint = too_large_hint
         self._on_refused = on_refused
@@ -143,6 +161,7 @@ class HttpServer:
         self._busy_at = -float("inf")  # when a request was last refused for want of room
         self._slots = asyncio.Semaphore(limits.concurrent_requests)
         self._pool = ThreadPoolExecutor(limits.concurrent_requests, thread_name_prefix=name)
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-get")
         self._loop = _Loop(limits.header_timeout_s, _connection_cap(limits.max_connections))
         _quiet_uvicorn(self._log)
         config = uvicorn.Config(
@@ -200,6 +219,7 @@ class HttpServer:
         if not self._loop.is_running() and not self._loop.is_closed():
             self._loop.close()  # never started: the thread that closes it never ran
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._builder.shutdown(wait=False, cancel_futures=True)
         self._socket.close()
 
     def _serve(self) -> None:
@@ -244,8 +264,11 @@ class HttpServer:
             return text(400, "Content-Length and Transfer-Encoding together: send one"), True
         length_text = headers.get(b"content-length")
         if method in ("GET", "HEAD") and length_text in (None, b"0"):
-            # Health and metrics: cheap, never queued behind the verbs, answered on the loop.
-            return self._handle(Request(method, path, b"")), False
+            # Health and metrics: never queued behind the verbs; cheap ones on the loop.
+            request = Request(method, path, b"")
+            if path in self._offloaded:
+                return await self._shared(request), False
+            return self._handle(request), False
         if length_text is None:
             return text(411, "the request must state its Content-Length"), True
         try:
@@ -267,6 +290,25 @@ class HttpServer:
         finally:
             self._in_flight -= 1
             self._slots.release()
+
+    async def _shared(self, request: Request) -> Response:
+        """The answer to an offloaded GET: the next build to start, shared."""
+        key = (request.method, request.path)
+        build = self._next_build.get(key)
+        if build is None:
+            build = self._next_build[key] = asyncio.create_task(self._build(key, request))
+        # Shielded: a client that goes away stops its own wait, not the build the others share.
+        return await asyncio.shield(build)
+
+    async def _build(self, key: tuple[str, str], request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        wait = self._built_at.get(key, -OFFLOADED_EVERY_S) + OFFLOADED_EVERY_S - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # Started: a request that comes from now on waits for the next build.
+        del self._next_build[key]
+        self._built_at[key] = loop.time()
+        return await loop.run_in_executor(self._builder, self._handle, request)
 
     async def _read_and_wait(self, receive: Any) -> bytes | Response:
         """The whole body, with a slot taken for it; or the answer that refuses it.
