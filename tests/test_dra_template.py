@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import tracemalloc
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -22,7 +23,11 @@ from bench.dra_template import paired_kinds
 from parsers.links import SELF, Link, LinkKind
 from reporter import cli
 from reporter.collect import build_scanner, list_profiles
+from reporter.commands import dra_template as dra_template_command
+from reporter.errors import ApiPermanentError
+from reporter.publish.api import Resource
 from reporter.schema import dra_template
+from reporter.schema.codec import encode
 from reporter.schema.dra_template import CliqueBoundError, Device, LeftOut, Machine, TemplateError
 from reporter.schema.model import Gpu, Source, Topology
 from tests.controlplane_fixtures import go_binary
@@ -745,3 +750,146 @@ def test_the_map_reads_back_from_the_expression_and_nothing_else_does(tmp_path: 
     assert edited != template.expression
     for text in (edited, template.expression[:-1], "true", None, 3, template.expression + " "):
         assert dra_template.clique_map(text) is None
+
+
+# --- the command's reading of the cluster, over an ApiClient double ----------------------------
+
+
+class ClusterApi:
+    """An ApiClient double for `list` alone: Nodes (a label selector `k=v` applied) and
+    ResourceSlices in the versions given, each a list or an error status."""
+
+    def __init__(self, nodes: list[dict[str, Any]], slices: Mapping[str, Any]) -> None:
+        self.nodes = nodes
+        self.slices = slices
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        metadata_only: bool = False,
+    ) -> Any:
+        if resource.plural == "nodes":
+            selector = (query or {}).get("labelSelector")
+            if selector is None:
+                return {"items": self.nodes}
+            key, _, value = selector.partition("=")
+            picked = [n for n in self.nodes if n["metadata"].get("labels", {}).get(key) == value]
+            return {"items": picked}
+        answer = self.slices.get(resource.version, 404)
+        if isinstance(answer, int):
+            raise ApiPermanentError(f"status {answer}", status=answer)
+        return {"items": answer}
+
+
+def node_object(name: str, topology: Topology | None, **labels: str) -> dict[str, Any]:
+    annotations = {} if topology is None else {"gpu.topology.io/topology": encode(topology)}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+def nvidia_slice(node: str, topology: Topology) -> dict[str, Any]:
+    return {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "devices": [
+                {"name": f"gpu-{g.index}", "attributes": nvidia_attributes(g)}
+                for g in topology.gpus
+            ],
+        }
+    }
+
+
+def cluster_template(
+    api: ClusterApi, selector: str | None = None, excluded: Sequence[str] = ()
+) -> dra_template.Template:
+    machines, left_out = dra_template_command._cluster_machines(
+        api,  # type: ignore[arg-type]  # list is all it calls
+        "gpu.topology.io",
+        selector,
+        excluded,
+    )
+    return dra_template.build(machines, 2, uuids_known=True, left_out=left_out)
+
+
+def test_nodes_outside_the_selector_or_excluded_give_no_clique_and_get_none_where_wired_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    kept, same, down = numbered(h100, 0), numbered(h100, 1), numbered(nvlinks_down(h100), 2)
+    # The down node's driver publishes other UUIDs than its annotation: the slice's win.
+    sliced = numbered(down, 12)
+    api = ClusterApi(
+        [
+            node_object("gpu-0", kept, pool="a"),
+            node_object("gpu-1", same, pool="a"),
+            node_object("gpu-2", down, pool="b"),
+        ],
+        {"v1": [nvidia_slice("gpu-2", sliced)]},
+    )
+    template = cluster_template(api, selector="pool=a", excluded=["gpu-1", "gpu-9"])
+    assert template.covers == ("gpu-0",)
+    assert template.keyed_out == ("gpu-2",)
+    assert all(ids_of(template, same, g.index) == ("a",) for g in same.gpus)
+    assert all(ids_of(template, sliced, g.index) == () for g in sliced.gpus)
+    assert capsys.readouterr().err == "topo-reporter: warning: --exclude 'gpu-9': no such Node\n"
+
+
+@pytest.mark.parametrize(
+    ("slices", "warned"),
+    [
+        ({"v1beta2": []}, ""),
+        ({}, ""),
+        ({"v1": 403}, "topo-reporter: warning: ResourceSlices may not be listed"),
+    ],
+    ids=["an older version served", "none served: quiet", "forbidden: said"],
+)
+def test_the_slices_are_read_in_the_newest_version_served(
+    slices: Mapping[str, Any], warned: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = ClusterApi([node_object("gpu-0", numbered(scanned("dgx-h100"), 0))], slices)
+    cluster_template(api)
+    assert capsys.readouterr().err.startswith(warned)
+
+
+def test_an_unreadable_node_and_one_without_an_agent_are_kept_out_by_their_slices_uuids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    broken, bare = numbered(h100, 8), numbered(h100, 9)
+    unreadable = node_object("gpu-8", None)
+    unreadable["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":2}'
+    api = ClusterApi(
+        [node_object("gpu-0", numbered(h100, 0)), unreadable, node_object("gpu-9", None)],
+        {"v1": [nvidia_slice("gpu-8", broken), nvidia_slice("gpu-9", bare)]},
+    )
+    template = cluster_template(api)
+    assert template.keyed_out == ("gpu-8", "gpu-9")
+    for topology in (broken, bare):
+        assert all(ids_of(template, topology, g.index) == () for g in topology.gpus)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("topo-reporter: warning: left out: node gpu-8: ")
+
+
+def test_a_node_copying_anothers_uuids_is_named_with_it_and_left_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    genuine, own = numbered(h100, 0), numbered(nvlinks_down(h100), 5)
+    copier = replace(own, gpus=genuine.gpus)  # its annotation, the other's UUIDs
+    api = ClusterApi(
+        [node_object("gpu-0", genuine), node_object("gpu-1", numbered(h100, 1)),
+         node_object("gpu-5", copier)],
+        {"v1": [nvidia_slice("gpu-0", genuine), nvidia_slice("gpu-5", own)]},
+    )  # fmt: skip
+    template = cluster_template(api)
+    assert capsys.readouterr().err == (
+        "topo-reporter: warning: nodes gpu-0, gpu-5 publish the same GPU UUIDs: left out: gpu-5 "
+        "(the GPUs are in the other's ResourceSlice)\n"
+    )
+    assert template.covers == ("gpu-0 (+1 alike)",)
+    # The copier's own GPUs (its slice's UUIDs) get none; the genuine node keeps its cliques.
+    assert all(ids_of(template, own, g.index) == () for g in own.gpus)
+    assert all(ids_of(template, genuine, g.index) == ("a",) for g in genuine.gpus)
