@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.dra_template import numbered, nvlinks_down
 from parsers.links import SELF
 from reporter.collect import build_scanner
 from reporter.doctor import ApiClusterReader, dra_template_findings
@@ -32,7 +33,7 @@ from reporter.schema import dra_template
 from reporter.schema.codec import encode
 from reporter.schema.model import Topology
 from tests.test_doctor_groups import json_values
-from tests.test_dra_template import NV12, SYS, moon_moser, numbered, nvlinks_down
+from tests.test_dra_template import NV12, SYS, moon_moser
 
 PREFIX = "gpu.topology.io"
 OTHER_PREFIX = "other.example.com"

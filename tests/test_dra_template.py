@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.dra_template import paired_kinds
+from bench.dra_template import nodes_of, numbered, nvlinks_down, paired_kinds
 from parsers.links import SELF, Link, LinkKind
 from reporter import cli
 from reporter.collect import build_scanner, list_profiles
@@ -136,30 +136,6 @@ def test_profiles_sharing_keys_and_wiring_need_no_uuid(tmp_path: Path) -> None:
     template = dra_template.build(machines("pcie-8x-nvlink-pairs", same), 2)
     assert template.keyed_out == ()
     assert not any(k.startswith("uuid:") for k in template.values)
-
-
-def numbered(topology: Topology, node: int) -> Topology:
-    """The machine as one node of its kind: GPU UUIDs of its own."""
-    gpus = tuple(
-        replace(g, uuid=f"GPU-{node:08d}-0000-4000-8000-{g.index:012d}") for g in topology.gpus
-    )
-    return replace(topology, gpus=gpus)
-
-
-def nodes_of(name: str, topology: Topology, first: int, count: int) -> Machine:
-    """`count` nodes of one wiring, numbered from `first`, as the command groups them."""
-    return Machine(
-        name,
-        tuple(numbered(topology, n) for n in range(first, first + count)),
-        tuple(f"node-{n}" for n in range(first, first + count)),
-    )
-
-
-def nvlinks_down(topology: Topology) -> Topology:
-    """The machine with its fabric manager stopped: every pair SYS."""
-    n = len(topology.gpus)
-    links = tuple(tuple(SELF if a == b else SYS for b in range(n)) for a in range(n))
-    return replace(topology, links=links, nvswitch=False)
 
 
 def test_the_wiring_of_most_nodes_keeps_the_keys_and_the_others_gpus_get_no_clique(
