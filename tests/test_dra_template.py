@@ -581,10 +581,10 @@ def test_a_gpu_to_keep_out_without_a_uuid_takes_its_bus_key_out_of_the_map() -> 
     first, second = (f"bus:{g.model}/{g.pci}" for g in h100.gpus[:2])
     assert first not in template.values
     assert second not in template.values
-    assert template.notes == tuple(
-        f"no clique for {g.model} at PCI bus ID {g.pci} on any node: down is wired otherwise "
-        "there and published no GPU UUID to keep apart by"
-        for g in h100.gpus[:2]
+    shown = ", ".join(f"{g.model} at {g.pci}" for g in h100.gpus[:2])
+    assert template.notes == (
+        f"no clique on any node for 2 GPU product and PCI bus IDs ({shown}): down is wired "
+        "otherwise there and published no GPU UUID to keep apart by",
     )
     # The others stay on their bus keys; the down node's GPUs 2-7 go by UUID.
     assert sum(k.startswith("uuid:") for k in template.values) == 6

@@ -419,11 +419,16 @@ def resolve(
                 values[("uuid", uuid, "")] = ()
             elif key is not None:
                 dropped.setdefault(key, []).append(node)
+    by_nodes: dict[tuple[str, ...], list[Key]] = {}
     for key, nodes in sorted(dropped.items()):
         del values[key]
+        by_nodes.setdefault(tuple(sorted(set(nodes))), []).append(key)
+    for nodes, dropped_keys in by_nodes.items():
+        shown = ", ".join(f"{k[1]} at {k[2]}" for k in dropped_keys[:3])
+        more = f" and {len(dropped_keys) - 3} more" if len(dropped_keys) > 3 else ""
         notes.append(
-            f"no clique for {key[1]} at PCI bus ID {key[2]} on any node: "
-            f"{', '.join(sorted(set(nodes)))} {'is' if len(set(nodes)) == 1 else 'are'} wired "
+            f"no clique on any node for {len(dropped_keys)} GPU product and PCI bus IDs "
+            f"({shown}{more}): {', '.join(nodes)} {'is' if len(nodes) == 1 else 'are'} wired "
             "otherwise there and published no GPU UUID to keep apart by"
         )
     if not any(values.get(k) for k in values):
