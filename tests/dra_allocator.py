@@ -109,8 +109,7 @@ def connected_possible(trial: Trial) -> bool:
 def resource_slice(node: str, trial: Trial) -> dict[str, Any]:
     t = topology(trial.profile)
     gpus = {
-        g.index: g if trial.uuids is None else replace(g, uuid=trial.uuids[g.index])
-        for g in t.gpus
+        g.index: g if trial.uuids is None else replace(g, uuid=trial.uuids[g.index]) for g in t.gpus
     }
     devices = [
         {

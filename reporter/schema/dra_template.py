@@ -420,9 +420,9 @@ def resolve(
             elif key is not None:
                 dropped.setdefault(key, []).append(node)
     by_nodes: dict[tuple[str, ...], list[Key]] = {}
-    for key, nodes in sorted(dropped.items()):
+    for key, holders in sorted(dropped.items()):
         del values[key]
-        by_nodes.setdefault(tuple(sorted(set(nodes))), []).append(key)
+        by_nodes.setdefault(tuple(sorted(set(holders))), []).append(key)
     for nodes, dropped_keys in by_nodes.items():
         shown = ", ".join(f"{k[1]} at {k[2]}" for k in dropped_keys[:3])
         more = f" and {len(dropped_keys) - 3} more" if len(dropped_keys) > 3 else ""
