@@ -32,6 +32,7 @@ from reporter.publish.api import Resource
 from reporter.schema import dra_template
 from reporter.schema.codec import encode
 from reporter.schema.model import Topology
+from tests.dra_cel import nvidia_attributes
 from tests.test_doctor_groups import json_values
 from tests.test_dra_template import NV12, SYS, moon_moser
 
@@ -150,6 +151,27 @@ def test_a_node_kept_out_when_the_template_was_made_is_only_a_warning() -> None:
     later = node_of("gpu-3", nvlinks_down(numbered(h100, 3)))
     (finding,) = dra_template_findings([made], [*nodes, later], PREFIX)["template ml/nvlink-2-gpus"]
     assert (finding.code, finding.evidence[0]) == (MISROUTED, "nodes: gpu-3")
+
+
+def test_gpus_are_looked_up_by_the_uuids_their_resource_slices_list() -> None:
+    """The expression reads the driver's UUIDs: a node kept out by them, whose annotation says
+    other UUIDs, is no error once the slices are read."""
+    h100 = scanned("dgx-h100")
+    healthy, sliced = numbered(h100, 1), nvlinks_down(numbered(h100, 2))
+    made = cluster_template(
+        dra_template.Machine("h100", (healthy, numbered(h100, 3)), ("gpu-1", "gpu-3")),
+        dra_template.Machine("down", (sliced,), ("gpu-2",)),
+    )
+    annotated = nvlinks_down(numbered(h100, 7))  # the annotation's UUIDs are not the driver's
+    nodes = [node_of("gpu-1", healthy), node_of("gpu-2", annotated)]
+    (finding,) = dra_template_findings([made], nodes, PREFIX)["template ml/nvlink-2-gpus"]
+    assert finding.code == MISROUTED
+    slices = [
+        {"spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-2", "devices": [
+            {"name": f"gpu-{g.index}", "attributes": nvidia_attributes(g)} for g in sliced.gpus
+        ]}}
+    ]  # fmt: skip
+    assert dra_template_findings([made], nodes, PREFIX, slices) == {}
 
 
 def test_a_node_of_another_wiring_that_joins_later_at_the_same_keys_is_an_error() -> None:

@@ -72,16 +72,20 @@ class _Node:
     digest: str
 
 
-def _nodes(nodes: Sequence[Any], prefix: str) -> list[_Node]:
-    """Each Node with a topology that decodes. A node whose annotation does not decode is left
-    out: its own `topology-unreadable` says so."""
+def _nodes(nodes: Sequence[Any], prefix: str, slices: Sequence[Any] | None) -> list[_Node]:
+    """Each Node with a topology that decodes, its GPUs' UUIDs those its ResourceSlices list
+    (the ones the expression reads) where they list them. A node whose annotation does not
+    decode is left out: its own `topology-unreadable` says so."""
+    devices = dra_template.slice_devices(slices or [])
     out = []
     for node in nodes:
         try:
-            topology = decode_node(node, prefix)
+            published = decode_node(node, prefix)
         except InputError:
             continue
-        out.append(_Node(node_name(node), topology, dra_template.wiring_digest(topology)))
+        name = node_name(node)
+        topology = dra_template.with_slice_uuids(published, devices.get(name, ()))
+        out.append(_Node(name, topology, dra_template.wiring_digest(topology)))
     return out
 
 
@@ -94,15 +98,19 @@ def _largest(topology: Topology) -> int | None:
 
 
 def dra_template_findings(
-    templates: Sequence[Any], nodes: Sequence[Any], prefix: str
+    templates: Sequence[Any],
+    nodes: Sequence[Any],
+    prefix: str,
+    slices: Sequence[Any] | None = None,
 ) -> dict[str, list[Finding]]:
     """Findings by subject (`template NAMESPACE/NAME`): each of our templates stored without its
     `derivedAttributes`, each that would hand out a node's unconnected GPUs as connected, and
-    each whose map gives no clique to nodes of another wiring that have connected GPUs. Templates
-    that do not read as ours are passed over."""
+    each whose map gives no clique to nodes of another wiring that have connected GPUs (`slices`:
+    the cluster's ResourceSlices, whose UUIDs the expression reads; None: the nodes' own).
+    Templates that do not read as ours are passed over."""
     if not templates:
         return {}
-    read = _nodes(nodes, prefix)
+    read = _nodes(nodes, prefix, slices)
     largest: dict[str, int | None] = {}
     out: dict[str, list[Finding]] = {}
     for template in templates:
