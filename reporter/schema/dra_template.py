@@ -373,11 +373,12 @@ def resolve(
     others: list[_Wiring] = []
     cliques: list[frozenset[Key]] = []
     for wiring in wirings:
-        new = [c for c in wiring.cliques if c not in cliques]
-        trial = _values([*cliques, *new])
-        fresh = _values(new)
-        if _unsound(wiring.keys, wiring.adjacent, trial, gpus) or any(
-            _unsound(t.keys, t.adjacent, fresh, gpus) for t in taken
+        held = set(cliques)
+        new = [c for c in wiring.cliques if c not in held]
+        # The machines taken were right under the cliques before: only the new ones can wrong
+        # them, and this machine must be right under all.
+        if _unsound(wiring.keys, wiring.adjacent, _values([*cliques, *new]), gpus) or any(
+            _unsound(t.keys, t.adjacent, _values(new), gpus) for t in taken
         ):
             others.append(wiring)
             continue
