@@ -869,3 +869,33 @@ def test_a_node_copying_anothers_uuids_is_named_with_it_and_left_out(
     # The copier's own GPUs (its slice's UUIDs) get none; the genuine node keeps its cliques.
     assert all(ids_of(template, own, g.index) == () for g in own.gpus)
     assert all(ids_of(template, genuine, g.index) == ("a",) for g in genuine.gpus)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(cluster=clusters(), k=st.integers(2, 4), left=st.integers(0, 3), known=st.booleans())
+def test_nodes_left_out_never_share_a_clique_with_gpus_they_are_not_joined_to(
+    cluster: list[Machine], k: int, left: int, known: bool
+) -> None:
+    """Any cluster with some of its machines left out (their wiring known or only their GPUs):
+    every machine's GPUs, left out or not, share an ID only where they are all joined."""
+    kept, out = cluster[left:], cluster[:left]
+    strangers = [
+        LeftOut(m.name, m.topologies[0])
+        if known
+        else LeftOut(m.name, devices=devices(m.topologies[0]))
+        for m in out
+    ]
+    try:
+        template = dra_template.build(kept, k, uuids_known=True, left_out=strangers)
+    except TemplateError:
+        return
+    for machine in cluster:
+        topology = machine.topologies[0]
+        for gpus in itertools.combinations(range(len(topology.gpus)), k):
+            if shares_an_id(template, topology, gpus):
+                assert connected(topology, gpus), (machine.name, gpus)
