@@ -16,6 +16,7 @@ down, each GPU keyed by UUID to no clique) fit beside 60 healthy ones.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -101,7 +102,15 @@ def measure(
     try:
         template = dra_template.build(machines, k, uuids_known=uuids)
     except TemplateError as e:
-        return [label, str(k), "refused", str(e).split(":")[0][:60], "", ""]
+        size = re.search(r"is (\d+) bytes", str(e))
+        return [
+            label,
+            str(k),
+            f"refused: {int(size[1]):,} bytes" if size else "refused",
+            "",
+            "",
+            "",
+        ]
     devices = []
     for machine in machines:
         for topology in machine.topologies:

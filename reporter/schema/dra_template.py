@@ -542,9 +542,10 @@ def build(
     size = len(text.encode())
     if size > MAX_EXPRESSION_BYTES:
         uuids = sum(k[0] == "uuid" for k in values)
+        kept = f" and {uuids} GPU UUIDs of nodes wired otherwise" if uuids else ""
         raise TemplateError(
-            f"the clique map for {len(resolution.covers)} kinds of machine and {uuids} GPU UUIDs "
-            f"of nodes wired otherwise is {size} bytes of CEL, past the API's "
+            f"the clique map for {len(resolution.covers)} kinds of machine{kept} is {size} bytes "
+            f"of CEL, past the API's "
             f"{MAX_EXPRESSION_BYTES} for one expression: make one template per group of machine "
             "kinds (fewer --simulate profiles, or one --selector per group of nodes), or fix the "
             "nodes wired otherwise"
