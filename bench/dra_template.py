@@ -10,11 +10,13 @@ worst-case cost Kubernetes' own DRA CEL compiler estimates (k8s.io/dynamic-resou
 at the harness's version, 1.34, which compiles only selectors, so what is priced is `(E) == W`:
 E's own estimate plus a list comparison, an upper bound on E's), and the cost the evaluation ran
 up per device, the largest over the machines' GPUs. The last rows find how many kinds of 16
-GPUs fit, and how many UUID-keyed GPUs (nodes whose keys collide).
+GPUs fit, and how many nodes wired otherwise at the same keys (DGX H100 nodes with their NVLinks
+down, each GPU keyed by UUID to no clique) fit beside 60 healthy ones.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,9 +39,8 @@ def scanned(profile: str) -> Topology:
     return topology
 
 
-def paired_kinds(count: int, gpus: int, *, uuids: bool = False) -> list[Machine]:
-    """`count` kinds of machine with products of their own, `gpus` GPUs each, NVLink in pairs.
-    `uuids`: one product for all, so every bus key collides and each GPU goes by its UUID."""
+def paired_kinds(count: int, gpus: int) -> list[Machine]:
+    """`count` kinds of machine with products of their own, `gpus` GPUs each, NVLink in pairs."""
     base = scanned("dgx-2" if gpus == 16 else "pcie-8x-nvlink-pairs")
     links = tuple(
         tuple(SELF if a == b else NV12 if a // 2 == b // 2 else SYS for b in range(gpus))
@@ -47,20 +48,14 @@ def paired_kinds(count: int, gpus: int, *, uuids: bool = False) -> list[Machine]
     )
     out = []
     for n in range(count):
-        # Kinds that collide differ in wiring: each shifts its pairs by one GPU.
-        shift = n % 2 if uuids else 0
-        rewired = tuple(
-            tuple(links[(a + shift) % gpus][(b + shift) % gpus] for b in range(gpus))
-            for a in range(gpus)
-        )
-        model = "NVIDIA H100 NVL" if uuids else f"NVIDIA Kind{n:02d} GPU"
+        model = f"NVIDIA Kind{n:02d} GPU"
         topology = replace(
             base,
             gpus=tuple(
                 replace(g, model=model, uuid=f"GPU-{n:08d}-0000-4000-8000-{g.index:012d}")
                 for g in base.gpus[:gpus]
             ),
-            links=rewired,
+            links=links,
             pcie=None,
             nics=(),
             nvswitch=False,
@@ -69,20 +64,64 @@ def paired_kinds(count: int, gpus: int, *, uuids: bool = False) -> list[Machine]
     return out
 
 
+def numbered(topology: Topology, node: int) -> Topology:
+    """The machine as one node of its kind: GPU UUIDs of its own."""
+    gpus = tuple(
+        replace(g, uuid=f"GPU-{node:08d}-0000-4000-8000-{g.index:012d}") for g in topology.gpus
+    )
+    return replace(topology, gpus=gpus)
+
+
+def nodes_of(name: str, topology: Topology, first: int, count: int) -> Machine:
+    """`count` nodes of one wiring, numbered from `first`, as the command groups them."""
+    return Machine(
+        name,
+        tuple(numbered(topology, n) for n in range(first, first + count)),
+        tuple(f"node-{n}" for n in range(first, first + count)),
+    )
+
+
+def nvlinks_down(topology: Topology) -> Topology:
+    """The machine with its fabric manager stopped: every pair SYS."""
+    n = len(topology.gpus)
+    links = tuple(tuple(SELF if a == b else SYS for b in range(n)) for a in range(n))
+    return replace(topology, links=links, nvswitch=False)
+
+
+def with_down(healthy: int, down: int) -> list[Machine]:
+    """DGX H100 nodes, `down` of them with their fabric manager stopped (every pair SYS)."""
+    return [
+        nodes_of("h100", scanned("dgx-h100"), 0, healthy),
+        nodes_of("down", nvlinks_down(scanned("dgx-h100")), healthy, down),
+    ]
+
+
 def measure(
     binary: Path, label: str, machines: Sequence[Machine], k: int, uuids: bool
 ) -> list[str]:
     try:
         template = dra_template.build(machines, k, uuids_known=uuids)
     except TemplateError as e:
-        return [label, str(k), "refused", str(e).split(":")[0][:60], "", ""]
+        size = re.search(r"is (\d+) bytes", str(e))
+        return [
+            label,
+            str(k),
+            f"refused: {int(size[1]):,} bytes" if size else "refused",
+            "",
+            "",
+            "",
+        ]
     devices = []
     for machine in machines:
-        for gpu in machine.topologies[0].gpus:
-            ids = template.values.get(f"uuid:{gpu.uuid}") or template.values.get(
-                f"bus:{gpu.model}/{gpu.pci}", ()
-            )
-            devices.append((nvidia_attributes(gpu), list(ids)))
+        for topology in machine.topologies:
+            for gpu in topology.gpus:
+                by_uuid = f"uuid:{gpu.uuid}"
+                ids = (
+                    template.values.get(by_uuid, ())
+                    if by_uuid in template.values
+                    else (template.values.get(f"bus:{gpu.model}/{gpu.pci}", ()))
+                )
+                devices.append((nvidia_attributes(gpu), list(ids)))
     evaluation = evaluate(binary, template.expression, devices)
     assert all(ok and error is None for ok, error in evaluation.outcomes), label
     return [
@@ -107,8 +146,9 @@ def main() -> None:
         ("20 kinds x 16 GPUs in pairs", paired_kinds(20, 16), 2, False),
         ("26 kinds x 16 GPUs in pairs", paired_kinds(26, 16), 2, False),
         ("27 kinds x 16 GPUs in pairs", paired_kinds(27, 16), 2, False),
-        ("12 nodes x 16 GPUs by UUID", paired_kinds(12, 16, uuids=True), 2, True),
-        ("13 nodes x 16 GPUs by UUID", paired_kinds(13, 16, uuids=True), 2, True),
+        ("30 DGX H100, 1 NVLinks down", with_down(29, 1), 2, True),
+        ("60 DGX H100 + 26 NVLinks down", with_down(60, 26), 2, True),
+        ("60 DGX H100 + 27 NVLinks down", with_down(60, 27), 2, True),
     ]
     rows = [measure(binary, label, m, k, u) for label, m, k, u in cases]
     print(

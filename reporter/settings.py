@@ -864,7 +864,7 @@ def check_duration(seconds: float, *, name: str, minimum: float = DURATION_MIN_S
 def check_prefix(prefix: str) -> None:
     """Raises ConfigError unless `prefix` can be the domain of our keys: a DNS subdomain outside
     the Kubernetes-reserved ones."""
-    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+    if not is_subdomain(prefix):
         raise ConfigError(
             f"prefix {excerpt(prefix)} is not a DNS subdomain (lower-case letters, "
             "digits, '-' and '.', at most 253 characters), e.g. gpu.topology.io"
@@ -877,6 +877,11 @@ def check_prefix(prefix: str) -> None:
             "the agent would overwrite and delete them; use a domain you own, e.g. "
             "gpu.topology.io"
         )
+
+
+def is_subdomain(name: str) -> bool:
+    """Whether `name` can name most objects (a DNS-1123 subdomain)."""
+    return len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
 
 
 def is_namespace(name: str) -> bool:

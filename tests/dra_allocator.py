@@ -15,7 +15,7 @@ import random
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from itertools import combinations
 from pathlib import Path
@@ -68,6 +68,8 @@ class Trial:
     k: int
     free: tuple[int, ...]
     """GPU indexes the node's slice publishes (the others are held)."""
+    uuids: tuple[str, ...] | None = None
+    """The GPUs' UUIDs in the slice, by index; None: the profile's."""
 
 
 def trials(profile: str, k: int, count: int, seed: int) -> list[Trial]:
@@ -106,7 +108,9 @@ def connected_possible(trial: Trial) -> bool:
 
 def resource_slice(node: str, trial: Trial) -> dict[str, Any]:
     t = topology(trial.profile)
-    gpus = {g.index: g for g in t.gpus}
+    gpus = {
+        g.index: g if trial.uuids is None else replace(g, uuid=trial.uuids[g.index]) for g in t.gpus
+    }
     devices = [
         {
             "name": dra.gpu_device(gpus[i].minor if gpus[i].minor is not None else i),

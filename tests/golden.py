@@ -69,7 +69,7 @@ def dra_templates() -> dict[str, str]:
                 continue
             template = dra_template.build(machines, k, fallback=fallback)
             suffix = "-fallback" if fallback else ""
-            out[f"{profile.name}-k{k}{suffix}.yaml"] = dra_template.to_yaml(template, machines)
+            out[f"{profile.name}-k{k}{suffix}.yaml"] = dra_template.to_yaml(template)
     return out
 
 

@@ -1,5 +1,6 @@
 """`topo-reporter doctor --all` on the real kube-apiserver: a template `dra-template` made from the
-Nodes, applied, then a Node of another wiring added, which the template does not cover.
+Nodes, applied, then a Node of another wiring added, which the template does not cover, or a
+node's NVLinks down, which it would misroute.
 
 The shared apiserver has DRADerivedAttributes on, so the stored template keeps its
 derivedAttributes and the gate-off finding never shows here (tests/test_doctor_templates.py judges
@@ -19,12 +20,13 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from reporter.doctor.templates import UNCOVERED
+from bench.dra_template import nvlinks_down
+from reporter.doctor.templates import MISROUTED, UNCOVERED
 from reporter.schema import dra_template, keys
 from reporter.schema.codec import encode
 from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.test_agent_cli import CLI, env
-from tests.test_controlplane_dra_template import scanned
+from tests.test_controlplane_dra_template import own_uuids, scanned
 
 pytestmark = pytest.mark.controlplane
 
@@ -116,9 +118,47 @@ def test_a_node_of_a_wiring_added_after_the_template_is_named_with_the_fix(
         f"the template covers: {pairs}",
     ]
     assert finding["fix"] == (
-        f"run `topo-reporter dra-template --gpus 2 --name {stored['metadata']['name']} "
-        f"--namespace {real_namespace} --prefix {prefix}` again and apply it"
+        "where their NVLinks are down, bring them back; then make the template again from the "
+        f"nodes now and apply it: `topo-reporter dra-template --gpus 2 --name "
+        f"{stored['metadata']['name']} --namespace {real_namespace} --prefix {prefix}`"
     )
+
+
+def test_a_node_whose_nvlinks_go_down_after_the_template_is_an_error_with_the_fix(
+    real_apiserver: RealApiServer,
+    real_node_factory: NodeFactory,
+    real_namespace: str,
+    applied: list[str],
+    prefix: str,
+) -> None:
+    """Issue 41's repro: a template made over two DGX H100 nodes, then the second's fabric
+    manager stops (every pair SYS): its GPUs keep the clique, and the doctor says so."""
+    topologies = [own_uuids(scanned("dgx-h100")) for _ in range(2)]
+    annotation = keys.key(prefix, keys.TOPOLOGY)
+    first, second = (
+        real_node_factory(annotations={annotation: encode(t)}, name=unique("dgx"))
+        for t in topologies
+    )
+    stored = apply_template(real_apiserver, real_namespace, prefix, applied)
+    down = encode(nvlinks_down(topologies[1]))
+    real_apiserver.core().patch_node(second, {"metadata": {"annotations": {annotation: down}}})
+
+    found = template_findings(real_apiserver, prefix)
+
+    name = stored["metadata"]["name"]
+    (finding,) = found[f"{real_namespace}/{name}"]
+    assert (finding["code"], finding["severity"]) == (MISROUTED, "error")
+    assert finding["summary"].endswith(
+        "claims for 2 GPUs from it can get GPUs there that are not NVLink-connected, handed out "
+        "as connected"
+    )
+    assert finding["evidence"][0] == f"nodes: {second}"
+    assert finding["fix"] == (
+        "make the template again from the nodes now and apply it: `topo-reporter dra-template "
+        f"--gpus 2 --name {name} --namespace {real_namespace} --prefix {prefix}` (a node that "
+        "joined later or whose NVLinks went down then gets no clique)"
+    )
+    assert first not in finding["evidence"][0]
 
 
 def test_a_template_made_from_every_wiring_has_no_finding(

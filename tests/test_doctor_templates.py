@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.dra_template import numbered, nvlinks_down
+from parsers.links import SELF
 from reporter.collect import build_scanner
 from reporter.doctor import ApiClusterReader, dra_template_findings
 from reporter.doctor.model import Severity
 from reporter.doctor.report import report_json, report_text
-from reporter.doctor.templates import GATE_OFF, UNCOVERED, covered_digests
+from reporter.doctor.templates import GATE_OFF, MISROUTED, UNCOVERED, covered_digests
 from reporter.errors import ApiPermanentError
 from reporter.publish.api import Resource
 from reporter.schema import dra_template
 from reporter.schema.codec import encode
 from reporter.schema.model import Topology
+from tests.dra_cel import nvidia_attributes
 from tests.test_doctor_groups import json_values
+from tests.test_dra_template import NV12, SYS, moon_moser
 
 PREFIX = "gpu.topology.io"
 OTHER_PREFIX = "other.example.com"
@@ -81,15 +86,156 @@ def test_nodes_of_a_wiring_the_template_was_not_made_for_are_one_warning_naming_
     assert list(found) == ["template ml/nvlink-2-gpus"]
     (finding,) = found["template ml/nvlink-2-gpus"]
     assert (finding.code, finding.severity) == (UNCOVERED, Severity.WARNING)
-    assert finding.summary.startswith("2 nodes with 2 or more GPUs are of a wiring the template")
+    assert finding.summary == (
+        "2 nodes with 2 or more NVLink-connected GPUs are of a wiring the template was not made "
+        "from, and its map gives no 2 of their GPUs a clique: the template's claims never get "
+        "GPUs there as NVLink-connected"
+    )
     assert finding.evidence[0] == "nodes: a100-0, h100-0"
     digests = sorted(dra_template.wiring_digest(scanned(p)) for p in ("dgx-a100", "dgx-h100"))
     assert finding.evidence[1] == f"their wirings: {', '.join(digests)}"
     pairs = dra_template.wiring_digest(scanned("pcie-8x-nvlink-pairs"))
     assert finding.evidence[2] == f"the template covers: {pairs}"
     assert finding.fix == (
-        "run `topo-reporter dra-template --gpus 2 --name nvlink-2-gpus --namespace ml` "
-        "again and apply it"
+        "where their NVLinks are down, bring them back; then make the template again from the "
+        "nodes now and apply it: "
+        "`topo-reporter dra-template --gpus 2 --name nvlink-2-gpus --namespace ml`"
+    )
+
+
+def node_of(name: str, topology: Topology) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": {f"{PREFIX}/topology": encode(topology)}}}
+
+
+def cluster_template(*machines: dra_template.Machine, **options: Any) -> dict[str, Any]:
+    """What `dra-template --kubeconfig` makes of these nodes."""
+    built = dra_template.build(machines, 2, namespace="ml", uuids_known=True, **options)
+    return built.document
+
+
+def test_a_node_whose_nvlinks_went_down_after_the_template_is_an_error_saying_what_happens() -> (
+    None
+):
+    """The repro: a template made over two DGX H100 nodes, then node 2's fabric manager stops
+    (every pair SYS). Its 28 pairs still share clique "a": the allocator hands them out as
+    connected."""
+    h100 = scanned("dgx-h100")
+    first, second = numbered(h100, 1), numbered(h100, 2)
+    made = cluster_template(dra_template.Machine("h100", (first, second), ("gpu-1", "gpu-2")))
+    nodes = [node_of("gpu-1", first), node_of("gpu-2", nvlinks_down(second))]
+    (finding,) = dra_template_findings([made], nodes, PREFIX)["template ml/nvlink-2-gpus"]
+    assert (finding.code, finding.severity) == (MISROUTED, Severity.ERROR)
+    assert finding.summary == (
+        "1 node of a wiring the template was not made from has GPUs at product and PCI bus IDs "
+        "its clique map holds: claims for 2 GPUs from it can get GPUs there that are not "
+        "NVLink-connected, handed out as connected"
+    )
+    assert finding.evidence[0] == "nodes: gpu-2"
+    assert finding.fix == (
+        "make the template again from the nodes now and apply it: `topo-reporter dra-template "
+        "--gpus 2 --name nvlink-2-gpus --namespace ml` (a node that joined later or whose "
+        "NVLinks went down then gets no clique)"
+    )
+
+
+def test_a_node_kept_out_when_the_template_was_made_is_only_a_warning() -> None:
+    h100 = scanned("dgx-h100")
+    healthy, down = [numbered(h100, n) for n in range(2)], nvlinks_down(numbered(h100, 2))
+    made = cluster_template(
+        dra_template.Machine("h100", tuple(healthy), ("gpu-0", "gpu-1")),
+        dra_template.Machine("down", (down,), ("gpu-2",)),
+    )
+    nodes = [node_of("gpu-0", healthy[0]), node_of("gpu-1", healthy[1]), node_of("gpu-2", down)]
+    assert dra_template_findings([made], nodes, PREFIX) == {}  # all NVLinks down: none to give
+    # A node that joins later with the same wiring but its own UUIDs is not kept out.
+    later = node_of("gpu-3", nvlinks_down(numbered(h100, 3)))
+    (finding,) = dra_template_findings([made], [*nodes, later], PREFIX)["template ml/nvlink-2-gpus"]
+    assert (finding.code, finding.evidence[0]) == (MISROUTED, "nodes: gpu-3")
+
+
+def test_gpus_are_looked_up_by_the_uuids_their_resource_slices_list() -> None:
+    """The expression reads the driver's UUIDs: a node kept out by them, whose annotation says
+    other UUIDs, is no error once the slices are read."""
+    h100 = scanned("dgx-h100")
+    healthy, sliced = numbered(h100, 1), nvlinks_down(numbered(h100, 2))
+    made = cluster_template(
+        dra_template.Machine("h100", (healthy, numbered(h100, 3)), ("gpu-1", "gpu-3")),
+        dra_template.Machine("down", (sliced,), ("gpu-2",)),
+    )
+    annotated = nvlinks_down(numbered(h100, 7))  # the annotation's UUIDs are not the driver's
+    nodes = [node_of("gpu-1", healthy), node_of("gpu-2", annotated)]
+    (finding,) = dra_template_findings([made], nodes, PREFIX)["template ml/nvlink-2-gpus"]
+    assert finding.code == MISROUTED
+    slices = [
+        {"spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-2", "devices": [
+            {"name": f"gpu-{g.index}", "attributes": nvidia_attributes(g)} for g in sliced.gpus
+        ]}}
+    ]  # fmt: skip
+    assert dra_template_findings([made], nodes, PREFIX, slices) == {}
+
+
+def test_a_node_of_another_wiring_that_joins_later_at_the_same_keys_is_an_error() -> None:
+    pairs = scanned("pcie-8x-nvlink-pairs")
+    # The bridges between other cards: (0, 2), (1, 3), (4, 6), (5, 7).
+    crossed = replace(
+        pairs,
+        links=tuple(
+            tuple(
+                SELF if a == b else NV12 if (a // 4, a % 2) == (b // 4, b % 2) else SYS
+                for b in range(8)
+            )
+            for a in range(8)
+        ),
+    )
+    made = cluster_template(dra_template.Machine("pairs", (numbered(pairs, 1),), ("gpu-1",)))
+    found = dra_template_findings([made], [node_of("gpu-9", numbered(crossed, 9))], PREFIX)
+    assert [f.code for f in found["template ml/nvlink-2-gpus"]] == [MISROUTED]
+
+
+def test_an_expression_not_ours_counts_every_node_of_another_wiring_as_an_error() -> None:
+    made = template("dgx-h100")
+    (request,) = made["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["derivedAttributes"][0]["expression"] = '["a"]'
+    nodes = [gpu_node("h100-0", "dgx-h100"), gpu_node("a100-0", "dgx-a100")]
+    (finding,) = dra_template_findings([made], nodes, PREFIX)["template ml/nvlink-2-gpus"]
+    assert (finding.code, finding.evidence[0]) == (MISROUTED, "nodes: a100-0")
+    assert finding.evidence[-1] == (
+        "its expression is not one dra-template writes: every node of another wiring is counted"
+    )
+
+
+def test_the_fix_repeats_the_device_class_and_the_node_selection() -> None:
+    made = dra_template.build(
+        [dra_template.Machine("dgx-a100", (scanned("dgx-a100"),))],
+        2,
+        namespace="ml",
+        device_class="h100.example.com",
+        selection=["--selector", "gpu in (h100, a100)", "--exclude", "gpu-7"],
+    ).document
+    (finding,) = dra_template_findings([made], [gpu_node("h100-0", "dgx-h100")], PREFIX)[
+        "template ml/nvlink-2-gpus"
+    ]
+    assert finding.fix.endswith(
+        "`topo-reporter dra-template --gpus 2 --device-class h100.example.com --name "
+        "nvlink-2-gpus --namespace ml --selector 'gpu in (h100, a100)' --exclude gpu-7`"
+    )
+    # A selection annotation of anything but those flags is left out of the command.
+    made["metadata"]["annotations"][f"{PREFIX}/dra-template-selection"] = "--kubeconfig x; rm"
+    (finding,) = dra_template_findings([made], [gpu_node("h100-0", "dgx-h100")], PREFIX)[
+        "template ml/nvlink-2-gpus"
+    ]
+    assert finding.fix.endswith("--name nvlink-2-gpus --namespace ml`")
+
+
+def test_a_node_past_the_clique_bound_is_named_never_searched_without_end() -> None:
+    forged = moon_moser(16)
+    (finding,) = dra_template_findings([template("dgx-h100")], [node_of("forged", forged)], PREFIX)[
+        "template ml/nvlink-2-gpus"
+    ]
+    assert (finding.code, finding.evidence[0]) == (UNCOVERED, "nodes: forged")
+    assert finding.evidence[-1] == (
+        "past the clique search's bound (1024 maximal cliques), which dra-template leaves out: "
+        "forged"
     )
 
 
@@ -97,7 +243,7 @@ def test_past_five_nodes_the_rest_are_counted() -> None:
     nodes = [gpu_node(f"h100-{i}", "dgx-h100") for i in range(8)]
     found = dra_template_findings([template("dgx-a100")], nodes, PREFIX)
     (finding,) = found["template ml/nvlink-2-gpus"]
-    assert finding.summary.startswith("8 nodes with 2 or more GPUs")
+    assert finding.summary.startswith("8 nodes with 2 or more NVLink-connected GPUs")
     assert finding.evidence[0] == "nodes: h100-0, h100-1, h100-2, h100-3, h100-4 and 3 more"
 
 
@@ -138,9 +284,9 @@ def test_the_fix_names_the_fallback_and_a_prefix_of_its_own() -> None:
     (finding,) = dra_template_findings([made], nodes, OTHER_PREFIX)[
         "template ml/nvlink-2-gpus-or-any"
     ]
-    assert finding.fix == (
-        "run `topo-reporter dra-template --gpus 2 --fallback --name nvlink-2-gpus-or-any "
-        f"--namespace ml --prefix {OTHER_PREFIX}` again and apply it"
+    assert finding.fix.endswith(
+        "`topo-reporter dra-template --gpus 2 --fallback --name nvlink-2-gpus-or-any "
+        f"--namespace ml --prefix {OTHER_PREFIX}`"
     )
 
 
@@ -303,7 +449,7 @@ def test_templates_of_any_shape_never_raise(
     found = dra_template_findings([*junk, shaped], nodes, PREFIX)
     # Junk of at most 8 characters a key cannot carry our annotation: only `shaped` may be ours.
     assert len(found) <= (covered_digests(shaped, PREFIX) is not None)
-    assert all(f.code in (GATE_OFF, UNCOVERED) for fs in found.values() for f in fs)
+    assert all(f.code in (GATE_OFF, MISROUTED, UNCOVERED) for fs in found.values() for f in fs)
     report_json(found)
     read, _ = reader({"v1": {"items": [*junk, shaped]}})
     assert len(read.dra_templates(PREFIX) or []) == (covered_digests(shaped, PREFIX) is not None)

@@ -7,6 +7,9 @@ import itertools
 import json
 import re
 import subprocess
+import tracemalloc
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.dra_template import paired_kinds
+from bench.dra_template import nodes_of, numbered, nvlinks_down, paired_kinds
 from parsers.links import SELF, Link, LinkKind
 from reporter import cli
 from reporter.collect import build_scanner, list_profiles
+from reporter.commands import dra_template as dra_template_command
+from reporter.errors import ApiPermanentError
+from reporter.publish.api import Resource
 from reporter.schema import dra_template
-from reporter.schema.dra_template import Machine, TemplateError
+from reporter.schema.codec import encode
+from reporter.schema.dra_template import CliqueBoundError, Device, LeftOut, Machine, TemplateError
 from reporter.schema.model import Gpu, Source, Topology
 from tests.controlplane_fixtures import go_binary
 from tests.dra_cel import evaluate, nvidia_attributes
@@ -61,10 +68,13 @@ def shares_an_id(
 
 
 def ids_of(template: dra_template.Template, topology: Topology, index: int) -> tuple[str, ...]:
+    """What the expression gives the GPU: its UUID's entry where the map has one, else its bus
+    key's."""
     gpu = topology.gpus[index]
-    return template.values.get(f"uuid:{gpu.uuid}") or template.values.get(
-        f"bus:{gpu.model}/{gpu.pci}", ()
-    )
+    by_uuid = f"uuid:{gpu.uuid}"
+    if by_uuid in template.values:
+        return template.values[by_uuid]
+    return template.values.get(f"bus:{gpu.model}/{gpu.pci}", ())
 
 
 CLIQUES = {
@@ -124,21 +134,64 @@ def test_profiles_sharing_keys_but_wired_differently_are_refused_naming_both(
 def test_profiles_sharing_keys_and_wiring_need_no_uuid(tmp_path: Path) -> None:
     same = rewired(tmp_path, [[0, 1], [2, 3], [4, 5], [6, 7]])
     template = dra_template.build(machines("pcie-8x-nvlink-pairs", same), 2)
-    assert template.by_uuid == ()
+    assert template.keyed_out == ()
     assert not any(k.startswith("uuid:") for k in template.values)
 
 
-def test_nodes_sharing_keys_but_wired_differently_are_told_apart_by_uuid(tmp_path: Path) -> None:
-    crossed = rewired(tmp_path, [[0, 2], [1, 3], [4, 6], [5, 7]])
-    nodes = machines("pcie-8x-nvlink-pairs", crossed, "dgx-h100")
-    template = dra_template.build(nodes, 2, uuids_known=True)
-    assert set(template.by_uuid) == {"pcie-8x-nvlink-pairs", crossed}
-    for machine in nodes:
-        topology = machine.topologies[0]
-        for gpus in itertools.combinations(range(len(topology.gpus)), 2):
-            assert shares_an_id(template, topology, gpus) == connected(topology, gpus)
-    # Only the colliding GPUs went to UUIDs: the H100s keep their bus keys.
-    assert sum(k.startswith("uuid:") for k in template.values) == 16
+def test_the_wiring_of_most_nodes_keeps_the_keys_and_the_others_gpus_get_no_clique(
+    tmp_path: Path,
+) -> None:
+    crossed = scanned(rewired(tmp_path, [[0, 2], [1, 3], [4, 6], [5, 7]]))
+    cluster = [
+        nodes_of("pairs", scanned("pcie-8x-nvlink-pairs"), 0, 2),
+        nodes_of("crossed", crossed, 2, 1),
+        nodes_of("h100", scanned("dgx-h100"), 3, 1),
+    ]
+    template = dra_template.build(cluster, 2, uuids_known=True)
+    assert template.keyed_out == ("node-2",)
+    assert template.covers == ("pairs", "h100")
+    for machine in cluster:
+        for topology in machine.topologies:
+            for gpus in itertools.combinations(range(len(topology.gpus)), 2):
+                want = connected(topology, gpus) and machine.name != "crossed"
+                assert shares_an_id(template, topology, gpus) == want, (machine.name, gpus)
+    # Only the crossed node's 8 GPUs went to UUIDs, each to no clique.
+    uuids = {k: v for k, v in template.values.items() if k.startswith("uuid:")}
+    assert uuids == {f"uuid:{g.uuid}": () for g in cluster[1].topologies[0].gpus}
+
+
+def test_one_node_with_its_nvlinks_down_among_30_costs_its_uuids_not_the_template() -> None:
+    """The repro: 30 DGX H100 nodes, one with its fabric manager stopped. Before, every H100 went
+    to UUID keys: 12,058 bytes, refused. Now the down node's GPUs get no clique by UUID."""
+    h100 = scanned("dgx-h100")
+    cluster = [nodes_of("h100", h100, 0, 29), nodes_of("down", nvlinks_down(h100), 29, 1)]
+    template = dra_template.build(cluster, 2, uuids_known=True)
+    assert len(template.expression.encode()) < 1024
+    assert template.keyed_out == ("node-29",)
+    down = cluster[1].topologies[0]
+    assert all(ids_of(template, down, g.index) == () for g in down.gpus)
+    for topology in cluster[0].topologies:
+        assert all(ids_of(template, topology, g.index) == ("a",) for g in topology.gpus)
+
+
+@pytest.mark.parametrize("majority", ["h100", "down"])
+def test_either_way_round_no_pair_of_the_down_node_shares_an_id(majority: str) -> None:
+    h100 = scanned("dgx-h100")
+    counts = {"h100": 1, "down": 1, majority: 3}
+    cluster = [
+        nodes_of("h100", h100, 0, counts["h100"]),
+        nodes_of("down", nvlinks_down(h100), 10, counts["down"]),
+    ]
+    if majority == "down":
+        # The healthy node is the one kept out, and then no GPU keeps a clique.
+        with pytest.raises(TemplateError, match=r"^--gpus 2: no GPU keeps a clique: machines h100"):
+            dra_template.build(cluster, 2, uuids_known=True)
+        return
+    template = dra_template.build(cluster, 2, uuids_known=True)
+    for topology in cluster[1].topologies:
+        assert not any(
+            shares_an_id(template, topology, p) for p in itertools.combinations(range(8), 2)
+        )
 
 
 @pytest.mark.parametrize(
@@ -222,6 +275,19 @@ def test_kubernetes_dra_cel_reads_the_uuid_map_first(dracel_bin: Path, tmp_path:
     template = dra_template.build(nodes, 2, uuids_known=True)
     devices = [d for m in nodes for d in devices_of(template, m.topologies[0])]
     devices += strangers(nodes[0].topologies[0], template)
+    evaluation = evaluate(dracel_bin, template.expression, devices)
+    assert evaluation.outcomes == [(True, None)] * len(devices)
+    assert evaluation.cost <= BUDGET
+
+
+def test_kubernetes_dra_cel_gives_the_down_nodes_gpus_no_clique(dracel_bin: Path) -> None:
+    """The repro's 30 DGX H100 nodes, one with its NVLinks down, in Kubernetes' own CEL."""
+    h100 = scanned("dgx-h100")
+    cluster = [nodes_of("h100", h100, 0, 29), nodes_of("down", nvlinks_down(h100), 29, 1)]
+    template = dra_template.build(cluster, 2, uuids_known=True)
+    (down,) = cluster[1].topologies
+    devices = [(nvidia_attributes(g), ["a"]) for t in cluster[0].topologies for g in t.gpus]
+    devices += [(nvidia_attributes(g), []) for g in down.gpus]
     evaluation = evaluate(dracel_bin, template.expression, devices)
     assert evaluation.outcomes == [(True, None)] * len(devices)
     assert evaluation.cost <= BUDGET
@@ -354,6 +420,29 @@ def test_a_bad_request_is_one_line_on_stderr_and_exit_2(
     assert said in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--prefix", "BAD/x"], "prefix 'BAD/x' is not a DNS subdomain"),
+        (["--prefix", "kubernetes.io"], "prefix 'kubernetes.io' is in kubernetes.io, which"),
+        (["--name", "UPPER_bad"], "--name 'UPPER_bad' is not a DNS subdomain"),
+        (["--name", "a" * 300], "is not a DNS subdomain (lower-case letters, digits, '-' and '.'"),
+        (["--namespace", "bad/ns"], "--namespace 'bad/ns' is not a DNS label"),
+        (["--selector", "gpu=h100"], "--selector and --exclude choose among the cluster's Nodes"),
+    ],
+    ids=["prefix-not-a-domain", "prefix-reserved", "name-upper", "name-300", "namespace-slash",
+         "selector-offline"],
+)  # fmt: skip
+def test_a_name_the_apiserver_would_refuse_is_one_line_and_exit_2(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(["dra-template", "--gpus", "2", "--simulate", "dgx-h100", *argv], capsys)
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert err.startswith("topo-reporter: error: ")
+    assert said in err, err
+
+
 def test_every_profiles_template_is_its_golden_file() -> None:
     """Reviewed as a diff when they change (`python -m tests.golden`)."""
     made = dra_templates()
@@ -415,11 +504,14 @@ def test_any_cluster_gets_an_exact_map_or_one_refusal(
         return
     for machine in cluster:
         topology = machine.topologies[0]
+        covered = machine.name in template.covers
+        assert covered != (machine.name in template.keyed_out)  # each kept, or kept out
         for gpus in itertools.combinations(range(len(topology.gpus)), k):
             shared = shares_an_id(template, topology, gpus)
             if shared:  # sound: never an unconnected set, lost GPUs or not
                 assert connected(topology, gpus), (machine.name, gpus)
-            if not any(topology.gpus[i].lost for i in gpus):  # complete over usable GPUs
+            if covered and not any(topology.gpus[i].lost for i in gpus):
+                # complete over usable GPUs, on the machines whose cliques it holds
                 assert shared == connected(topology, gpus), (machine.name, gpus)
 
 
@@ -447,3 +539,363 @@ def test_a_stored_template_keeps_its_derived_attribute_or_is_told_dropped() -> N
 @settings(suppress_health_check=[HealthCheck.too_slow])
 def test_any_shape_of_answer_is_judged_without_raising(stored: Any) -> None:
     assert dra_template.keeps_derived_attributes(stored) in (True, False)
+
+
+# --- nodes left out, copied UUIDs, GPUs without UUIDs ---------------------------------------------
+
+
+def devices(topology: Topology) -> tuple[Device, ...]:
+    """The node's GPUs as its ResourceSlice lists them."""
+    return tuple(Device(g.uuid, g.model, g.pci) for g in topology.gpus)
+
+
+def test_a_node_left_out_is_kept_from_cliques_only_where_it_is_wired_otherwise() -> None:
+    h100 = scanned("dgx-h100")
+    same, down, unread = numbered(h100, 5), numbered(nvlinks_down(h100), 6), numbered(h100, 7)
+    template = dra_template.build(
+        [nodes_of("h100", h100, 0, 2)],
+        2,
+        uuids_known=True,
+        left_out=[
+            LeftOut("same", same),  # --exclude'd, but wired as the map says: right as it is
+            LeftOut("down", down),  # outside --selector, NVLinks down
+            LeftOut("unread", devices=devices(unread)),  # its annotation does not decode
+        ],
+    )
+    assert template.keyed_out == ("down", "unread")
+    assert all(ids_of(template, same, g.index) == ("a",) for g in same.gpus)
+    for topology in (down, unread):
+        assert all(ids_of(template, topology, g.index) == () for g in topology.gpus)
+
+
+def test_a_gpu_to_keep_out_without_a_uuid_takes_its_bus_key_out_of_the_map() -> None:
+    h100 = scanned("dgx-h100")
+    nameless = replace(
+        nvlinks_down(h100), gpus=tuple(replace(g, uuid=None) for g in h100.gpus[:2]) + h100.gpus[2:]
+    )
+    template = dra_template.build(
+        [nodes_of("h100", h100, 0, 3), Machine("down", (nameless,), ("down",))],
+        2,
+        uuids_known=True,
+    )
+    first, second = (f"bus:{g.model}/{g.pci}" for g in h100.gpus[:2])
+    assert first not in template.values
+    assert second not in template.values
+    shown = ", ".join(f"{g.model} at {g.pci}" for g in h100.gpus[:2])
+    assert template.notes == (
+        f"no clique on any node for 2 GPU product and PCI bus IDs ({shown}): down is wired "
+        "otherwise there and published no GPU UUID to keep apart by",
+    )
+    # The others stay on their bus keys; the down node's GPUs 2-7 go by UUID.
+    assert sum(k.startswith("uuid:") for k in template.values) == 6
+    assert ids_of(template, numbered(h100, 0), 2) == ("a",)
+
+
+@pytest.mark.parametrize(
+    ("listed", "copying", "said"),
+    [
+        ("a", {"b"}, "left out: b (the GPUs are in the other's ResourceSlice)"),
+        (
+            None,
+            {"a", "b"},
+            "left out: all of them (no ResourceSlice of gpu.nvidia.com tells which holds them)",
+        ),
+    ],
+    ids=["the slices name the copier", "without slices both are left out"],
+)
+def test_nodes_publishing_the_same_uuids_are_named_and_the_copier_left_out(
+    listed: str | None, copying: set[str], said: str
+) -> None:
+    genuine = numbered(scanned("dgx-h100"), 1)
+    copier = nvlinks_down(genuine)  # the copy of the UUIDs, on other wiring
+    slices = None if listed is None else {listed: list(devices(genuine))}
+    found, lines = dra_template.copiers(
+        [("a", genuine), ("b", copier), ("c", numbered(copier, 2))], slices
+    )
+    assert found == copying
+    assert lines == [f"nodes a, b publish the same GPU UUIDs: {said}"]
+
+
+def test_the_devices_of_nvidias_slices_in_every_version_and_their_uuids_win() -> None:
+    gpu = scanned("dgx-h100").gpus[0]
+    v1 = {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "a",
+            "devices": [
+                {"name": "gpu-0", "attributes": nvidia_attributes(replace(gpu, uuid="GPU-slice"))}
+            ],
+        }
+    }
+    v1beta1 = {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "b",
+            "devices": [{"name": "gpu-0", "basic": {"attributes": nvidia_attributes(gpu)}}],
+        }
+    }
+    other = {"spec": {"driver": "other.example.com", "nodeName": "c", "devices": [{}]}}
+    found = dra_template.slice_devices([v1, v1beta1, other, {"spec": None}, "junk", None])
+    assert found == {
+        "a": [Device("GPU-slice", gpu.model, gpu.pci)],
+        "b": [Device(gpu.uuid, gpu.model, gpu.pci)],
+    }
+    topology = dra_template.with_slice_uuids(scanned("dgx-h100"), found["a"])
+    assert [g.uuid for g in topology.gpus][:2] == ["GPU-slice", scanned("dgx-h100").gpus[1].uuid]
+
+
+# --- the clique search's bound -------------------------------------------------------------------
+
+
+def moon_moser(parts: int) -> Topology:
+    """`parts` triples of GPUs, every GPU NVLinked to every GPU of another triple and to none of
+    its own: 3^parts maximal cliques (the most any graph of 3·parts vertices has)."""
+    n = 3 * parts
+    links = tuple(
+        tuple(SELF if a == b else SYS if a // 3 == b // 3 else NV12 for b in range(n))
+        for a in range(n)
+    )
+    gpus = tuple(
+        Gpu(i, uuid=f"GPU-{i:08d}", pci=f"0000:{i:02x}:00.0", model="NVIDIA H100 80GB HBM3")
+        for i in range(n)
+    )
+    return Topology(Source.NVML, gpus, links)
+
+
+def test_a_wiring_of_3_to_the_16_maximal_cliques_is_refused_within_bounded_memory() -> None:
+    """The repro: 48 GPUs, 43 million maximal cliques; before, 3.8 GB and no answer."""
+    topology = moon_moser(16)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CliqueBoundError, match=r"more than 1024 maximal cliques"):
+            dra_template.maximal_cliques(topology)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+
+
+def test_the_bound_counts_search_steps_too() -> None:
+    with pytest.raises(CliqueBoundError, match=r"more than 10 steps"):
+        dra_template.maximal_cliques(moon_moser(4), steps=10)
+    assert len(dra_template.maximal_cliques(moon_moser(4))) == 3**4
+
+
+def test_a_node_past_the_bound_is_left_out_with_one_line_and_its_gpus_kept_from_cliques() -> None:
+    forged = moon_moser(16)
+    # Its first 8 GPUs sit at the bus IDs of the H100s the template is made of.
+    h100 = replace(
+        scanned("dgx-h100"),
+        gpus=tuple(
+            replace(g, model=forged.gpus[0].model, pci=forged.gpus[g.index].pci)
+            for g in scanned("dgx-h100").gpus
+        ),
+    )
+    template = dra_template.build(
+        [nodes_of("h100", h100, 0, 2), Machine("forged", (forged,), ("forged",))],
+        2,
+        uuids_known=True,
+    )
+    assert template.notes == (
+        "left out: node forged: its NVLink wiring has more than 1024 maximal cliques, which no "
+        "real machine has (is its agent's annotation forged?)",
+    )
+    assert template.keyed_out == ("forged",)
+    assert all(ids_of(template, forged, i) == () for i in range(8))
+    with pytest.raises(TemplateError, match=r"^profile forged: its NVLink wiring has more than"):
+        dra_template.build([Machine("forged", (forged,))], 2)
+
+
+# --- the map read back from the expression (the doctor's view) ------------------------------------
+
+
+def test_the_map_reads_back_from_the_expression_and_nothing_else_does(tmp_path: Path) -> None:
+    crossed = scanned(rewired(tmp_path, [[0, 2], [1, 3], [4, 6], [5, 7]]))
+    cluster = [
+        nodes_of("pairs", scanned("pcie-8x-nvlink-pairs"), 0, 2),
+        nodes_of("crossed", crossed, 2, 1),
+    ]
+    template = dra_template.build(cluster, 2, uuids_known=True)
+    read = dra_template.clique_map(template.expression)
+    assert read is not None
+    assert {f"{k[0]}:{k[1]}" + (f"/{k[2]}" if k[2] else ""): v for k, v in read.items()} == dict(
+        template.values
+    )
+    # An edit that hands clique "a" to every GPU the map does not hold is not ours.
+    edited = template.expression.replace("?p[n][b]:[]", '?p[n][b]:["a"]')
+    assert edited != template.expression
+    for text in (edited, template.expression[:-1], "true", None, 3, template.expression + " "):
+        assert dra_template.clique_map(text) is None
+
+
+# --- the command's reading of the cluster, over an ApiClient double ----------------------------
+
+
+class ClusterApi:
+    """An ApiClient double for `list` alone: Nodes (a label selector `k=v` applied) and
+    ResourceSlices in the versions given, each a list or an error status."""
+
+    def __init__(self, nodes: list[dict[str, Any]], slices: Mapping[str, Any]) -> None:
+        self.nodes = nodes
+        self.slices = slices
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        metadata_only: bool = False,
+    ) -> Any:
+        if resource.plural == "nodes":
+            selector = (query or {}).get("labelSelector")
+            if selector is None:
+                return {"items": self.nodes}
+            key, _, value = selector.partition("=")
+            picked = [n for n in self.nodes if n["metadata"].get("labels", {}).get(key) == value]
+            return {"items": picked}
+        answer = self.slices.get(resource.version, 404)
+        if isinstance(answer, int):
+            raise ApiPermanentError(f"status {answer}", status=answer)
+        return {"items": answer}
+
+
+def node_object(name: str, topology: Topology | None, **labels: str) -> dict[str, Any]:
+    annotations = {} if topology is None else {"gpu.topology.io/topology": encode(topology)}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+def nvidia_slice(node: str, topology: Topology) -> dict[str, Any]:
+    return {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "devices": [
+                {"name": f"gpu-{g.index}", "attributes": nvidia_attributes(g)}
+                for g in topology.gpus
+            ],
+        }
+    }
+
+
+def cluster_template(
+    api: ClusterApi, selector: str | None = None, excluded: Sequence[str] = ()
+) -> dra_template.Template:
+    machines, left_out = dra_template_command._cluster_machines(
+        api,  # type: ignore[arg-type]  # list is all it calls
+        "gpu.topology.io",
+        selector,
+        excluded,
+    )
+    return dra_template.build(machines, 2, uuids_known=True, left_out=left_out)
+
+
+def test_nodes_outside_the_selector_or_excluded_give_no_clique_and_get_none_where_wired_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    kept, same, down = numbered(h100, 0), numbered(h100, 1), numbered(nvlinks_down(h100), 2)
+    # The down node's driver publishes other UUIDs than its annotation: the slice's win.
+    sliced = numbered(down, 12)
+    api = ClusterApi(
+        [
+            node_object("gpu-0", kept, pool="a"),
+            node_object("gpu-1", same, pool="a"),
+            node_object("gpu-2", down, pool="b"),
+        ],
+        {"v1": [nvidia_slice("gpu-2", sliced)]},
+    )
+    template = cluster_template(api, selector="pool=a", excluded=["gpu-1", "gpu-9"])
+    assert template.covers == ("gpu-0",)
+    assert template.keyed_out == ("gpu-2",)
+    assert all(ids_of(template, same, g.index) == ("a",) for g in same.gpus)
+    assert all(ids_of(template, sliced, g.index) == () for g in sliced.gpus)
+    assert capsys.readouterr().err == "topo-reporter: warning: --exclude 'gpu-9': no such Node\n"
+
+
+@pytest.mark.parametrize(
+    ("slices", "warned"),
+    [
+        ({"v1beta2": []}, ""),
+        ({}, ""),
+        ({"v1": 403}, "topo-reporter: warning: ResourceSlices may not be listed"),
+    ],
+    ids=["an older version served", "none served: quiet", "forbidden: said"],
+)
+def test_the_slices_are_read_in_the_newest_version_served(
+    slices: Mapping[str, Any], warned: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = ClusterApi([node_object("gpu-0", numbered(scanned("dgx-h100"), 0))], slices)
+    cluster_template(api)
+    assert capsys.readouterr().err.startswith(warned)
+
+
+def test_an_unreadable_node_and_one_without_an_agent_are_kept_out_by_their_slices_uuids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    broken, bare = numbered(h100, 8), numbered(h100, 9)
+    unreadable = node_object("gpu-8", None)
+    unreadable["metadata"]["annotations"]["gpu.topology.io/topology"] = '{"v":2}'
+    api = ClusterApi(
+        [node_object("gpu-0", numbered(h100, 0)), unreadable, node_object("gpu-9", None)],
+        {"v1": [nvidia_slice("gpu-8", broken), nvidia_slice("gpu-9", bare)]},
+    )
+    template = cluster_template(api)
+    assert template.keyed_out == ("gpu-8", "gpu-9")
+    for topology in (broken, bare):
+        assert all(ids_of(template, topology, g.index) == () for g in topology.gpus)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("topo-reporter: warning: left out: node gpu-8: ")
+
+
+def test_a_node_copying_anothers_uuids_is_named_with_it_and_left_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    h100 = scanned("dgx-h100")
+    genuine, own = numbered(h100, 0), numbered(nvlinks_down(h100), 5)
+    copier = replace(own, gpus=genuine.gpus)  # its annotation, the other's UUIDs
+    api = ClusterApi(
+        [node_object("gpu-0", genuine), node_object("gpu-1", numbered(h100, 1)),
+         node_object("gpu-5", copier)],
+        {"v1": [nvidia_slice("gpu-0", genuine), nvidia_slice("gpu-5", own)]},
+    )  # fmt: skip
+    template = cluster_template(api)
+    assert capsys.readouterr().err == (
+        "topo-reporter: warning: nodes gpu-0, gpu-5 publish the same GPU UUIDs: left out: gpu-5 "
+        "(the GPUs are in the other's ResourceSlice)\n"
+    )
+    assert template.covers == ("gpu-0 (+1 alike)",)
+    # The copier's own GPUs (its slice's UUIDs) get none; the genuine node keeps its cliques.
+    assert all(ids_of(template, own, g.index) == () for g in own.gpus)
+    assert all(ids_of(template, genuine, g.index) == ("a",) for g in genuine.gpus)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(cluster=clusters(), k=st.integers(2, 4), left=st.integers(0, 3), known=st.booleans())
+def test_nodes_left_out_never_share_a_clique_with_gpus_they_are_not_joined_to(
+    cluster: list[Machine], k: int, left: int, known: bool
+) -> None:
+    """Any cluster with some of its machines left out (their wiring known or only their GPUs):
+    every machine's GPUs, left out or not, share an ID only where they are all joined."""
+    kept, out = cluster[left:], cluster[:left]
+    strangers = [
+        LeftOut(m.name, m.topologies[0])
+        if known
+        else LeftOut(m.name, devices=devices(m.topologies[0]))
+        for m in out
+    ]
+    try:
+        template = dra_template.build(kept, k, uuids_known=True, left_out=strangers)
+    except TemplateError:
+        return
+    for machine in cluster:
+        topology = machine.topologies[0]
+        for gpus in itertools.combinations(range(len(topology.gpus)), k):
+            if shares_an_id(template, topology, gpus):
+                assert connected(topology, gpus), (machine.name, gpus)

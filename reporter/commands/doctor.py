@@ -35,7 +35,8 @@ def handle(args: argparse.Namespace) -> int:
         by_node |= doctor.pod_group_findings(reader.workloads() or [], nodes, args.prefix)
         # dra-template's templates, against the wirings the nodes publish now and the gate.
         templates = reader.dra_templates(args.prefix) or []
-        by_node |= doctor.dra_template_findings(templates, nodes, args.prefix)
+        slices = reader.resource_slices() if templates else None
+        by_node |= doctor.dra_template_findings(templates, nodes, args.prefix, slices)
     if args.format == "json":
         terminal.write(sys.stdout, doctor.report_json(by_node))
     else:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
-from reporter import terminal
+from reporter import settings, terminal
 from reporter.collect import build_scanner
 from reporter.commands import (
     EXIT_OK,
@@ -21,7 +21,14 @@ from reporter.commands import (
     logs_to_stderr,
 )
 from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, InputError
-from reporter.publish.api import NODES, RESOURCE_CLAIM_TEMPLATES, ApiClient
+from reporter.publish.api import (
+    DRA_VERSIONS,
+    NODES,
+    RESOURCE_CLAIM_TEMPLATES,
+    ApiClient,
+    Resource,
+    resource_slices,
+)
 from reporter.schema import dra_template, keys
 from reporter.schema.model import Topology
 from reporter.schema.node import decode_node, node_name
@@ -52,42 +59,106 @@ def _operator_client(kubeconfig: str | None) -> ApiClient:
     return kube.operator_client(kubeconfig)
 
 
-def _cluster_machines(api: ApiClient, prefix: str) -> list[dra_template.Machine]:
-    """The Nodes' published topologies, nodes of one wiring as one machine kind."""
-    kinds: dict[str, list[tuple[str, Topology]]] = {}
-    query: dict[str, str] = {"limit": "500"}
+def _pages(api: ApiClient, resource: Resource, query: Mapping[str, str]) -> Iterator[Any]:
+    """Every item of a list, 500 a page."""
+    page_query = {**query, "limit": "500"}
     while True:
-        page = api.list(NODES, query=query)
-        for node in page["items"]:
-            try:
-                topology = decode_node(node, prefix)
-            except InputError as e:
-                # A node without the annotation runs no agent (no GPUs); one that does not decode
-                # is said, since the template then leaves its GPUs out.
-                if keys.key(prefix, keys.TOPOLOGY) in (node["metadata"].get("annotations") or {}):
-                    terminal.write(
-                        sys.stderr,
-                        f"{PROG}: warning: left out: node {node_name(node)}: {e}\n",
-                    )
-                continue
-            digest = dra_template.wiring_digest(topology)
-            kinds.setdefault(digest, []).append((node_name(node), topology))
+        page = api.list(resource, query=page_query)
+        yield from page["items"]
         token = page.get("metadata", {}).get("continue")
         if not token:
-            break
-        query = {"limit": "500", "continue": token}
+            return
+        page_query = {**query, "limit": "500", "continue": token}
+
+
+def _slices(api: ApiClient) -> list[Any] | None:
+    """Every ResourceSlice, in the newest resource.k8s.io version served; [] where none is
+    (no DRA: no device for the template either), None where the caller may not list them."""
+    for version in DRA_VERSIONS:
+        try:
+            return list(_pages(api, resource_slices(version), {}))
+        except ApiPermanentError as e:
+            if e.status == 404:
+                continue
+            if e.status == 403:
+                return None
+            raise
+    return []
+
+
+def _warn(line: str) -> None:
+    terminal.write(sys.stderr, f"{PROG}: warning: {line}\n")
+
+
+def _cluster_machines(
+    api: ApiClient, prefix: str, selector: str | None, excluded: Sequence[str]
+) -> tuple[list[dra_template.Machine], list[dra_template.LeftOut]]:
+    """The Nodes' published topologies, nodes of one wiring as one machine kind; and the nodes
+    left out (`--exclude`, outside `--selector`, no readable topology, copiers of UUIDs) with
+    their GPUs, which the template must still keep from cliques not theirs."""
+    try:
+        nodes = list(_pages(api, NODES, {}))
+        chosen = (
+            None
+            if selector is None
+            else {node_name(n) for n in _pages(api, NODES, {"labelSelector": selector})}
+        )
+    except ApiPermanentError as e:
+        if e.status == 400 and selector is not None:
+            raise ConfigError(
+                f"--selector {excerpt(selector)}: the apiserver refuses it: {e}"
+            ) from None
+        raise
+    slices = _slices(api)
+    if slices is None:
+        _warn(
+            "ResourceSlices may not be listed: GPUs of nodes whose topology does not read are "
+            "not kept from the cliques (grant list on resourceslices.resource.k8s.io)"
+        )
+    devices = dra_template.slice_devices(slices or [])
+    read: list[tuple[str, Topology]] = []
+    left_out: list[dra_template.LeftOut] = []
+    annotation = keys.key(prefix, keys.TOPOLOGY)
+    for node in nodes:
+        name = node_name(node)
+        try:
+            read.append((name, decode_node(node, prefix)))
+        except InputError as e:
+            # A node without the annotation runs no agent; one that does not decode is said.
+            # Either way its GPUs, as its slices list them, are kept from the cliques.
+            if annotation in (node["metadata"].get("annotations") or {}):
+                _warn(f"left out: node {name}: {e}")
+            left_out.append(dra_template.LeftOut(name, devices=tuple(devices.get(name, ()))))
+    known = {node_name(n) for n in nodes}
+    for name in sorted(set(devices) - known):
+        left_out.append(dra_template.LeftOut(name, devices=tuple(devices[name])))
+    for name in sorted(set(excluded) - known):
+        _warn(f"--exclude {excerpt(name)}: no such Node")
+    copying, lines = dra_template.copiers(read, None if slices is None else devices)
+    for line in lines:
+        _warn(line)
+    kinds: dict[str, list[tuple[str, Topology]]] = {}
+    for name, published in read:
+        topology = dra_template.with_slice_uuids(published, devices.get(name, ()))
+        if name in copying or name in excluded or (chosen is not None and name not in chosen):
+            left_out.append(dra_template.LeftOut(name, topology))
+            continue
+        kinds.setdefault(dra_template.wiring_digest(topology), []).append((name, topology))
     if not kinds:
         raise ConfigError(
-            f"no Node publishes a {keys.key(prefix, keys.TOPOLOGY)} annotation: run the agent on "
-            "the GPU nodes first, or pass --simulate PROFILE"
+            f"no Node publishes a {annotation} annotation"
+            + (" among those --selector and --exclude leave" if selector or excluded else "")
+            + ": run the agent on the GPU nodes first, or pass --simulate PROFILE"
         )
-    return [
+    machines = [
         dra_template.Machine(
-            nodes[0][0] + (f" (+{len(nodes) - 1} alike)" if len(nodes) > 1 else ""),
-            tuple(t for _, t in nodes),
+            alike[0][0] + (f" (+{len(alike) - 1} alike)" if len(alike) > 1 else ""),
+            tuple(t for _, t in alike),
+            tuple(n for n, _ in alike),
         )
-        for nodes in sorted(kinds.values(), key=lambda n: n[0][0])
+        for alike in sorted(kinds.values(), key=lambda n: n[0][0])
     ]
+    return machines, left_out
 
 
 def _check_served(api: ApiClient, document: dict[str, Any], namespace: str) -> None:
@@ -124,19 +195,44 @@ def _check_served(api: ApiClient, document: dict[str, Any], namespace: str) -> N
         )
 
 
+def _check_names(args: argparse.Namespace) -> None:
+    """Raise ConfigError for a --prefix, --name or --namespace the apiserver would refuse (or
+    that sits in a domain Kubernetes reserves): the template is printed to be applied."""
+    settings.check_prefix(args.prefix)
+    if args.name is not None and not settings.is_subdomain(args.name):
+        raise ConfigError(
+            f"--name {excerpt(args.name)} is not a DNS subdomain (lower-case letters, digits, "
+            "'-' and '.', at most 253 characters), which a ResourceClaimTemplate's name must be"
+        )
+    if args.namespace is not None and not settings.is_namespace(args.namespace):
+        raise ConfigError(
+            f"--namespace {excerpt(args.namespace)} is not a DNS label (lower-case letters, "
+            "digits and '-', at most 63 characters), which a namespace's name must be"
+        )
+    if args.simulate and (args.selector is not None or args.exclude):
+        raise ConfigError(
+            "--selector and --exclude choose among the cluster's Nodes: drop them, or "
+            "--simulate, to read the cluster"
+        )
+
+
 def handle(args: argparse.Namespace) -> int:
     """Print the template; 2 when none can be made (the reason on stderr)."""
     logs_to_stderr()
     try:
+        _check_names(args)
         if args.simulate and args.kubeconfig:
             raise ConfigError(
                 "--simulate and --kubeconfig both given: pass profiles, or read the cluster"
             )
         api = None if args.simulate else _operator_client(args.kubeconfig)
+        left_out: list[dra_template.LeftOut] = []
         if api is None:
             machines = _simulated_machines(args.simulate)
         else:
-            machines = _cluster_machines(api, args.prefix)
+            machines, left_out = _cluster_machines(
+                api, args.prefix, args.selector, args.exclude or []
+            )
         template = dra_template.build(
             machines,
             args.gpus,
@@ -146,13 +242,20 @@ def handle(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             prefix=args.prefix,
             uuids_known=not args.simulate,
+            left_out=left_out,
+            selection=[
+                *(["--selector", args.selector] if args.selector is not None else []),
+                *(a for node in args.exclude or [] for a in ("--exclude", node)),
+            ],
         )
+        for note in template.notes:
+            _warn(note)
         if api is not None:
             _check_served(api, template.document, args.namespace or "default")
     except ConfigError as e:
         terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
         return EXIT_USAGE
-    terminal.write(sys.stdout, dra_template.to_yaml(template, machines))
+    terminal.write(sys.stdout, dra_template.to_yaml(template))
     return EXIT_OK
 
 
@@ -188,6 +291,19 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         default=dra_template.DEFAULT_DEVICE_CLASS,
         metavar="NAME",
         help="the DeviceClass to request (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--selector",
+        metavar="LABELSELECTOR",
+        help="take the cliques from the Nodes this label selector picks (the others' GPUs are "
+        "still kept from cliques not theirs)",
+    )
+    parser.add_argument(
+        "--exclude",
+        metavar="NODE",
+        action="append",
+        help="leave this Node out of the cliques (its GPUs are still kept from cliques not "
+        "theirs); repeat it for each",
     )
     parser.add_argument("--name", metavar="NAME", help="the template's name")
     parser.add_argument("--namespace", metavar="NS", help="the template's namespace")

@@ -176,6 +176,11 @@ class ApiClusterReader:
                 break
         return self._dra_lists[kind]
 
+    def resource_slices(self) -> list[dict[str, Any]] | None:
+        """Every ResourceSlice (the list `dra` reads), for the template findings; None where
+        none is served or the operator may not list them."""
+        return self._dra_list("slices")
+
     def dra(self, node: str) -> DraObservation:
         return dra_observation(node, self._dra_list("slices"), self._dra_list("claims"))
 
