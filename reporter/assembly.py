@@ -128,6 +128,7 @@ def nrt_output(
     return NrtOutput(
         sink,
         node=agent_node(config),
+        prefix=config.prefix,
         memory=lambda: numa_memory(hostfs),
         policies=lambda: nrt_policies(read_kubelet(Path(config.kubelet_config)), stated),
         log=log,

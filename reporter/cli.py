@@ -104,9 +104,11 @@ COMMANDS: tuple[Command, ...] = (
         help="remove everything the agents under a prefix wrote to the cluster",
         description="Remove what the agents under --prefix wrote, and nothing else: on every "
         "Node the labels and annotations its PREFIX/owned annotation lists, that annotation, and "
-        "the PREFIX/fabric-health taint; our DeviceTaintRules and NodeResourceTopology objects; "
-        "the heartbeat Leases and NodeFeature objects in --namespace. The chart runs it from its "
-        "pre-delete hook; run it by hand with --prefix OLD after changing the prefix.",
+        "the PREFIX/fabric-health taint; our DeviceTaintRules and NodeResourceTopology objects "
+        "labelled PREFIX/node; the heartbeat Leases and the NodeFeature objects labelled "
+        "PREFIX/node in --namespace. The chart runs it from its pre-delete hook; run it by hand "
+        "with --prefix OLD after changing the prefix: the current install's objects carry the new "
+        "prefix's label and stay.",
         handler=prune.handle,
         arguments=prune.arguments,
     ),

@@ -805,6 +805,16 @@ class PruneSettings:
         kind=Kind.SWITCH,
     )
     """Print what would be removed, and change nothing."""
+    unlabelled: bool = setting(
+        False,
+        flag="--unlabelled",
+        env="TOPO_REPORTER_UNLABELLED",
+        help="also remove our NodeResourceTopology and NodeFeature objects that carry no "
+        "<prefix>/node label at all (an earlier version wrote them, under a prefix they cannot "
+        "say)",
+        kind=Kind.SWITCH,
+    )
+    """Also remove our NodeResourceTopology and NodeFeature objects that name no prefix."""
     log_format: str = _log_format()
     """auto (JSON when stderr is not a terminal), json or console."""
     log_level: str = _log_level("warning", chart=None)

@@ -164,6 +164,7 @@ def test_the_node_resource_topology_is_withdrawn_at_the_same_read_and_republishe
         ),
         node=NODE,
         memory=lambda: {0: 1 << 38, 1: 1 << 38},
+        prefix=PREFIX,
         policies=lambda: KubeletPolicies("single-numa-node", "container"),
         log=structlog.get_logger(),
     )

@@ -27,7 +27,8 @@ from lark import Token, Tree
 
 from reporter.publish.client import EventType, event_body
 from reporter.publish.patch import NodeMetadata
-from reporter.schema import dra
+from reporter.schema import dra, keys
+from reporter.schema.nrt import own_labels
 from tests.helm_chart import ALL_ON, FULLNAME, NAMESPACE, NODE_POLICY, VAP_API, render
 
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
@@ -797,11 +798,12 @@ def nrt_policy() -> PolicyEvaluator:
 def nrt_request(
     operation: str, name: str, *, username: str = AGENT, claim: list[str] | None = None
 ) -> dict[str, Any]:
-    """A create or update of the NodeResourceTopology `name` (oldObject null on a create)."""
+    """A create or update of the NodeResourceTopology `name` (oldObject null on a create), labelled
+    as the agent labels it (its prefix's owner label included)."""
     obj = {
         "apiVersion": "topology.node.k8s.io/v1alpha2",
         "kind": "NodeResourceTopology",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": own_labels(name, keys.DEFAULT_PREFIX)},
         "zones": [],
     }
     return {

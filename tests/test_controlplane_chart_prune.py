@@ -39,6 +39,7 @@ from tests.test_controlplane_prune import (
     RULES,
     Cluster,
     cluster,
+    earlier_left,
     ours_on_the_cluster,
 )
 
@@ -160,6 +161,9 @@ def test_uninstall_runs_the_prune_hook_and_leaves_nothing_of_ours(
     assert cluster.other in cluster.names(*NRT)
     assert f"{dra.NAME_PREFIX}.{cluster.tray}.gpu-9" in cluster.names(*RULES)
     assert cluster.other in cluster.leases()
+    # Ours under another prefix stays; an earlier version's (no prefix label) is said and stays.
+    assert earlier_left(cluster)
+    assert f"left NodeResourceTopology {cluster.unlabelled}: " in ran.stdout
     # The release and its hooks are gone.
     assert on_server(real_apiserver, cluster.namespace, manifest_objects(installed)) == []
     assert on_server(real_apiserver, cluster.namespace, hooks) == []
@@ -213,6 +217,9 @@ def policy_cases(c: Cluster, api: k8s.ApiClient) -> list[tuple[str, bool, Any]]:
         ("delete a node", False, lambda: core.delete_node(c.other, dry_run="All")),
         ("delete our NodeResourceTopology", True, delete(*NRT, c.tray)),
         ("delete another producer's", False, delete(*NRT, c.other)),
+        # Issue 41: ours, but another prefix's (the current install's, for prune of an old one).
+        ("delete our NodeResourceTopology of another prefix", False, delete(*NRT, c.old_prefixed)),
+        ("delete our NodeResourceTopology of no prefix", False, delete(*NRT, c.unlabelled)),
         ("delete our DeviceTaintRule", True, delete(*RULES, rule)),
         ("delete a rule with our labels in another pool", False, delete(*RULES, foreign_rule)),
         (
@@ -236,6 +243,16 @@ def policy_cases(c: Cluster, api: k8s.ApiClient) -> list[tuple[str, bool, Any]]:
         ),
         ("delete our NodeFeature", True, delete(*nfd, f"{c.nfd_node}-topo-reporter", c.namespace)),
         ("delete nfd-worker's", False, delete(*nfd, f"{c.other}-nfd-worker", c.namespace)),
+        (
+            "delete our NodeFeature of another prefix",
+            False,
+            delete(*nfd, f"{c.old_prefixed}-topo-reporter", c.namespace),
+        ),
+        (
+            "delete our NodeFeature of no prefix",
+            False,
+            delete(*nfd, f"{c.unlabelled}-topo-reporter", c.namespace),
+        ),
     ]
 
 

@@ -36,7 +36,7 @@ from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.schema import nrt
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology, pods_fingerprint
 from reporter.settings import WITHDRAW_AFTER
-from tests.agent_support import FAST, ApiClientFactory, topology
+from tests.agent_support import FAST, PREFIX, ApiClientFactory, topology
 from tests.controlplane_fixtures import NodeFactory, RealApiServer
 from tests.helm_chart import NAMESPACE, VAP_API, render
 from tests.kube_double import write_kubeconfig
@@ -117,7 +117,9 @@ def sink(request: pytest.FixtureRequest, real_apiserver: RealApiServer) -> Calla
 
 def desired(node: str, free: frozenset[int], pods: tuple[PodRef, ...] = PODS) -> dict[str, Any]:
     state = NodeState(pods=pods, free_gpus=free)
-    return node_resource_topology(node, topology(8), state, MEMORY, policies=POLICIES)
+    return node_resource_topology(
+        node, topology(8), state, MEMORY, policies=POLICIES, prefix=PREFIX
+    )
 
 
 def test_the_real_crd_takes_the_object_as_built_fingerprint_and_policies_included(
@@ -145,7 +147,7 @@ def test_the_real_crd_takes_the_object_as_built_fingerprint_and_policies_include
         "node-0": ("4", "2"),
         "node-1": ("4", "1"),
     }
-    assert held["metadata"]["labels"] == {nrt.MANAGED_BY: nrt.MANAGER}
+    assert held["metadata"]["labels"] == nrt.own_labels(node, PREFIX)
 
 
 def test_an_unchanged_object_is_never_written_again_not_even_after_a_restart(
@@ -260,6 +262,7 @@ def test_the_agents_output_publishes_each_allocation_view_and_counts_what_it_did
         sink(),
         node=node,
         memory=lambda: MEMORY,
+        prefix=PREFIX,
         policies=lambda: POLICIES,
         log=structlog.get_logger(),
         on_result=results.append,
@@ -293,6 +296,7 @@ def test_the_agents_output_never_raises_over_a_foreign_object_and_says_so_once(
         sink(),
         node=node,
         memory=lambda: MEMORY,
+        prefix=PREFIX,
         policies=lambda: POLICIES,
         log=structlog.get_logger(),
         on_result=results.append,
@@ -327,6 +331,7 @@ def test_reads_that_keep_failing_withdraw_the_object_and_a_good_read_publishes_i
         ),
         node=node,
         memory=lambda: MEMORY,
+        prefix=PREFIX,
         policies=lambda: POLICIES,
         log=structlog.get_logger(),
     )
@@ -466,7 +471,7 @@ def test_the_agents_own_token_writes_its_nodes_object_and_no_other(
         assert held is not None
         assert held["zones"] == desired(own, frozenset())["zones"]
         # Withdrawn (reads failing) with the same grant: update, on its own node's object.
-        assert running.withdraw(own) is True
+        assert running.withdraw(own, PREFIX) is True
         assert nrt.WITHDRAWN in {a["name"] for a in (store.get(own) or {})["attributes"]}
 
         with pytest.raises(ApiPermanentError) as denied:
@@ -518,6 +523,7 @@ def test_what_the_kubelet_lists_reaches_the_object_the_scheduler_reads(
         sink(),
         node=node,
         memory=lambda: MEMORY,
+        prefix=PREFIX,
         policies=lambda: POLICIES,
         log=structlog.get_logger(),
         on_result=results.append,

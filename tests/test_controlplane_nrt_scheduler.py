@@ -34,7 +34,7 @@ from reporter.collect.podresources import PodResourcesError
 from reporter.publish.nrt import NrtOutput, NrtSink
 from reporter.schema import nrt
 from reporter.settings import WITHDRAW_AFTER
-from tests.agent_support import API_CLIENTS, FAST, topology
+from tests.agent_support import API_CLIENTS, FAST, PREFIX, topology
 from tests.controlplane_fixtures import NODE_CAPACITY, RealApiServer, start_harness, stop_process
 from tests.controlplane_fixtures import unique as unique_name
 from tests.test_agent_availability import INTERVAL_S, FakeSource, wire_live
@@ -401,6 +401,7 @@ def test_a_withdrawn_object_stops_filtering_and_the_next_good_read_filters_again
         ),
         node=node,
         memory=lambda: MEMORY,
+        prefix=PREFIX,
         policies=lambda: KubeletPolicies("single-numa-node", "container"),
         log=structlog.get_logger(),
     )

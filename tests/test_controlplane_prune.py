@@ -6,7 +6,9 @@ write: a GB200 tray with an unhealthy fabric and `--taint-unhealthy-fabric --dra
 GPU, the NodeResourceTopology, the heartbeat Lease), and a second node through the nodefeature
 sink (NFD's real CRDs). Beside them, what others own: their labels, annotations and taints, a
 key under our prefix that the agent never listed, another producer's NodeResourceTopology, a
-rule carrying our labels in another node's pool, a Lease and a NodeFeature of others.
+rule carrying our labels in another node's pool, a Lease and a NodeFeature of others; and
+NodeResourceTopology and NodeFeature objects of ours written under another prefix, and by a
+version before the `<prefix>/node` label (none).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from kubernetes import client as k8s
 
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
 from reporter.schema import dra
-from reporter.schema.nrt import MANAGED_BY, MANAGER
+from reporter.schema.nrt import MANAGED_BY, MANAGER, own_labels
 from tests.controlplane_fixtures import RULES_VERSION, NodeFactory, RealApiServer, unique
 from tests.kube_double import write_kubeconfig
 from tests.test_agent_cli import CLI, env
@@ -33,6 +35,7 @@ from tests.test_agent_cli import CLI, env
 pytestmark = pytest.mark.controlplane
 
 PREFIX = "gpu.topology.io"
+OLD_PREFIX = "old.example.com"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 FOREIGN_LABELS = {"team": "ml", f"{PREFIX}/set-by-hand": "yes"}
 FOREIGN_ANNOTATIONS = {"other.io/note": "keep"}
@@ -91,6 +94,11 @@ class Cluster:
     nfd_node: str
     other: str
     custom: k8s.CustomObjectsApi
+    old_prefixed: str
+    """The name of our NodeResourceTopology, and the node of our NodeFeature, written under
+    OLD_PREFIX."""
+    unlabelled: str
+    """The same, written by a version before the `<prefix>/node` label."""
 
     def node(self, name: str) -> Any:
         return self.server.core().read_node(name)
@@ -144,6 +152,40 @@ def foreign_rule(pool: str, node_label: str) -> dict[str, Any]:
             "taint": {"key": "example.com/hand", "value": "x", "effect": "NoSchedule"},
         },
     }
+
+
+def earlier_objects(name: str, owner: dict[str, str], namespace: str) -> list[dict[str, Any]]:
+    """Our NodeResourceTopology named `name` and NodeFeature for node `name`, as the agent wrote
+    them under the prefix of `owner` (`{}`: a version before the owner label)."""
+    labels = {MANAGED_BY: MANAGER, **owner}
+    return [
+        {
+            "apiVersion": f"{NRT[0]}/{NRT[1]}",
+            "kind": "NodeResourceTopology",
+            "metadata": {"name": name, "labels": labels},
+            "zones": [],
+            "topologyPolicies": ["None"],
+        },
+        {
+            "apiVersion": f"{NFD[0]}/{NFD[1]}",
+            "kind": "NodeFeature",
+            "metadata": {
+                "name": f"{name}-topo-reporter",
+                "namespace": namespace,
+                "labels": {"nfd.node.kubernetes.io/node-name": name, **labels},
+            },
+            "spec": {"labels": {}},
+        },
+    ]
+
+
+def create(custom: k8s.CustomObjectsApi, obj: dict[str, Any]) -> None:
+    """Create a NodeResourceTopology or a NodeFeature (in its namespace) as the admin."""
+    namespace = obj["metadata"].get("namespace")
+    if namespace is None:
+        custom.create_cluster_custom_object(*NRT, obj)
+    else:
+        custom.create_namespaced_custom_object(NFD[0], NFD[1], namespace, NFD[2], obj)
 
 
 @pytest.fixture
@@ -222,7 +264,14 @@ def cluster(
             "spec": {"labels": {"feature.node.kubernetes.io/x": "y"}},
         },
     )
-    made_cluster = Cluster(real_apiserver, real_namespace, tray, nfd_node, other, custom)
+    # Ours, but not this prefix's: another install's, and an earlier version's (no prefix label).
+    old_prefixed, unlabelled = unique("old"), unique("early")
+    for name, owner in ((old_prefixed, {f"{OLD_PREFIX}/node": old_prefixed}), (unlabelled, {})):
+        for obj in earlier_objects(name, owner, real_namespace):
+            create(custom, obj)
+    made_cluster = Cluster(
+        real_apiserver, real_namespace, tray, nfd_node, other, custom, old_prefixed, unlabelled
+    )
     try:
         yield made_cluster
     finally:
@@ -253,6 +302,14 @@ def ours_on_the_cluster(c: Cluster) -> dict[str, Any]:
         "lease": c.tray in c.leases(),
         "nodefeature": f"{c.nfd_node}-topo-reporter" in c.names(*NFD, c.namespace),
     }
+
+
+def earlier_left(c: Cluster) -> bool:
+    """Whether our objects of another prefix, and an earlier version's, are all still there."""
+    names = {c.old_prefixed, c.unlabelled}
+    return names <= c.names(*NRT) and {f"{n}-topo-reporter" for n in names} <= c.names(
+        *NFD, c.namespace
+    )
 
 
 NOTHING = {
@@ -303,6 +360,14 @@ def test_prune_removes_what_the_agents_wrote_and_nothing_foreign(cluster: Cluste
     assert f"{dra.NAME_PREFIX}.{cluster.tray}.gpu-9" in cluster.names(*RULES)
     assert cluster.other in cluster.leases()
     assert f"{cluster.other}-nfd-worker" in cluster.names(*NFD, cluster.namespace)
+    assert earlier_left(cluster)
+    # An object of ours that names no prefix is said, and left.
+    assert (
+        f"left NodeResourceTopology {cluster.unlabelled}: it carries no <prefix>/node label"
+        in done.stdout
+    )
+    assert f"left NodeFeature {cluster.namespace}/{cluster.unlabelled}-topo-reporter" in done.stdout
+    assert cluster.old_prefixed not in done.stdout
 
     again = prune(cluster.server.kubeconfig, "--namespace", cluster.namespace)
     assert again.returncode == 0, again.stderr
@@ -326,6 +391,89 @@ def test_prune_of_an_old_prefix_leaves_the_current_ones_keys(
     assert labels[f"{PREFIX}/count"] == "8"
     assert f"{PREFIX}/owned" in annotations
     assert labels["team"] == "ml"
+
+
+def test_prune_of_an_old_prefix_leaves_the_objects_the_current_install_wrote(
+    real_apiserver: RealApiServer,
+    real_namespace: str,
+    real_node_factory: NodeFactory,
+    real_nrt_crd: str,
+    real_nfd_crds: list[str],
+) -> None:
+    # Issue 41: installed under OLD_PREFIX, then again under PREFIX. `prune --prefix OLD` (what
+    # `prune --help` says to run after a prefix change) deleted the NodeResourceTopology and
+    # NodeFeature objects the current install's agents had written over the old ones.
+    nrt_args = ("--simulate", "dgx-h100", "--availability", "--simulate-used", "0", "--nrt")
+    nrt_args += ("--topology-manager-policy", "single-numa-node")
+    nf_args = ("--simulate", "dgx-h100", "--sink", "nodefeature", "--namespace", real_namespace)
+    stale, moved, stale_nf, moved_nf = (real_node_factory() for _ in range(4))
+    for node, args in (
+        (stale, nrt_args),
+        (moved, nrt_args),
+        (stale_nf, nf_args),
+        (moved_nf, nf_args),
+    ):
+        agent(real_apiserver, node, *args, "--prefix", OLD_PREFIX)
+    # The new install's agents have run on two of the nodes: the objects there are theirs.
+    agent(real_apiserver, moved, *nrt_args)
+    agent(real_apiserver, moved_nf, *nf_args)
+    custom = k8s.CustomObjectsApi(real_apiserver.api())
+    moved_nrt = custom.get_cluster_custom_object(*NRT, moved)
+    assert moved_nrt["metadata"]["labels"] == own_labels(moved, PREFIX)
+    moved_feature = custom.get_namespaced_custom_object(
+        NFD[0], NFD[1], real_namespace, NFD[2], f"{moved_nf}-topo-reporter"
+    )
+    assert f"{OLD_PREFIX}/node" not in moved_feature["metadata"]["labels"]
+    assert moved_feature["metadata"]["labels"][f"{PREFIX}/node"] == moved_nf
+
+    done = prune(real_apiserver.kubeconfig, "--prefix", OLD_PREFIX, "--namespace", real_namespace)
+    assert done.returncode == 0, done.stderr
+    assert f"removed NodeResourceTopology {stale}\n" in done.stdout
+    assert f"removed NodeFeature {real_namespace}/{stale_nf}-topo-reporter\n" in done.stdout
+    nrts = {o["metadata"]["name"] for o in custom.list_cluster_custom_object(*NRT)["items"]}
+    features = {
+        o["metadata"]["name"]
+        for o in custom.list_namespaced_custom_object(NFD[0], NFD[1], real_namespace, NFD[2])[
+            "items"
+        ]
+    }
+    assert moved in nrts
+    assert stale not in nrts
+    assert f"{moved_nf}-topo-reporter" in features
+    assert f"{stale_nf}-topo-reporter" not in features
+    # The current install's objects stand as its agents wrote them.
+    assert custom.get_cluster_custom_object(*NRT, moved) == moved_nrt
+    assert (
+        custom.get_namespaced_custom_object(
+            NFD[0], NFD[1], real_namespace, NFD[2], f"{moved_nf}-topo-reporter"
+        )
+        == moved_feature
+    )
+    for name in nrts & {stale, moved}:
+        custom.delete_cluster_custom_object(*NRT, name)
+
+
+def test_asked_for_them_prune_removes_the_objects_an_earlier_version_wrote(
+    real_apiserver: RealApiServer, real_namespace: str, real_nrt_crd: str, real_nfd_crds: list[str]
+) -> None:
+    custom = k8s.CustomObjectsApi(real_apiserver.api())
+    early, other = unique("early"), unique("old")
+    for name, owner in ((early, {}), (other, {f"{OLD_PREFIX}/node": other})):
+        for obj in earlier_objects(name, owner, real_namespace):
+            create(custom, obj)
+    # Under a prefix of its own: no Node of the session carries a key under it.
+    prefix = f"{unique('p')}.example.com"
+    done = prune(
+        real_apiserver.kubeconfig, "--prefix", prefix, "--namespace", real_namespace, "--unlabelled"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"removed NodeResourceTopology {early}\n" in done.stdout
+    assert f"removed NodeFeature {real_namespace}/{early}-topo-reporter\n" in done.stdout
+    assert other not in done.stdout
+    nrts = {o["metadata"]["name"] for o in custom.list_cluster_custom_object(*NRT)["items"]}
+    assert early not in nrts
+    assert other in nrts
+    custom.delete_cluster_custom_object(*NRT, other)
 
 
 def test_a_token_without_the_rights_ends_in_one_line_and_exit_1(

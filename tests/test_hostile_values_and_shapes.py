@@ -428,7 +428,7 @@ TAINTED = "dgx-07"
 
 def our_labels(node: str = TAINTED) -> dict[str, str]:
     """The labels the agent selects its rules by: anyone who may create rules can write them."""
-    return {MANAGED_BY: MANAGER, keys.key(PREFIX, keys.DEVICE_TAINT_NODE): node}
+    return {MANAGED_BY: MANAGER, keys.key(PREFIX, keys.OWNER_NODE): node}
 
 
 def planted(name: str, pool: str | None, device: str = "gpu-3") -> dict[str, Any]:

@@ -85,6 +85,8 @@ def test_the_object_is_named_after_the_node_labelled_for_nfd_master_and_carries_
     assert body["metadata"]["labels"] == {
         "nfd.node.kubernetes.io/node-name": NODE,
         "app.kubernetes.io/managed-by": "topo-reporter",
+        # Which install wrote it: prune under another prefix leaves it alone.
+        f"{PREFIX}/node": NODE,
     }
     assert body["spec"]["labels"] == label_projection(topology(), PREFIX, NODE)
     assert schema_problems(body) == []
@@ -389,6 +391,32 @@ def test_foreign_nodefeatures_and_others_metadata_on_ours_are_untouched(
     assert mine["spec"]["labels"][f"{PREFIX}/count"] == "4"
     assert mine["metadata"]["labels"]["team"] == "ml"
     assert mine["metadata"]["annotations"] == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [{}, {"old.example.com/node": NODE}],
+    ids=["an earlier version's, unlabelled", "an agent's under another prefix"],
+)
+def test_an_object_of_ours_without_this_prefixs_label_is_written_at_once_with_it_alone(
+    apiserver: ApiServerDouble, nf_kubeconfig: Path, wire_nf: WireNf, owner: dict[str, str]
+) -> None:
+    # The spec the agent wants, but not this install's label: prune under the old prefix (or with
+    # --unlabelled) would delete it from under the current install, and nfd-master its labels.
+    earlier = body_for(topology())
+    labels = earlier["metadata"]["labels"]
+    del labels[f"{PREFIX}/node"]
+    labels.update(owner, team="ml")
+    apiserver.nodefeatures.put(NAMESPACE, earlier)
+    apiserver.clear_requests()
+    assert wire_nf(nf_kubeconfig, FakeScanner([ok(topology())])).agent.step()
+    assert nf_requests(apiserver) == [("GET", f"{PATH}/{NAME}"), ("PUT", f"{PATH}/{NAME}")]
+    assert ours(apiserver)["metadata"]["labels"] == {
+        "nfd.node.kubernetes.io/node-name": NODE,
+        "app.kubernetes.io/managed-by": "topo-reporter",
+        f"{PREFIX}/node": NODE,
+        "team": "ml",
+    }
 
 
 def test_the_sink_uses_exactly_the_verbs_the_chart_grants(

@@ -21,7 +21,7 @@ from reporter.schema import nrt as schema_nrt
 from reporter.schema.nrt import NodeState, PodRef, node_resource_topology
 from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
-from tests.agent_support import FAST, ApiClientFactory, topology
+from tests.agent_support import FAST, PREFIX, ApiClientFactory, topology
 from tests.kube_double import ApiServerDouble, Fault
 
 NODE = "gpu-node-1"
@@ -32,7 +32,12 @@ NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 def desired(free: frozenset[int] = frozenset({0, 1}), pods: int = 2) -> dict[str, Any]:
     state = NodeState(pods=tuple(PodRef("ml", f"p{i}") for i in range(pods)), free_gpus=free)
     return node_resource_topology(
-        NODE, topology(8), state, MEMORY, policies=KubeletPolicies("single-numa-node", "pod")
+        NODE,
+        topology(8),
+        state,
+        MEMORY,
+        policies=KubeletPolicies("single-numa-node", "pod"),
+        prefix=PREFIX,
     )
 
 
@@ -85,6 +90,31 @@ def test_after_a_restart_an_equal_object_is_not_written(
     apiserver.clear_requests()
     assert sink().publish(desired()) is False
     assert writes(apiserver) == []
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"app.kubernetes.io/managed-by": "topo-reporter"},
+        {"app.kubernetes.io/managed-by": "topo-reporter", "old.example.com/node": NODE},
+    ],
+    ids=["an earlier version's, unlabelled", "an agent's under another prefix"],
+)
+def test_an_object_of_ours_without_this_prefixs_label_is_written_again_with_it_alone(
+    apiserver: ApiServerDouble, sink: Callable[..., NrtSink], labels: dict[str, str]
+) -> None:
+    # The same content, but not this install's label: prune under the old prefix (or with
+    # --unlabelled) would take it from the current install, so it is written at once.
+    apiserver.nrt.put({**desired(), "metadata": {"name": NODE, "labels": labels}})
+    apiserver.clear_requests()
+    assert sink().publish(desired()) is True
+    assert writes(apiserver) == ["PUT"]
+    stored = apiserver.nrt.get(NODE)
+    assert stored is not None
+    assert stored["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "topo-reporter",
+        f"{PREFIX}/node": NODE,
+    }
 
 
 @pytest.mark.parametrize(
@@ -190,9 +220,9 @@ def test_withdrawing_drops_the_policy_keeps_the_zones_once_and_a_publish_restore
 ) -> None:
     nrt = sink()
     nrt.publish(desired(free=frozenset()))
-    assert nrt.withdraw(NODE) is True
-    assert nrt.withdraw(NODE) is False
-    assert sink().withdraw(NODE) is False  # a restarted agent reads it and writes nothing
+    assert nrt.withdraw(NODE, PREFIX) is True
+    assert nrt.withdraw(NODE, PREFIX) is False
+    assert sink().withdraw(NODE, PREFIX) is False  # a restarted agent reads it and writes nothing
     stored = apiserver.nrt.get(NODE)
     assert stored is not None
     # The zones stay as they were; the plugin reads a node without the policy as `none`.
@@ -203,7 +233,7 @@ def test_withdrawing_drops_the_policy_keeps_the_zones_once_and_a_publish_restore
         schema_nrt.FINGERPRINT_METHOD: "all",
         schema_nrt.WITHDRAWN: schema_nrt.WITHDRAWN_VALUE,
     }
-    assert stored["metadata"]["labels"] == {schema_nrt.MANAGED_BY: schema_nrt.MANAGER}
+    assert stored["metadata"]["labels"] == schema_nrt.own_labels(NODE, PREFIX)
     assert nrt.publish(desired(free=frozenset())) is True
     assert apiserver.nrt.get(NODE) is not None
     assert attributes(apiserver.nrt.get(NODE)) == attributes(desired(free=frozenset()))
@@ -214,7 +244,7 @@ def test_withdrawing_drops_the_policy_keeps_the_zones_once_and_a_publish_restore
 def test_withdrawing_where_there_is_no_object_writes_nothing(
     apiserver: ApiServerDouble, sink: Callable[..., NrtSink]
 ) -> None:
-    assert sink().withdraw(NODE) is False
+    assert sink().withdraw(NODE, PREFIX) is False
     assert writes(apiserver) == []
     assert apiserver.nrt.get(NODE) is None
 
@@ -232,7 +262,7 @@ def test_another_producers_object_is_never_withdrawn(
     apiserver.nrt.put(theirs)
     before = apiserver.nrt.get(NODE)
     with pytest.raises(ForeignProducerError):
-        sink().withdraw(NODE)
+        sink().withdraw(NODE, PREFIX)
     assert writes(apiserver) == []
     assert apiserver.nrt.get(NODE) == before
 
@@ -266,6 +296,7 @@ def output(
             sink(),
             node=NODE,
             memory=lambda: memory,
+            prefix=PREFIX,
             policies=lambda: KubeletPolicies("single-numa-node", "pod"),
             log=structlog.get_logger(),
             resync_s=300.0,
@@ -294,6 +325,7 @@ def test_the_output_publishes_the_view_and_writes_only_when_it_changes(
         NodeState(pods=(PodRef("ml", "p0"),), free_gpus=frozenset(range(1, 8))),
         MEMORY,
         policies=KubeletPolicies("single-numa-node", "pod"),
+        prefix=PREFIX,
     )
     assert stored["zones"] == want["zones"]
     assert stored["attributes"] == want["attributes"]

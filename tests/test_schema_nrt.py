@@ -23,7 +23,7 @@ from reporter.schema.nrt import (
     node_resource_topology,
     pods_fingerprint,
 )
-from tests.agent_support import topology
+from tests.agent_support import PREFIX, topology
 from tests.controlplane_fixtures import NRT_API_MODULE, NRT_API_VERSION, NRT_CRD, go_module_dir
 
 NRT_API = (NRT_API_MODULE, NRT_API_VERSION)
@@ -89,13 +89,15 @@ def test_zones_carry_gpus_cpus_and_memory_per_numa_node_with_distances_as_costs(
         state,
         MEMORY,
         policies=KubeletPolicies("single-numa-node", "pod"),
+        prefix=PREFIX,
         node_uid="uid-1",
     )
     assert nrt["apiVersion"] == "topology.node.k8s.io/v1alpha2"
     assert nrt["kind"] == "NodeResourceTopology"
     assert nrt["metadata"] == {
         "name": "dgx-01",
-        "labels": {"app.kubernetes.io/managed-by": "topo-reporter"},
+        # The prefix's owner label says which install wrote it (prune judges by it).
+        "labels": {"app.kubernetes.io/managed-by": "topo-reporter", f"{PREFIX}/node": "dgx-01"},
         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "dgx-01", "uid": "uid-1"}],
     }
     zero, one = nrt["zones"]
@@ -132,7 +134,13 @@ def test_zones_carry_gpus_cpus_and_memory_per_numa_node_with_distances_as_costs(
 
 def test_unknown_free_gpus_leave_every_allocatable_gpu_available() -> None:
     nrt = node_resource_topology(
-        "n", topology(4), NodeState(pods=()), MEMORY, policies=POLICIES, resource="gpu"
+        "n",
+        topology(4),
+        NodeState(pods=()),
+        MEMORY,
+        policies=POLICIES,
+        prefix=PREFIX,
+        resource="gpu",
     )
     assert [z["resources"][2] for z in nrt["zones"]] == [
         {"name": "gpu", "capacity": "2", "allocatable": "2", "available": "2"},
@@ -149,9 +157,9 @@ def test_unknown_free_gpus_leave_every_allocatable_gpu_available() -> None:
 def test_a_distance_row_that_does_not_cover_every_node_gives_no_costs() -> None:
     t = topology(4)
     t = replace(t, numa_nodes=(replace(t.numa_nodes[0], distances=(10,)), t.numa_nodes[1]))
-    zero, one = node_resource_topology("n", t, NodeState(pods=()), MEMORY, policies=POLICIES)[
-        "zones"
-    ]
+    zero, one = node_resource_topology(
+        "n", t, NodeState(pods=()), MEMORY, policies=POLICIES, prefix=PREFIX
+    )["zones"]
     assert "costs" not in zero
     assert "costs" in one
 
@@ -163,8 +171,15 @@ def test_a_distance_row_that_does_not_cover_every_node_gives_no_costs() -> None:
         ("n", None, {0: GIB}, 0, "the memory of NUMA node 1 is unknown"),
         ("Not_A_Node", None, MEMORY, 0, "is not a node name"),
         ("n", None, MEMORY, 10_001, "more than a node runs"),
+        ("n" * 64, None, MEMORY, 0, f"in the label {PREFIX}/node, whose value is at most 63"),
     ],
-    ids=["a VM without NUMA nodes", "memory unknown", "bad name", "too many pods"],
+    ids=[
+        "a VM without NUMA nodes",
+        "memory unknown",
+        "bad name",
+        "too many pods",
+        "a name no label value holds",
+    ],
 )
 def test_what_would_make_a_harmful_object_is_refused_in_one_line(
     node: str, numa_nodes: tuple[()] | None, memory: dict[int, int], pods: int, message: str
@@ -172,7 +187,7 @@ def test_what_would_make_a_harmful_object_is_refused_in_one_line(
     t = topology(4) if numa_nodes is None else replace(topology(4), numa_nodes=numa_nodes)
     state = NodeState(pods=tuple(PodRef("ns", f"p{i}") for i in range(pods)))
     with pytest.raises(InputError, match=message):
-        node_resource_topology(node, t, state, memory, policies=POLICIES)
+        node_resource_topology(node, t, state, memory, policies=POLICIES, prefix=PREFIX)
 
 
 @pytest.mark.parametrize(
@@ -187,12 +202,16 @@ def test_objects_validate_against_the_upstream_crd(case: str) -> None:
         state, policies = NodeState(pods=(), free_gpus=frozenset()), KubeletPolicies()
     if case == "one NUMA node":
         t = replace(topology(2), numa_nodes=topology(2).numa_nodes[:1])
-    nrt = node_resource_topology("dgx-01", t, state, MEMORY, policies=policies, node_uid="u")
+    nrt = node_resource_topology(
+        "dgx-01", t, state, MEMORY, policies=policies, prefix=PREFIX, node_uid="u"
+    )
     jsonschema.validate(nrt, crd_schema())
 
 
 def test_the_crd_schema_catches_a_broken_object() -> None:
-    nrt = node_resource_topology("n", topology(2), NodeState(pods=()), MEMORY, policies=POLICIES)
+    nrt = node_resource_topology(
+        "n", topology(2), NodeState(pods=()), MEMORY, policies=POLICIES, prefix=PREFIX
+    )
     del nrt["zones"][0]["resources"][0]["available"]
     with pytest.raises(jsonschema.ValidationError, match="'available' is a required property"):
         jsonschema.validate(nrt, crd_schema())

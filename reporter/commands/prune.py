@@ -21,11 +21,22 @@ def handle(args: argparse.Namespace) -> int:
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("topo_reporter.prune")
     api = assembly.cluster_client(config.kubeconfig, log)
     pruner = Pruner(
-        api, prefix=config.prefix, namespace=config.namespace, log=log, backoff=Backoff()
+        api,
+        prefix=config.prefix,
+        namespace=config.namespace,
+        log=log,
+        backoff=Backoff(),
+        unlabelled=config.unlabelled,
     )
     plan = pruner.find()
     for kind in plan.not_served:
         terminal.write(sys.stdout, f"{kind}: not served by this cluster, none to remove\n")
+    for left in plan.unlabelled:
+        terminal.write(
+            sys.stdout,
+            f"left {left.describe()}: it carries no <prefix>/node label (an earlier version wrote "
+            "it, under a prefix it cannot say); --unlabelled removes it\n",
+        )
     removed = 0
     if config.dry_run:
         for line in plan.lines():

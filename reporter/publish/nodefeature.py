@@ -2,10 +2,12 @@
 
 Many clusters refuse a DaemonSet that may patch every Node (RBAC cannot narrow `patch nodes` to one
 Node). There nfd-master does the labelling: the agent writes one `nfd.k8s-sigs.io/v1alpha1`
-NodeFeature in its own namespace, labelled `nfd.node.kubernetes.io/node-name: <node>`, with our
-labels in `spec.labels` and the topology as NFD features in `spec.features`, and needs only a
-namespaced Role: `get`, `create` and `update` on `nodefeatures` (`RBAC_VERBS`), and `create` on
-events in `default`, where Events about a Node go (NODE_EVENT_NAMESPACE).
+NodeFeature in its own namespace, labelled `nfd.node.kubernetes.io/node-name: <node>` (and, as
+every object an agent writes besides its Node, `<prefix>/node: <node>`, which says which install
+wrote it: `reporter.schema.keys.OWNER_NODE`), with our labels in `spec.labels` and the topology
+as NFD features in `spec.features`, and needs only a namespaced Role: `get`, `create` and `update`
+on `nodefeatures` (`RBAC_VERBS`), and `create` on events in `default`, where Events about a Node go
+(NODE_EVENT_NAMESPACE).
 
 The object is ours alone, so it is replaced whole (`update`, with its resourceVersion) when it
 must change: a label the agent no longer produces goes with the old `spec.labels`, and nfd-master
@@ -160,14 +162,19 @@ def node_feature(
     """The whole object to create (`current` None) or to replace `current` with.
 
     Replacing keeps what others put in `metadata` and `status` (their labels, annotations,
-    owner references) and sends `current`'s resourceVersion, so a concurrent change is a 409.
+    owner references) and sends `current`'s resourceVersion, so a concurrent change is a 409. It
+    drops another prefix's owner label (`<other prefix>/node`): the object is this install's
+    now, and prune under that prefix must leave it alone.
     """
     metadata = dict(current.get("metadata") or {}) if current is not None else {}
     metadata.update(name=object_name(node), namespace=namespace)
+    labels = metadata.get("labels") or {}
+    stale = keys.owner_keys(labels)
     metadata["labels"] = {
-        **(metadata.get("labels") or {}),
+        **{k: v for k, v in labels.items() if k not in stale},
         NODE_NAME_LABEL: node,
         MANAGED_BY_LABEL: MANAGER,
+        keys.key(prefix, keys.OWNER_NODE): node,
     }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -180,13 +187,19 @@ def node_feature(
     }
 
 
+def _ownership(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The labels that say whose the object is: NFD's node label, ours, every owner label."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    owners = keys.owner_keys(labels)
+    return {
+        k: v for k, v in labels.items() if k in (NODE_NAME_LABEL, MANAGED_BY_LABEL) or k in owners
+    }
+
+
 def carries(current: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
-    """Whether `current` already is `body` where it matters: the spec and our two labels."""
-    labels = (current.get("metadata") or {}).get("labels") or {}
-    ours = body["metadata"]["labels"]
-    return current.get("spec") == body["spec"] and all(
-        labels.get(k) == ours[k] for k in (NODE_NAME_LABEL, MANAGED_BY_LABEL)
-    )
+    """Whether `current` already is `body` where it matters: the spec and the labels that say
+    whose it is (an object without this prefix's owner label, or with another's, is written)."""
+    return current.get("spec") == body["spec"] and _ownership(current) == _ownership(body)
 
 
 def read_back(obj: Mapping[str, Any] | None, prefix: str) -> Desired:

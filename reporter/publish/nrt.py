@@ -1,12 +1,14 @@
 """The NodeResourceTopology sink: the agent as the sole producer of its node's object.
 
 It writes the object `reporter.schema.nrt` builds, only when its content (zones, attributes, our
-label, the owner reference) differs from what the API holds: one read when unknown, then a create
+labels, the owner reference) differs from what the API holds: one read when unknown, then a create
 or a replace carrying the resourceVersion it read; a 409 forgets and reads again. It never
 touches an object another producer manages (NFD's topology-updater, resource-topology-exporter:
 anything without our `app.kubernetes.io/managed-by` label): NodeResourceTopology lists are atomic,
 so writing over one would silently take it from its owner. That refusal is permanent and says
-which producer to turn off.
+which producer to turn off. An object of ours that lacks this install's `<prefix>/node` label (an
+earlier version wrote it, or an agent under another prefix) is written again with it, so prune
+under an old prefix never takes it (`reporter.publish.prune`).
 
 It writes through `reporter.publish.api.ApiClient`, as every sink does. `NrtOutput` is the
 agent's live output: it builds the object from each allocation view, and withdraws it when the
@@ -46,12 +48,11 @@ class ForeignProducerError(ApiPermanentError):
 
 def _content(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     """What we own of the object: compared to decide whether to write."""
-    meta = obj.get("metadata") or {}
     return (
         obj.get("zones"),
         obj.get("attributes"),
-        (meta.get("labels") or {}).get(nrt.MANAGED_BY),
-        meta.get("ownerReferences"),
+        nrt.ownership(obj),
+        (obj.get("metadata") or {}).get("ownerReferences"),
     )
 
 
@@ -106,12 +107,13 @@ class NrtSink:
 
         return self._retry(attempt, what=f"write NodeResourceTopology {name}")
 
-    def withdraw(self, name: str) -> bool:
-        """Make our object `name` one the scheduler does not filter on (nrt.withdrawn); True when
-        written. No object: nothing to withdraw. Raises ForeignProducerError when another
-        producer manages it, PublishError when the API refuses or cannot be reached."""
+    def withdraw(self, name: str, prefix: str) -> bool:
+        """Make our object `name` one the scheduler does not filter on (nrt.withdrawn), as the
+        agent under `prefix`; True when written. No object: nothing to withdraw. Raises
+        ForeignProducerError when another producer manages it, PublishError when the API refuses
+        or cannot be reached."""
         if self._known is not None and _content(self._known) == _content(
-            nrt.withdrawn(self._known)
+            nrt.withdrawn(self._known, prefix)
         ):
             return False
 
@@ -120,7 +122,7 @@ class NrtSink:
                 current = self._read(name)
                 if current is None:
                     return False
-                return self._replace(name, current, nrt.withdrawn(current), "nrt_withdrawn")
+                return self._replace(name, current, nrt.withdrawn(current, prefix), "nrt_withdrawn")
             except ApiTransientError:
                 self._known = None
                 raise
@@ -193,6 +195,7 @@ class NrtOutput:
         sink: NrtSink,
         *,
         node: str,
+        prefix: str,
         memory: Callable[[], Mapping[int, int]],
         policies: Callable[[], KubeletPolicies],
         log: structlog.typing.FilteringBoundLogger,
@@ -203,6 +206,7 @@ class NrtOutput:
     ) -> None:
         self._sink = sink
         self._node = node
+        self._prefix = prefix
         self._memory = memory
         self._policies = policies
         self._log = log
@@ -228,6 +232,7 @@ class NrtOutput:
                 state,
                 self._memory(),
                 policies=self._policies(),
+                prefix=self._prefix,
                 resource=self._resource,
             )
         except InputError as e:
@@ -257,7 +262,7 @@ class NrtOutput:
             self._on_result("unchanged")
             return
         try:
-            wrote = self._sink.withdraw(self._node)
+            wrote = self._sink.withdraw(self._node, self._prefix)
         except ApiPermanentError as e:
             # Not ours, or refused for good: asked again at the next resync.
             self._withdrawn = True

@@ -14,13 +14,21 @@ prefix" alone, since anyone who can edit an object can put a key under our prefi
     (`reporter.publish.availability.availability_keys`);
   - the Node's taints with our key `<prefix>/fabric-health`; every other taint is sent back as read;
   - DeviceTaintRules labelled ours whose name and pool are the ones the agent of the node in
-    their label writes (`reporter.schema.dra.own_rule`);
+    their `<prefix>/node` label writes (`reporter.schema.dra.own_rule`);
   - NodeResourceTopology objects labelled `app.kubernetes.io/managed-by=topo-reporter` (another
-    producer's never are: `reporter.publish.nrt`);
+    producer's never are: `reporter.publish.nrt`) and `<prefix>/node=<their name>`;
   - heartbeat Leases in the agents' namespace with our label, held by the node they are named for;
   - NodeFeature objects in the agents' namespace labelled ours and named `<node>-topo-reporter`
-    after the node their NFD label names.
+    after the node their NFD label and their `<prefix>/node` label both name.
 Koordinator's device-info file lies on each node's disk, out of reach of one Job: not here.
+
+The `<prefix>/node` label (`reporter.schema.keys.OWNER_NODE`) is what keeps prune under an old
+prefix off the objects the current install's agents write: a NodeResourceTopology and a
+NodeFeature are named after the node alone, so after a prefix change the same object is the new
+install's. A NodeResourceTopology or NodeFeature of ours with no prefix's label at all was written
+by a version before the label and cannot say its prefix: it is listed as left (`Plan.unlabelled`)
+and removed only when asked (`unlabelled=True`, `prune --unlabelled`). The agent of any prefix
+labels its own such object at its next write, so these exist only where no agent has run since.
 
 Reads go through `reporter.publish.api.ApiClient` like every sink; `find` is read-only (the dry
 run prints its plan), `remove` writes it: one merge patch per Node, carrying the resourceVersion
@@ -33,6 +41,7 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import structlog
@@ -121,6 +130,8 @@ class Plan:
     nodes: tuple[NodeCleanup, ...]
     objects: tuple[ObjectRemoval, ...]
     not_served: tuple[str, ...]
+    unlabelled: tuple[ObjectRemoval, ...] = ()
+    """Objects of ours that name no prefix, left where `find` was not asked to remove them."""
 
     def lines(self) -> Iterator[str]:
         """One line per Node and per object, in the order `remove` takes them."""
@@ -171,15 +182,37 @@ def node_cleanup(node: NodeMetadata, prefix: str) -> NodeCleanup | None:
 
 def own_device_taint_rule(rule: Any, prefix: str) -> bool:
     """Whether a listed DeviceTaintRule is one the agent of the node in its label writes."""
-    node = _labels(rule).get(keys.key(prefix, keys.DEVICE_TAINT_NODE))
+    node = _labels(rule).get(keys.key(prefix, keys.OWNER_NODE))
     if _labels(rule).get(MANAGED_BY_LABEL) != MANAGER or not isinstance(node, str):
         return False
     return dra.own_rule(rule, node, prefix) is not None
 
 
-def own_node_resource_topology(obj: Any) -> bool:
-    """Whether a NodeResourceTopology is ours (no other producer's carries our label)."""
-    return _labels(obj).get(MANAGED_BY_LABEL) == MANAGER
+class Owner(Enum):
+    """Whose a listed NodeResourceTopology or NodeFeature of ours is, as prune judges it."""
+
+    PREFIX = "prefix"
+    """Labelled as written under the prefix being pruned."""
+    UNLABELLED = "unlabelled"
+    """Carrying no prefix's owner label: a version before that label wrote it."""
+
+
+def _owner(obj: Any, node: str, prefix: str) -> Owner | None:
+    """Whose an object of ours standing for `node` is; None: another prefix's (or one whose
+    owner label names another node: edited by hand, never guessed at)."""
+    labels = _labels(obj)
+    if labels.get(keys.key(prefix, keys.OWNER_NODE)) == node:
+        return Owner.PREFIX
+    return None if keys.owner_keys(labels) else Owner.UNLABELLED
+
+
+def node_resource_topology_owner(obj: Any, prefix: str) -> Owner | None:
+    """Whose a NodeResourceTopology is: None when it is not ours (another producer's lacks our
+    label) or is another prefix's."""
+    name = _meta(obj).get("name")
+    if _labels(obj).get(MANAGED_BY_LABEL) != MANAGER or not isinstance(name, str):
+        return None
+    return _owner(obj, name, prefix)
 
 
 def own_lease(lease: Any, prefix: str) -> bool:
@@ -189,15 +222,18 @@ def own_lease(lease: Any, prefix: str) -> bool:
     return is_heartbeat(_object(lease), prefix) and isinstance(name, str) and holder == name
 
 
-def own_node_feature(obj: Any) -> bool:
-    """Whether a NodeFeature is ours: our label, named after the node its NFD label names."""
+def node_feature_owner(obj: Any, prefix: str) -> Owner | None:
+    """Whose a NodeFeature is: None when it is not ours (our label, named after the node its NFD
+    label names) or is another prefix's."""
     labels = _labels(obj)
     node = labels.get(NODE_NAME_LABEL)
-    return (
-        labels.get(MANAGED_BY_LABEL) == MANAGER
-        and isinstance(node, str)
-        and _meta(obj).get("name") == node + NAME_SUFFIX
-    )
+    if (
+        labels.get(MANAGED_BY_LABEL) != MANAGER
+        or not isinstance(node, str)
+        or _meta(obj).get("name") != node + NAME_SUFFIX
+    ):
+        return None
+    return _owner(obj, node, prefix)
 
 
 class Pruner:
@@ -211,10 +247,13 @@ class Pruner:
         namespace: str,
         log: structlog.typing.FilteringBoundLogger,
         backoff: retry.Backoff,
+        unlabelled: bool = False,
     ) -> None:
+        """`unlabelled`: also remove the objects of ours that name no prefix (module docstring)."""
         self._api = api
         self._prefix = prefix
         self._namespace = namespace
+        self._unlabelled = unlabelled
         # The stop event is never set: prune is one pass, ended by its process.
         self._retry = retry.Retrying(threading.Event(), backoff, log)
 
@@ -256,7 +295,7 @@ class Pruner:
         cleanups = (node_cleanup(node_metadata(n), self._prefix) for n in nodes)
         objects: list[ObjectRemoval] = []
         not_served: list[str] = []
-        node_label = keys.key(self._prefix, keys.DEVICE_TAINT_NODE)
+        node_label = keys.key(self._prefix, keys.OWNER_NODE)
         rules = None
         for version in dra.VERSIONS:
             resource = device_taint_rules(version)
@@ -270,26 +309,49 @@ class Pruner:
                 break
         if rules is None:
             not_served.append("DeviceTaintRule")
+        unlabelled: list[ObjectRemoval] = []
+        # Every object of ours is listed, the unlabelled ones too: they are said when left.
         mine = f"{MANAGED_BY_LABEL}={MANAGER}"
-        kinds: tuple[tuple[Resource, str | None, str, Callable[[Any], bool]], ...] = (
-            (NODE_RESOURCE_TOPOLOGIES, None, mine, own_node_resource_topology),
+        kinds: tuple[tuple[Resource, str | None, str, Callable[[Any], Owner | None]], ...] = (
+            (
+                NODE_RESOURCE_TOPOLOGIES,
+                None,
+                mine,
+                lambda obj: node_resource_topology_owner(obj, self._prefix),
+            ),
             (
                 LEASES,
                 self._namespace,
                 "=".join((keys.key(self._prefix, keys.HEARTBEAT), keys.HEARTBEAT_AVAILABILITY)),
-                lambda lease: own_lease(lease, self._prefix),
+                lambda lease: Owner.PREFIX if own_lease(lease, self._prefix) else None,
             ),
-            (NODE_FEATURES, self._namespace, mine, own_node_feature),
+            (
+                NODE_FEATURES,
+                self._namespace,
+                mine,
+                lambda obj: node_feature_owner(obj, self._prefix),
+            ),
         )
-        for resource, namespace, selector, ours in kinds:
+        for resource, namespace, selector, owner in kinds:
             found = self._items(resource, namespace, selector)
             if found is None:
                 not_served.append(resource.kind)
                 continue
-            objects += (
-                ObjectRemoval(resource, str(_meta(o)["name"]), namespace) for o in found if ours(o)
-            )
-        return Plan(tuple(c for c in cleanups if c is not None), tuple(objects), tuple(not_served))
+            for obj in found:
+                whose = owner(obj)
+                if whose is None:
+                    continue
+                removal = ObjectRemoval(resource, str(_meta(obj)["name"]), namespace)
+                if whose is Owner.PREFIX or self._unlabelled:
+                    objects.append(removal)
+                else:
+                    unlabelled.append(removal)
+        return Plan(
+            tuple(c for c in cleanups if c is not None),
+            tuple(objects),
+            tuple(not_served),
+            tuple(unlabelled),
+        )
 
     def remove(self, plan: Plan, on_removed: Callable[[str], None]) -> None:
         """Remove what `plan` found; `on_removed` hears each line as it is done. Raises

@@ -132,7 +132,7 @@ def check_node_name(node: str) -> None:
     """Raises ConfigError when `node` cannot name its rules: a label value holds 63 characters."""
     if not _DNS1123_SUBDOMAIN.fullmatch(node) or len(node) > _LABEL_VALUE_MAX:
         raise ConfigError(
-            f"node name {node[:80]!r} cannot be the value of the {keys.DEVICE_TAINT_NODE} label "
+            f"node name {node[:80]!r} cannot be the value of the {keys.OWNER_NODE} label "
             f"that marks this agent's DeviceTaintRules (a DNS name of at most {_LABEL_VALUE_MAX} "
             "characters): turn --dra-device-taints off on this node"
         )
@@ -145,7 +145,7 @@ def rule_name(node: str, device: str) -> str:
 
 def owned_selector(node: str, prefix: str) -> str:
     """The label selector of this node's rules (ours, naming this node)."""
-    return f"{MANAGED_BY}={MANAGER},{keys.key(prefix, keys.DEVICE_TAINT_NODE)}={node}"
+    return f"{MANAGED_BY}={MANAGER},{keys.key(prefix, keys.OWNER_NODE)}={node}"
 
 
 def rule(
@@ -157,7 +157,7 @@ def rule(
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule_name(node, taint.device),
-            "labels": {MANAGED_BY: MANAGER, keys.key(prefix, keys.DEVICE_TAINT_NODE): node},
+            "labels": {MANAGED_BY: MANAGER, keys.key(prefix, keys.OWNER_NODE): node},
         },
         "spec": {
             "deviceSelector": {"driver": driver, "pool": node, "device": taint.device},

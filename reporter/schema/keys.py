@@ -6,6 +6,8 @@ stable derivations of the topology (counts and classes), never timestamps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 DEFAULT_PREFIX = "gpu.topology.io"
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises: a Node's capacity, a pod's limits."""
@@ -54,10 +56,13 @@ FABRIC_TAINT_EFFECT = "NoSchedule"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_AVAILABILITY = "availability"
 
-# DRA DeviceTaintRules (reporter.schema.devicetaints): the taint's key on a GPU, and the label that
-# names the node on the rules the agent owns.
+# DRA DeviceTaintRules (reporter.schema.devicetaints): the taint's key on a GPU.
 DEVICE_TAINT = "gpu-unhealthy"
-DEVICE_TAINT_NODE = "node"
+
+# The label naming the node on every object an agent writes besides its Node (its DeviceTaintRules,
+# NodeResourceTopology and NodeFeature): `<prefix>/node=<node>`. Its key carries the prefix, so
+# prune under one prefix tells its own objects from those an install under another prefix wrote.
+OWNER_NODE = "node"
 
 # Annotations
 TOPOLOGY = "topology"
@@ -92,3 +97,10 @@ def reserved_domain(prefix: str) -> str | None:
 def key(prefix: str, name: str) -> str:
     """The full label or annotation key for `name` under `prefix`."""
     return f"{prefix}/{name}"
+
+
+def owner_keys(labels: Mapping[str, object]) -> frozenset[str]:
+    """The keys of `labels` that are some prefix's OWNER_NODE label (`<any prefix>/node`), whatever
+    they name: the prefixes whose agents wrote the object. Empty on an object of ours that a
+    version before the label wrote."""
+    return frozenset(k for k in labels if k.endswith("/" + OWNER_NODE))

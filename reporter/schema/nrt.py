@@ -49,7 +49,8 @@ KIND = "NodeResourceTopology"
 ZONE_TYPE = "Node"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "topo-reporter"
-"""The value of MANAGED_BY on objects we own; anything else belongs to another producer."""
+"""The value of MANAGED_BY on objects we own; anything else belongs to another producer. Ours also
+carry `<prefix>/node=<node>` (keys.OWNER_NODE), which says which install's agent wrote them."""
 POLICY = "topologyManagerPolicy"
 SCOPE = "topologyManagerScope"
 WITHDRAWN = "topo-reporter.availability"
@@ -62,6 +63,7 @@ GPU_RESOURCE = keys.GPU_RESOURCE
 MAX_PODS = 10_000
 """More pods than a kubelet runs (its default limit is 110): a bigger list is not a node's."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_LABEL_VALUE_MAX = 63
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,17 +107,24 @@ def node_resource_topology(
     memory: Mapping[int, int],
     *,
     policies: KubeletPolicies,
+    prefix: str,
     resource: str = GPU_RESOURCE,
     node_uid: str | None = None,
 ) -> dict[str, Any]:
-    """The NodeResourceTopology object named after `node`.
+    """The NodeResourceTopology object named after `node`, written by the agent under `prefix`.
 
-    `memory` is each NUMA node's MemTotal in bytes. Raises InputError when the topology knows no
-    NUMA node, when a NUMA node's memory is unknown (an object without it would block pods, see
-    the module docstring), or for more than MAX_PODS pods.
+    `memory` is each NUMA node's MemTotal in bytes. Raises InputError when the node name cannot be
+    a label value, when the topology knows no NUMA node, when a NUMA node's memory is unknown (an
+    object without it would block pods, see the module docstring), or for more than MAX_PODS pods.
     """
     if not _NAME.fullmatch(node):
         raise InputError(f"{node!r} is not a node name")
+    if len(node) > _LABEL_VALUE_MAX:
+        raise InputError(
+            f"node name {node[:80]!r} has {len(node)} characters: the NodeResourceTopology names "
+            f"its node in the label {keys.key(prefix, keys.OWNER_NODE)}, whose value is at most "
+            f"{_LABEL_VALUE_MAX} characters; turn --nrt off on this node"
+        )
     if len(state.pods) > MAX_PODS:
         raise InputError(f"{len(state.pods)} pods is more than a node runs (limit {MAX_PODS})")
     numa_ids = sorted({n.id for n in topology.numa_nodes})
@@ -142,7 +151,7 @@ def node_resource_topology(
         {"name": FINGERPRINT, "value": pods_fingerprint(state.pods)},
         {"name": FINGERPRINT_METHOD, "value": "all"},
     ]
-    metadata: dict[str, Any] = {"name": node, "labels": {MANAGED_BY: MANAGER}}
+    metadata: dict[str, Any] = {"name": node, "labels": own_labels(node, prefix)}
     if node_uid is not None:
         # Garbage-collected with its Node, as resource-topology-exporter's are.
         metadata["ownerReferences"] = [
@@ -157,12 +166,27 @@ def node_resource_topology(
     }
 
 
-def withdrawn(published: Mapping[str, Any]) -> dict[str, Any]:
+def own_labels(node: str, prefix: str) -> dict[str, str]:
+    """The labels of the object the agent of `node` writes under `prefix`."""
+    return {MANAGED_BY: MANAGER, keys.key(prefix, keys.OWNER_NODE): node}
+
+
+def ownership(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The labels that say whose an object is: MANAGED_BY and every prefix's owner label. Equal to
+    `own_labels` on the object the agent would write; an object an earlier version wrote, or one
+    another install's agent wrote, differs, and is written again."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    owners = keys.owner_keys(labels)
+    return {k: v for k, v in labels.items() if k == MANAGED_BY or k in owners}
+
+
+def withdrawn(published: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """`published` (an object of ours, as the API holds it) made one NodeResourceTopologyMatch does
-    not filter on: its zones as they are, every attribute but the Topology Manager policy, and
-    WITHDRAWN. The same again for an object already withdrawn."""
+    not filter on, by the agent under `prefix`: its zones as they are, every attribute but the
+    Topology Manager policy, and WITHDRAWN. The same again for an object already withdrawn."""
     meta = published.get("metadata") or {}
-    metadata: dict[str, Any] = {"name": meta.get("name"), "labels": {MANAGED_BY: MANAGER}}
+    name = str(meta.get("name"))
+    metadata: dict[str, Any] = {"name": name, "labels": own_labels(name, prefix)}
     if meta.get("ownerReferences"):
         metadata["ownerReferences"] = meta["ownerReferences"]
     zones = published.get("zones")
