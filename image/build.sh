@@ -3,14 +3,15 @@
 #
 #   sh image/build.sh [--arch amd64|arm64]
 #
-# 1. The base: Debian 12 (bookworm) minbase + python3 + ca-certificates, made by mmdebstrap from
-#    Debian's own signed packages, trimmed, the agent's user (65532) added, its package list
-#    checked against image/debian.lock (image/base.sh; reused until that script or the lock
-#    changes).
+# 1. The base of the build stage: Debian 12 (bookworm) minbase + python3 + ca-certificates, made
+#    by mmdebstrap from Debian's own signed packages, trimmed, its package list checked against
+#    image/debian.lock (image/base.sh; reused until that script or the lock changes).
 # 2. The wheels: every package of image/requirements.txt, downloaded for the target architecture
 #    with their pinned SHA-256 (wheels only), and the package's own wheel built from this checkout.
 # 3. The image: image/Containerfile with podman, --network=none (the wheels are bind-mounted),
-#    file times and the creation time set to the last commit's time (SOURCE_DATE_EPOCH).
+#    file times and the creation time set to the last commit's time (SOURCE_DATE_EPOCH). Its
+#    build stage installs the wheels on the base; the image holds only what image/rootfs.py gathers
+#    from there (the interpreter, its libraries, the wheels, CA certificates): no shell.
 # 4. dist/: the image as an OCI archive, and its CycloneDX SBOM (image/sbom.py, run in the image).
 #
 # Tagged localhost/topo-reporter:<version> for this machine's architecture, and
@@ -117,7 +118,7 @@ say "building $IMAGE:$VERSION-$ARCH"
 # installed from other wheels; --layers=false: one commit, no intermediate images.
 previous=$(podman image inspect --format '{{.Id}}' "$IMAGE:$VERSION-$ARCH" 2>/dev/null || true)
 podman build --quiet --no-cache --layers=false $RUNTIME --network=none --arch "$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
-    --build-arg BASE="$BASE" --build-arg PIP_WHEEL="$PIP_WHEEL" --build-arg VERSION="$VERSION" \
+    --build-arg BASE="$BASE" --build-arg PIP_WHEEL="$PIP_WHEEL" \
     --label org.opencontainers.image.version="$VERSION" \
     --label org.opencontainers.image.revision="$REVISION" \
     --label io.github.topo-reporter.inputs="$INPUTS" \

@@ -21,6 +21,8 @@ IMAGE = f"localhost/topo-reporter:{pyproject_version()}"
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 """The architecture image/build.sh builds for by default, in Debian's words."""
 TOOLS = ("podman", "runc", "mmdebstrap")
+PYTHON = "/opt/topo-reporter/bin/python"
+"""The image's interpreter: what runs a command in it (it has no shell, no coreutils)."""
 BUILD_TIMEOUT_S = 1500.0
 """A cold build makes the Debian base (2 to 5 minutes on two loaded cores) and the Python layer."""
 PODMAN_RUN = (
