@@ -4,7 +4,7 @@ environment, CA certificates, and the few files of /etc they read. Nothing else:
 coreutils, no package manager, no perl, no setuid or setgid file (docs/image.md, "What the image
 holds"; tests/test_image.py lists the image's files and checks).
 
-image/Containerfile runs it in its build stage, as root, with the base's python3 (standard library
+The Dockerfile runs it in its build stage, as root, with the base's python3 (standard library
 only), then copies the result onto an empty image:
 
     python3 rootfs.py /opt/topo-reporter /rootfs

@@ -5,7 +5,9 @@ DaemonSet does, against the real kube-apiserver.
 
 Issue 41 item 8: the image holds nothing an intruder could use, no shell, no perl, no package
 manager, no setuid or setgid file, no program but Python; its files are listed from the root file
-system podman exports and judged by `usable`, which a made-up root shows can fail.
+system podman exports and judged by `usable`, which a made-up root shows can fail. Both images of
+the one Dockerfile: image/build.sh's, and the one `docker build .` makes (built here with podman on
+a stand-in for its debian:bookworm-slim base).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tests.image_support import (
     PODMAN_RUN,
     PYTHON,
     built_image,
+    dockerfile_image,
     podman,
 )
 
@@ -212,21 +215,43 @@ def usable(root: tarfile.TarFile) -> list[str]:
     return found
 
 
-def test_the_image_holds_no_shell_perl_package_manager_setuid_file_or_other_program(
-    image: str, tmp_path: Path
-) -> None:
+def exported(image: str, into: Path) -> Path:
+    """The image's root file system as a tar (`podman export` of a container made from it)."""
     created = podman("create", image)
     assert created.returncode == 0, created.stderr
     container = created.stdout.strip()
     try:
-        exported = podman("export", "--output", str(tmp_path / "root.tar"), container)
-        assert exported.returncode == 0, exported.stderr
+        done = podman("export", "--output", str(into / "root.tar"), container)
+        assert done.returncode == 0, done.stderr
     finally:
         podman("rm", container)
-    with tarfile.open(tmp_path / "root.tar") as root:
+    return into / "root.tar"
+
+
+def test_the_image_holds_no_shell_perl_package_manager_setuid_file_or_other_program(
+    image: str, tmp_path: Path
+) -> None:
+    with tarfile.open(exported(image, tmp_path)) as root:
         assert usable(root) == []
         names = set(root.getnames())
     assert {INTERPRETER, "etc/ssl/certs/ca-certificates.crt", "var/lib/dpkg/status"} <= names
+
+
+def test_the_dockerfile_on_debian_slim_makes_an_image_with_nothing_to_use_that_runs(
+    tmp_path: Path,
+) -> None:
+    """`docker build .`'s path, which image/build.sh skips: apt installs Python on the slim base,
+    pip builds every dependency's wheel from the index (the official client included)."""
+    image = dockerfile_image()
+    with tarfile.open(exported(image, tmp_path)) as root:
+        assert usable(root) == []
+    ran = run_in(image, "run", "--simulate", "dgx-h100", "--once", "--dry-run")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["metadata"]["labels"]["gpu.topology.io/count"] == "8"
+    client = run_in(image, "-c", "import kubernetes", entrypoint=PYTHON)
+    assert client.returncode == 0, client.stderr
+    inspected = podman("image", "inspect", "--format", "{{.Config.User}}", image)
+    assert inspected.stdout.strip() == "65532:65532"
 
 
 def test_a_root_with_a_shell_or_a_setuid_file_is_found_out(tmp_path: Path) -> None:
