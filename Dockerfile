@@ -33,15 +33,19 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install --yes --no-install-recommends python3-venv \
     && rm -rf /var/lib/apt/lists/*
-# What `pip install .` reads: the project metadata, the README it names, the two packages.
+# What `pip install .` reads: the project metadata, the README it names, the two packages; and
+# the image's lock, so this path installs the same hash-pinned wheels as image/build.sh.
 COPY pyproject.toml README.md /src/
 COPY parsers/ /src/parsers/
 COPY reporter/ /src/reporter/
+COPY image/requirements.txt /src/image/requirements.txt
 # The layout image/build.sh gives its folder: wheels/, pip/ (the installer, not a package of the
 # image), install.txt (each wheel by name and version).
 RUN python3 -m venv /pip \
-    && /pip/bin/pip wheel --quiet --wheel-dir /stage/wheels /src \
-    && mkdir /stage/pip && cp /usr/share/python-wheels/pip-*.whl /stage/pip/ \
+    && /pip/bin/pip download --quiet --no-deps --only-binary=:all: --require-hashes \
+       --dest /stage/wheels -r /src/image/requirements.txt \
+    && /pip/bin/pip wheel --quiet --no-deps --wheel-dir /stage/wheels /src \
+    && mkdir /stage/pip && mv /stage/wheels/pip-*.whl /stage/pip/ \
     && (cd /stage/wheels && ls ./*.whl | sed 's|^\./\([^-]*\)-\([^-]*\)-.*|\1==\2|') > /stage/install.txt
 
 FROM scratch AS wheels
@@ -49,12 +53,13 @@ COPY --from=wheel-build /stage /
 
 FROM base AS build
 # pip runs from its own wheel, so no pip lands in the image. --no-deps: the wheels are the whole
-# set (image/build.sh's leave the official kubernetes client out on purpose). The libraries' own
-# test suites go (no command loads them). Byte code: compiled once here, since on a read-only root
+# set, the lock's (the official kubernetes client left out on purpose). The wheels are copied, not
+# bind-mounted: a layer cache keys a COPY by its content, and a RUN by its text alone. The
+# libraries' own test suites go (no command loads them). Byte code: compiled once here, since on a read-only root
 # nothing can write it at run time (unchecked-hash pyc: no time stamps in it, so two builds match).
 COPY image/rootfs.py /usr/local/lib/rootfs.py
-RUN --mount=type=bind,from=wheels,target=/mnt \
-    set -- /mnt/pip/pip-*.whl \
+COPY --from=wheels / /mnt/
+RUN set -- /mnt/pip/pip-*.whl \
     && python3 -m venv --without-pip /opt/topo-reporter \
     && /opt/topo-reporter/bin/python "$1/pip" install --quiet --no-index \
        --no-cache-dir --disable-pip-version-check --no-deps --no-compile \

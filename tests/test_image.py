@@ -241,7 +241,8 @@ def test_the_dockerfile_on_debian_slim_makes_an_image_with_nothing_to_use_that_r
     tmp_path: Path,
 ) -> None:
     """`docker build .`'s path, which image/build.sh skips: apt installs Python on the slim base,
-    pip builds every dependency's wheel from the index (the official client included)."""
+    pip downloads the lock's wheels by their hashes (the official client left out, as in
+    image/build.sh's image) and builds ours."""
     image = dockerfile_image()
     with tarfile.open(exported(image, tmp_path)) as root:
         assert usable(root) == []
@@ -249,7 +250,7 @@ def test_the_dockerfile_on_debian_slim_makes_an_image_with_nothing_to_use_that_r
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["metadata"]["labels"]["gpu.topology.io/count"] == "8"
     client = run_in(image, "-c", "import kubernetes", entrypoint=PYTHON)
-    assert client.returncode == 0, client.stderr
+    assert "No module named 'kubernetes'" in client.stderr, client.stderr
     inspected = podman("image", "inspect", "--format", "{{.Config.User}}", image)
     assert inspected.stdout.strip() == "65532:65532"
 
