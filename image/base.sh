@@ -1,7 +1,8 @@
 #!/bin/sh
-# The base of the topo-reporter image, for one architecture: Debian 12 (bookworm) minbase with
-# python3 and ca-certificates, made by mmdebstrap from Debian's own signed packages, trimmed, the
-# agent's user (65532) added, its package list checked against image/debian.lock. Imported as
+# The base of the topo-reporter image's build stage, for one architecture: Debian 12 (bookworm)
+# minbase with python3 and ca-certificates, made by mmdebstrap from Debian's own signed packages,
+# trimmed, its package list checked against image/debian.lock. The image itself holds only the
+# files of it that image/rootfs.py gathers (no shell, no dpkg), with its own /etc/passwd. Imported as
 # localhost/topo-reporter-base:<arch>-<key>, the key being the hash of this script and the lock:
 # made again only when one of them changes. Prints the image's name; messages go to stderr.
 #
@@ -63,9 +64,6 @@ rm -rf "$root/usr/share/man" "$root/usr/share/info" "$root/usr/share/locale" \
     "$root/usr/lib/"*-linux-gnu/gconv "$root/usr/lib/python3.11/test" \
     "$root/usr/lib/python3.11/pydoc_data" "$root/usr/share/zoneinfo"
 find "$root/var/log" -type f -delete
-# The agent's user, written by hand: useradd would date it (/etc/shadow's last change).
-echo "topo-reporter:x:65532:65532:topo-reporter:/nonexistent:/usr/sbin/nologin" >> "$root/etc/passwd"
-echo "topo-reporter:x:65532:" >> "$root/etc/group"
 
 chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' | LC_ALL=C sort > "$work/packages.txt"
 if [ "${TOPO_REPORTER_RELOCK:-}" = 1 ] || [ ! -s image/debian.lock ]; then

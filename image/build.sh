@@ -3,14 +3,17 @@
 #
 #   sh image/build.sh [--arch amd64|arm64]
 #
-# 1. The base: Debian 12 (bookworm) minbase + python3 + ca-certificates, made by mmdebstrap from
-#    Debian's own signed packages, trimmed, the agent's user (65532) added, its package list
-#    checked against image/debian.lock (image/base.sh; reused until that script or the lock
-#    changes).
+# 1. The base of the build stage: Debian 12 (bookworm) minbase + python3 + ca-certificates, made
+#    by mmdebstrap from Debian's own signed packages, trimmed, its package list checked against
+#    image/debian.lock (image/base.sh; reused until that script or the lock changes).
 # 2. The wheels: every package of image/requirements.txt, downloaded for the target architecture
 #    with their pinned SHA-256 (wheels only), and the package's own wheel built from this checkout.
-# 3. The image: image/Containerfile with podman, --network=none (the wheels are bind-mounted),
-#    file times and the creation time set to the last commit's time (SOURCE_DATE_EPOCH).
+# 3. The image: the repository's Dockerfile, the one `docker build .` reads, with podman on that
+#    base (BASE_IMAGE), the wheels' folder in place of its wheels stage (--build-context) and
+#    --network=none, file times and the creation time set to the last commit's time
+#    (SOURCE_DATE_EPOCH). Its build stage installs the wheels on the base; the image holds only what
+#    image/rootfs.py gathers from there (the interpreter, its libraries, the wheels, CA
+#    certificates): no shell.
 # 4. dist/: the image as an OCI archive, and its CycloneDX SBOM (image/sbom.py, run in the image).
 #
 # Tagged localhost/topo-reporter:<version> for this machine's architecture, and
@@ -67,7 +70,7 @@ export SOURCE_DATE_EPOCH
 REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 # What the image is made of: a changed source, lock or recipe gives another key. An image that
 # carries this key, with its archive and SBOM in dist/, is up to date and not built again.
-INPUTS=$(find pyproject.toml README.md parsers reporter image -type f ! -path '*/__pycache__/*' |
+INPUTS=$(find Dockerfile .dockerignore pyproject.toml README.md parsers reporter image -type f ! -path '*/__pycache__/*' |
     LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 IMAGE=localhost/topo-reporter
 RUNTIME="--runtime runc"
@@ -88,8 +91,8 @@ fi
 BASE=$(sh image/base.sh "$ARCH")
 
 # 2. The wheels, for the target architecture, in dist/build-<arch>/wheels; pip, the installer
-#    and not a package of the image, beside them in pip/. The build bind-mounts the folder on the
-#    base's empty /mnt, so that no mount point is left behind in the image.
+#    and not a package of the image, beside them in pip/; install.txt. The layout of the
+#    Dockerfile's wheels stage, which this folder replaces; its build stage mounts it on /mnt.
 STAGE=dist/build-$ARCH
 rm -rf "$STAGE"
 mkdir -p "$STAGE/pip"
@@ -109,20 +112,18 @@ mv "$STAGE"/wheels/pip-*.whl "$STAGE/pip/"
 # Installed by name from the folder (not by file: pip would record each file's URL and hash in a
 # direct_url.json, and the package's own wheel differs from build to build).
 (cd "$STAGE/wheels" && ls ./*.whl | sed 's|^\./\([^-]*\)-\([^-]*\)-.*|\1==\2|') > "$STAGE/install.txt"
-PIP_WHEEL=$(cd "$STAGE/pip" && ls pip-*.whl)
 
 # 3. The image.
 say "building $IMAGE:$VERSION-$ARCH"
-# --no-cache: podman's layer cache does not look into bind mounts, so it would reuse a layer
+# --no-cache: podman's layer cache does not look into the wheels' folder, so it would reuse a layer
 # installed from other wheels; --layers=false: one commit, no intermediate images.
 previous=$(podman image inspect --format '{{.Id}}' "$IMAGE:$VERSION-$ARCH" 2>/dev/null || true)
 podman build --quiet --no-cache --layers=false $RUNTIME --network=none --arch "$ARCH" --timestamp "$SOURCE_DATE_EPOCH" \
-    --build-arg BASE="$BASE" --build-arg PIP_WHEEL="$PIP_WHEEL" --build-arg VERSION="$VERSION" \
+    --build-arg BASE_IMAGE="$BASE" --build-context wheels="$PWD/$STAGE" \
     --label org.opencontainers.image.version="$VERSION" \
     --label org.opencontainers.image.revision="$REVISION" \
     --label io.github.topo-reporter.inputs="$INPUTS" \
-    --volume "$PWD/$STAGE:/mnt:ro" \
-    --file image/Containerfile --tag "$IMAGE:$VERSION-$ARCH" image >/dev/null ||
+    --file Dockerfile --tag "$IMAGE:$VERSION-$ARCH" . >/dev/null ||
     fail "podman build failed (see above)"
 [ "$ARCH" = "$HOST_ARCH" ] && podman tag "$IMAGE:$VERSION-$ARCH" "$IMAGE:$VERSION"
 # The image this one replaces, untagged now: removed unless a container still uses it.

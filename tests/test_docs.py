@@ -51,7 +51,7 @@ PLACEHOLDERS = {"<gpu-node>": NODE}
 
 NOT_RUN_TOOLS = {
     "helm": "installs into a real cluster; tests/test_chart_*.py render and validate the chart",
-    "docker": "builds an image; tests/test_chart_image.py checks the Dockerfile",
+    "docker": "needs Docker Hub; tests/test_image.py builds the Dockerfile with podman",
     "sh image/build.sh": "builds the image (minutes); tests/test_image.py runs it",
     "podman": "runs or pushes the image; tests/test_image*.py run it with podman",
     "trivy": "needs a vulnerability database, which cannot be downloaded here",

@@ -34,7 +34,7 @@ from kubernetes import client as k8s
 
 from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.helm_chart import NAMESPACE, REPO, VAP_API, render
-from tests.image_support import BUILD_TIMEOUT_S, PODMAN_RUN, built_image, podman
+from tests.image_support import BUILD_TIMEOUT_S, PODMAN_RUN, PYTHON, built_image, podman
 from tests.podresources_double import devices_state, pod_state
 from tests.test_collect_podresources import GPU
 from tests.test_collect_podresources_kubelet import (  # noqa: F401  # the kubelet fixture
@@ -250,7 +250,10 @@ def test_the_image_runs_as_the_daemonset_and_publishes_a_dgx_h100_on_its_node(
             assert status["CapEff"] == status["CapPrm"] == "0000000000000000"
             assert status["NoNewPrivs"] == "1"
             if "--read-only" in security:
-                wrote = podman("exec", container, "touch", "/opt/topo-reporter/written")
+                # The image has no touch, no shell: its Python writes.
+                wrote = podman(
+                    "exec", container, PYTHON, "-c", "open('/opt/topo-reporter/written', 'w')"
+                )
                 assert wrote.returncode != 0
                 assert "Read-only file system" in wrote.stderr
             assert get(listen, "/healthz")[0] == 200
