@@ -105,7 +105,8 @@ class FreshReads:
 
     def _choose(self, suspects: set[str]) -> list[str]:
         """The suspects to read now, least recently read first, as many as the call and the
-        bucket allow; they count as read now."""
+        bucket allow; they count as read now (one the call's budget then leaves unread too: the
+        next calls try the others first)."""
         with self._lock:
             now = self._clock()
             self._tokens = min(self._burst, self._tokens + (now - self._filled) * self._per_s)
