@@ -10,6 +10,8 @@ the watch and the heartbeats under one lock, read by the calls without it. A nod
 seen, or whose annotation is missing or damaged, reads as None: never filtered, neutral score.
 So does a node whose agent no longer vouches for its annotation, with heartbeats on (`vouched`,
 kept by `reporter.extender.heartbeat`, which calls `revise` when a node's verdict changes).
+A filter call about to hold its pod may write too: a node it read from the API server newer than
+the watch has brought (`take_fresh`, `reporter.extender.fresh`), ordered by resourceVersion.
 
 The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
 lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
