@@ -14,7 +14,10 @@ body is relayed chunk by chunk as it arrives). The test plans faults for the req
 - `Reset.MID_RESPONSE`: forward, relay the status, headers and the first piece of the body, then
   reset (a watch cut after its first events, a read cut short);
 - `Delay(seconds)`: wait, then forward (a server slower than the client's read timeout; the request
-  still reaches the server after the client has given up on it).
+  still reaches the server after the client has given up on it);
+- `Lag(seconds)`: forward, relay the status and headers at once, and each piece of the body
+  `seconds` after it came (a watch whose events reach its client late: a client slower than the
+  server's other clients).
 
 Every request is recorded (`requests`): method, path, the status the client got, the status the
 real server answered, the fault injected if any, whether the answer reached the client.
@@ -111,7 +114,17 @@ class Delay:
         return f"delay {self.seconds:g} s"
 
 
-Fault = Reply | Reset | Delay
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """Forward, and relay each piece of the answer's body `seconds` after it came."""
+
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"lag {self.seconds:g} s"
+
+
+Fault = Reply | Reset | Delay | Lag
 
 
 @dataclass
@@ -460,6 +473,9 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                     self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 while piece := response.read1(RELAY_PIECE_BYTES):
+                    if isinstance(fault, Lag) and proxy._stopping.wait(fault.seconds):
+                        self.close_connection = True
+                        return False
                     if length is None:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     else:

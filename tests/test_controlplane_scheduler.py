@@ -43,6 +43,7 @@ from tests.controlplane_fixtures import (
     stop_process,
     unique,
 )
+from tests.fault_proxy import FaultProxy, Lag
 from tests.kube_double.tls import Certificate, make_certificate
 from tests.podresources_double import devices_state, pod_state
 from tests.test_agent_cli import CLI, env
@@ -134,10 +135,18 @@ class Cluster:
     """A group of GPU Nodes, the extender and the scheduler, on the real apiserver; `close`
     stops the processes and deletes what it made."""
 
-    def __init__(self, server: RealApiServer, work: Path, tls: Certificate | None = None) -> None:
+    def __init__(
+        self,
+        server: RealApiServer,
+        work: Path,
+        tls: Certificate | None = None,
+        extender_kubeconfig: Path | None = None,
+    ) -> None:
         self.server = server
         self.tls = tls
         """The extender's certificate and key: it serves HTTPS, the scheduler verifies it."""
+        self.extender_kubeconfig = extender_kubeconfig or server.kubeconfig
+        """Where the extender reaches the API server (the fault proxy, for a test of its own)."""
         self.core = server.core()
         self.work = work
         self.group = unique("g")
@@ -267,7 +276,7 @@ class Cluster:
                 "--listen",
                 "127.0.0.1:0",
                 "--kubeconfig",
-                str(self.server.kubeconfig),
+                str(self.extender_kubeconfig),
                 "--log-format",
                 "json",
                 *(
@@ -720,6 +729,37 @@ def test_a_held_pod_evicts_where_that_gives_it_a_connected_set_and_lands_there(
         cluster.publish_availability(h100, "dgx-h100", ())
         assert cluster.wait_bound("patient") == h100
         assert not evicted(cluster, "holds-pcie")
+
+
+def test_a_held_pod_lands_though_the_extenders_watch_brings_the_freed_node_late(
+    real_apiserver: RealApiServer, tmp_path: Path
+) -> None:
+    # Issue 41, item 9: the test above, with the extender's Node watch through the fault proxy,
+    # each piece of its stream relayed a minute late: the scheduler's retry on the agent's update
+    # always reaches the extender before its watch has it. Before the fix the retry read the old
+    # availability (2 free), held the pod again, and nothing retried it for 5 minutes: "patient
+    # not bound". Now the retry reads the node it disagrees on from the API server and passes.
+    (tmp_path / "proxy").mkdir()
+    with FaultProxy(real_apiserver.kubeconfig, tmp_path / "proxy") as proxy:
+        proxy.inject("GET", "/api/v1/nodes", Lag(WAIT_S), times=1_000, query="watch=")
+        kubeconfig = proxy.kubeconfig(tmp_path / "proxy.kubeconfig")
+        with Cluster(real_apiserver, tmp_path, extender_kubeconfig=kubeconfig) as cluster:
+            classes = preemption_cluster(cluster, nvswitch_holder="low")
+            h100 = cluster.nodes["h100"]
+            create_high_pod(cluster, classes, "patient")
+            deadline = time.monotonic() + WAIT_S
+            while not evicted(cluster, "holds-h100"):
+                assert time.monotonic() < deadline, f"no victim: {cluster.logs()}"
+                time.sleep(0.1)
+
+            cluster.core.delete_namespaced_pod(
+                "holds-h100", cluster.namespace, grace_period_seconds=0
+            )
+            cluster.publish_availability(h100, "dgx-h100", ())
+            assert cluster.wait_bound("patient") == h100
+            stale = 'topo_reporter_extender_fresh_node_reads_total{result="stale"}'
+            assert cluster.extender_metric(stale) >= 1
+            assert not evicted(cluster, "holds-pcie")
 
 
 FABRIC_TAINT = {"key": f"{PREFIX}/fabric-health", "value": "unhealthy", "effect": "NoSchedule"}

@@ -10,13 +10,14 @@ watchers' first list does, once started.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from dataclasses import dataclass
 
 import structlog
 
 from reporter.errors import ConfigError, PublishError
-from reporter.extender import cache, heartbeat, server
+from reporter.extender import cache, fresh, heartbeat, server
 from reporter.publish.lease import LeaseWatch
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.watch import NodeWatch
@@ -86,6 +87,14 @@ def build_extender(config: ExtenderSettings, log: Log) -> Extender:
             log=log,
             on_error=on_error,
         )
+    # Its own pool and short timeouts: a call waits on it, never on the watch's connection.
+    reads = NodeWatch(RestApiClient(rest, request_timeout_s=fresh.READ_TIMEOUT_S))
+    fresh_reads = fresh.FreshReads(
+        functools.partial(reads.read_node, nodes.annotation),
+        nodes,
+        counted=lambda result: metrics.fresh_reads.labels(result=result).inc(),
+        log=log,
+    )
     limits = dataclasses.replace(server.LIMITS, max_body_bytes=config.max_request_bytes)
     try:
         http = server.ExtenderServer(
@@ -99,6 +108,7 @@ def build_extender(config: ExtenderSettings, log: Log) -> Extender:
             watching=lambda: watcher.alive and (leases is None or leases.alive),
             problem=lambda: watcher.problem or (leases.problem if leases else None),
             log=log,
+            fresh=fresh_reads,
         )
     except OSError as e:
         raise ConfigError(f"cannot listen on {config.listen}: {e.strerror}") from e

@@ -10,6 +10,8 @@ the watch and the heartbeats under one lock, read by the calls without it. A nod
 seen, or whose annotation is missing or damaged, reads as None: never filtered, neutral score.
 So does a node whose agent no longer vouches for its annotation, with heartbeats on (`vouched`,
 kept by `reporter.extender.heartbeat`, which calls `revise` when a node's verdict changes).
+A filter call about to hold its pod may write too: a node it read from the API server newer than
+the watch has brought (`take_fresh`, `reporter.extender.fresh`), ordered by resourceVersion.
 
 The watch goes through `NodeWatchClient`, a seam we own (`reporter.publish.watch`, where the
 lean client implements it); the loop relists when the watch expires (410 Gone) and backs off on
@@ -405,6 +407,12 @@ class NodeCache:
         self._tally = _Tally()
         """Counts of the table's nodes: each node in it is counted once, by its rank there."""
         self._synced = threading.Event()
+        self._version: dict[str, int] = {}
+        """Node name to the resourceVersion of the object the cache holds, where it is a number
+        (kube-apiserver's are: etcd revisions, which only grow)."""
+        self._taken: dict[str, int] = {}
+        """Node name to the resourceVersion of a fresh read taken ahead of the watch, until the
+        watch brings a newer one: its events up to that version are older, and ignored."""
 
     def replace(self, nodes: Iterable[NodeAnnotation]) -> None:
         """Take a full list: nodes absent from it are gone."""
@@ -424,6 +432,9 @@ class NodeCache:
                 table.verdicts(k)
             self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
             self._place = {n.name: (n.partition, n.gpus) for n in listed}
+            self._version = {n.name: v for n in listed if (v := revision(n.version)) is not None}
+            # The watch restarts from this list, which it brings up to date.
+            self._taken = {}
             self._tally = _Tally()
             for name, r in table.ranks.items():
                 self._tally.count(r, self._place[name], 1)
@@ -434,13 +445,26 @@ class NodeCache:
         node = event.node
         if node is None:
             return
+        version = revision(event.resource_version)
         with self._lock:
+            taken = self._taken.get(node.name)
+            if taken is not None:
+                if version is not None and version <= taken:
+                    # Not newer than the object a fresh read gave the cache (`take_fresh`): the
+                    # watch is behind, and taking it would put the older object back.
+                    return
+                del self._taken[node.name]  # the watch has caught up
+            if version is None:
+                self._version.pop(node.name, None)
+            else:
+                self._version[node.name] = version
             self._recount(node.name, -1)
             if event.type == "DELETED":
                 self._text.pop(node.name, None)
                 self._whole.pop(node.name, None)
                 self._facts.pop(node.name, None)
                 self._place.pop(node.name, None)
+                self._version.pop(node.name, None)
                 self._table.drop(node.name)
                 return
             self._place[node.name] = (node.partition, node.gpus)
@@ -458,6 +482,24 @@ class NodeCache:
                 r = self._rank(node.name, node.value)
                 self._table.set(node.name, r, self._whole_of(node.name, whole), facts)
             self._recount(node.name, 1)
+
+    def take_fresh(self, node: NodeAnnotation) -> bool:
+        """Take a Node read from the API server just now, if the cache holds an older version of
+        it (a smaller resourceVersion): the watch has not brought it yet. True when taken. A node
+        the cache does not hold is left to the watch. The watch's older events for it are then
+        ignored (`apply`), so this writer and the watch never put an older object back."""
+        version = revision(node.version)
+        with self._lock:
+            known = self._version.get(node.name)
+            if version is None or known is None or version <= known:
+                return False
+            self.apply(WatchEvent("MODIFIED", node, node.version))
+            self._taken[node.name] = version
+        return True
+
+    def text(self, name: str) -> str | None:
+        """The node's availability annotation as the cache holds it; None when absent or unknown."""
+        return self._text.get(name)
 
     def revise(self, name: str) -> None:
         """Judge the node again: whether it is vouched for changed."""
@@ -515,6 +557,14 @@ class NodeCache:
         """(nodes known, nodes whose availability is missing or damaged)."""
         with self._lock:
             return self._tally.nodes, self._tally.unreadable
+
+
+def revision(resource_version: str) -> int | None:
+    """A resourceVersion as a number, for ordering; None when it is not one (a server whose
+    versions are not etcd revisions: the cache then never orders, and takes no fresh read)."""
+    if not (resource_version.isascii() and resource_version.isdigit()):
+        return None
+    return int(resource_version) if len(resource_version) <= 20 else None
 
 
 def _labels(node: NodeAnnotation) -> object:

@@ -6,7 +6,8 @@ and `preempt`). HTTP/1.1 with keep-alive, as kube-scheduler's client reuses its 
 request body must state its length and stay under `max_body_bytes`; anything that does not read
 as an ExtenderArgs (an ExtenderPreemptionArgs for preempt) is answered 400 with one line of text,
 which kube-scheduler counts as an extender error (ignored with `ignorable: true`). It reads the
-NodeCache and never calls the API.
+NodeCache, and calls the API only to read, by name, a node a filter call about to hold its pod
+disagrees with the scheduler on (`reporter.extender.fresh`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 from reporter.availability import CONNECTED_WAIT_S
 from reporter.extender import protocol
 from reporter.extender.cache import DEFAULT_RESOURCE, NodeCache, RankTable
+from reporter.extender.fresh import RESULTS, FreshReads
 from reporter.extender.holds import FORGET_S, MAX_HELD, HeldPods
 from reporter.schema.keys import CONNECTED_WAIT, key
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
@@ -184,6 +186,17 @@ class ExtenderMetrics:
             "for an NVLink-connected set that evicting there could not give it.",
             registry=r,
         )
+        self.fresh_reads = Counter(
+            "topo_reporter_extender_fresh_node_reads",
+            "Nodes read from the API server by a filter call about to hold its pod, where the "
+            "scheduler passed a node the cache says has too few free GPUs, by result: current "
+            "(the cache had its availability), stale (it had an older one: the node was taken "
+            "fresh and the call judged again), failed (the call held as before).",
+            ["result"],
+            registry=r,
+        )
+        for result in RESULTS:
+            self.fresh_reads.labels(result=result)
         self.api_errors = Counter(
             "topo_reporter_api_errors",
             "Failed Kubernetes API calls (list and watch of Nodes) by kind.",
@@ -227,11 +240,14 @@ class ExtenderServer:
         problem: Callable[[], str | None] = lambda: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
         clock: Callable[[], float] = time.time,
+        fresh: FreshReads | None = None,
     ) -> None:
         """`connected_wait_s`: how long from its creation a pod of k >= 2 GPUs may be held for
-        an NVLink-connected set (0: never); `clock`: POSIX seconds now. Raises OSError when the
-        address cannot be bound."""
+        an NVLink-connected set (0: never); `clock`: POSIX seconds now; `fresh`: reads the nodes
+        a call about to hold its pod disagrees with the scheduler on (None: never). Raises
+        OSError when the address cannot be bound."""
         self._clock = clock
+        self._fresh = fresh
         self._cache = cache
         self._metrics = metrics
         self._resource = resource
@@ -300,6 +316,19 @@ class ExtenderServer:
             held = protocol.hold_reason(
                 args, verdicts, now=now, limit_s=self._connected_wait_s, facts=table.facts
             )
+            if (
+                held is not None
+                and self._fresh is not None
+                and args.node_list is None
+                and self._fresh.revise(args.node_names, verdicts)
+            ):
+                # The cache was behind the API server on a node the scheduler passed (issue 41,
+                # item 9): judged again on what it holds now. Whole Nodes come with the call.
+                table = self._cache.table()
+                verdicts = table.verdicts(args.gpus)
+                held = protocol.hold_reason(
+                    args, verdicts, now=now, limit_s=self._connected_wait_s, facts=table.facts
+                )
             answer, filtered = protocol.filter_answer(args, verdicts, held)
             self._metrics.filtered.inc(filtered)
             if held is not None:

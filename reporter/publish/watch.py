@@ -47,6 +47,8 @@ class NodeAnnotation:
     node: Mapping[str, Any] = field(default_factory=dict)
     partition: str | None = None
     gpus: int | None = None
+    version: str = ""
+    """Its `metadata.resourceVersion` ("" when not sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,7 @@ def node_annotation(obj: Any, key: str) -> NodeAnnotation:
         int(count)
         if isinstance(count, str) and count.isascii() and count.isdigit() and len(count) <= 4
         else None,
+        str(meta.get("resourceVersion") or ""),
     )
 
 
@@ -163,6 +166,21 @@ class NodeWatch:
                 return NodeSnapshot(tuple(nodes), str(meta.get("resourceVersion") or ""))
             query = {"limit": str(PAGE_SIZE), "continue": str(meta["continue"])}
         raise ApiTransientError(f"list nodes: more than {MAX_PAGES} pages")
+
+    def read_node(self, annotation: str, name: str) -> NodeAnnotation | None:
+        """The Node `name` as the API server holds it now; None when there is none.
+
+        A list by name, not a get: the extender's ClusterRole grants `list` and `watch` on Nodes
+        and nothing more. Without a resourceVersion the list is a consistent read (quorum, or the
+        watch cache once it has caught up), never older than any watch."""
+        try:
+            page = self._api.list(NODES, query={"fieldSelector": f"metadata.name={name}"})
+        except ApiPermanentError as e:
+            if e.status == 403:
+                raise _forbidden(e) from e
+            raise
+        found = [node_annotation(item, annotation) for item in page.get("items") or []]
+        return next((node for node in found if node.name == name), None)
 
     def watch_nodes(
         self, annotation: str, resource_version: str, stop: threading.Event

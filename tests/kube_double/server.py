@@ -509,10 +509,19 @@ class ApiServerDouble:
                 )
             return copy.deepcopy(self.nodes[name])
 
-    def list_nodes(self, limit: int = 0, after: str = "") -> dict[str, Any]:
-        """All Nodes, or a page of `limit` after the name `after` (the continue token)."""
+    def list_nodes(self, limit: int = 0, after: str = "", selector: str = "") -> dict[str, Any]:
+        """All Nodes, or a page of `limit` after the name `after` (the continue token); those a
+        field selector picks (`metadata.name=NAME`, as the extender reads one node fresh: that
+        one alone, looked up, as kube-apiserver does)."""
         with self._lock:
-            items = [copy.deepcopy(n) for name, n in sorted(self.nodes.items()) if name > after]
+            named = selector.removeprefix("metadata.name=")
+            if selector.startswith("metadata.name=") and "," not in named:
+                found = [(named, self.nodes[named])] if named in self.nodes else []
+            else:
+                found = sorted(self.nodes.items())
+            items = [
+                copy.deepcopy(n) for name, n in found if name > after and _selected(n, selector)
+            ]
             revision = max(
                 [int(n["metadata"]["resourceVersion"]) for n in self.nodes.values()]
                 + [e[0] for e in self.watch_log.events],
@@ -922,7 +931,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/api/v1/nodes":
                 limit = (query.get("limit") or ["0"])[0]
                 listed = owner.list_nodes(
-                    int(limit) if limit.isdigit() else 0, (query.get("continue") or [""])[0]
+                    int(limit) if limit.isdigit() else 0,
+                    (query.get("continue") or [""])[0],
+                    selector,
                 )
                 if "as=PartialObjectMetadataList" in (self.headers.get("Accept") or ""):
                     # As kube-apiserver answers it (seen through tests/fault_proxy.py): a page
