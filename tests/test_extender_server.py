@@ -365,7 +365,7 @@ def test_a_watch_that_ends_at_once_is_a_failure_with_backoff_not_a_loop() -> Non
     errors: list[PublishError] = []
     stop = threading.Event()
     client = _ImpatientServer()
-    NodeWatcher(
+    watcher = NodeWatcher(
         client,
         NodeCache("gpu.topology.io"),
         stop=stop,
@@ -378,6 +378,9 @@ def test_a_watch_that_ends_at_once_is_a_failure_with_backoff_not_a_loop() -> Non
         eventually(lambda: len(errors) >= 2, "two failed watches")
     finally:
         stop.set()
+        # Its thread may list once more before it sees the stop: it ends here, not in a later
+        # test, where its log line would reach the terminal past pytest's capture.
+        eventually(lambda: not watcher.alive, "the watch thread ended")
     assert "ended the watch at once" in str(errors[0])
     assert client.watches <= len(errors) + 1
 
