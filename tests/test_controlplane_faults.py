@@ -301,6 +301,9 @@ def test_the_extenders_node_watch_cut_mid_stream_relists_and_watches_again(
     finally:
         stop.set()
         proxy.stop()
+        # The stopped proxy ends its watch: the thread logs that and ends here, not during a
+        # later test, where its log line would reach the terminal past pytest's capture.
+        wait_until(lambda: not watcher.alive, "the watch thread ended")
     seen = [("watch=1" in e.query, e.injected, e.upstream) for e in gets()]
     assert seen == [
         (False, None, 200),
