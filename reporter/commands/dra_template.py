@@ -27,6 +27,7 @@ from reporter.publish.api import (
     RESOURCE_CLAIM_TEMPLATES,
     ApiClient,
     Resource,
+    newest_served,
     resource_slices,
 )
 from reporter.schema import dra_template, keys
@@ -74,16 +75,9 @@ def _pages(api: ApiClient, resource: Resource, query: Mapping[str, str]) -> Iter
 def _slices(api: ApiClient) -> list[Any] | None:
     """Every ResourceSlice, in the newest resource.k8s.io version served; [] where none is
     (no DRA: no device for the template either), None where the caller may not list them."""
-    for version in DRA_VERSIONS:
-        try:
-            return list(_pages(api, resource_slices(version), {}))
-        except ApiPermanentError as e:
-            if e.status == 404:
-                continue
-            if e.status == 403:
-                return None
-            raise
-    return []
+    return newest_served(
+        DRA_VERSIONS, lambda version: list(_pages(api, resource_slices(version), {})), unserved=[]
+    )
 
 
 def _warn(line: str) -> None:

@@ -31,6 +31,7 @@ from reporter.publish.api import (
     PODS,
     ApiClient,
     Resource,
+    newest_served,
     resource_claims,
     resource_slices,
 )
@@ -165,15 +166,9 @@ class ApiClusterReader:
         if kind not in self._dra_lists:
             self._dra_lists[kind] = None
             make = resource_slices if kind == "slices" else resource_claims
-            for version in DRA_VERSIONS:
-                try:
-                    self._dra_lists[kind] = list(self._api.list(make(version))["items"])
-                except ApiPermanentError as e:
-                    if e.status == 404:
-                        continue
-                    if e.status != 403:
-                        raise
-                break
+            self._dra_lists[kind] = newest_served(
+                DRA_VERSIONS, lambda version: list(self._api.list(make(version))["items"])
+            )
         return self._dra_lists[kind]
 
     def resource_slices(self) -> list[dict[str, Any]] | None:
@@ -211,16 +206,10 @@ class ApiClusterReader:
     ) -> dict[str, Any] | None:
         """The list of a namespaced resource in every namespace, in the newest of `versions`
         served; None where none is served (404) or the operator may not list it (403)."""
-        for version in versions:
-            try:
-                return self._api.list(Resource(group, version, plural, kind, True))
-            except ApiPermanentError as e:
-                if e.status == 404:
-                    continue
-                if e.status == 403:
-                    return None
-                raise
-        return None
+        return newest_served(
+            versions,
+            lambda version: self._api.list(Resource(group, version, plural, kind, True)),
+        )
 
 
 def is_agent_event(event: Mapping[str, Any], node: str) -> bool:

@@ -12,12 +12,12 @@ sink (the object it owns, when to write it) and nothing else.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from reporter.errors import PublishError
+from reporter.errors import ApiPermanentError, PublishError
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,27 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=Tru
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
 """resource.k8s.io versions that serve ResourceSlices and ResourceClaims, newest first (v1 is GA in
 1.34; v1beta1 came in 1.32)."""
+
+
+T = TypeVar("T")
+
+
+def newest_served(
+    versions: Sequence[str], read: Callable[[str], T], *, unserved: T | None = None
+) -> T | None:
+    """`read(version)` in the first of `versions` (newest first) the API server serves: a 404
+    tries the next. `unserved` where it serves none, None where the caller may not read it (403).
+    Raises every other API error."""
+    for version in versions:
+        try:
+            return read(version)
+        except ApiPermanentError as e:
+            if e.status == 404:
+                continue
+            if e.status == 403:
+                return None
+            raise
+    return unserved
 
 
 def resource_slices(version: str) -> Resource:
