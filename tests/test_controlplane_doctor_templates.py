@@ -102,7 +102,7 @@ def test_a_node_of_a_wiring_added_after_the_template_is_named_with_the_fix(
     publish(real_node_factory, prefix, "pcie-8x-nvlink-pairs")
     stored = apply_template(real_apiserver, real_namespace, prefix, applied)
     pairs = dra_template.wiring_digest(scanned("pcie-8x-nvlink-pairs"))
-    covered = stored["metadata"]["annotations"][keys.key(prefix, dra_template.ANNOTATION_MACHINES)]
+    covered = stored["metadata"]["annotations"][keys.key(prefix, keys.DRA_TEMPLATE_MACHINES)]
     assert covered == pairs
     added = publish(real_node_factory, prefix, "dgx-h100")
 

@@ -50,7 +50,7 @@ def covered_digests(template: Any, prefix: str) -> tuple[str, ...] | None:
     """The wiring digests a template's `<prefix>/dra-template-machines` annotation lists; None
     where it has no such annotation (not one of ours)."""
     annotations = field(field(template, "metadata"), "annotations")
-    value = annotations.get(keys.key(prefix, dra_template.ANNOTATION_MACHINES))
+    value = annotations.get(keys.key(prefix, keys.DRA_TEMPLATE_MACHINES))
     if not isinstance(value, str):
         return None
     return tuple(d.strip() for d in value.split(",") if d.strip())
@@ -194,7 +194,7 @@ def _command(template: Any, count: int, fallback: bool, prefix: str) -> str:
     if prefix != keys.DEFAULT_PREFIX:
         args += ["--prefix", prefix]
     args += _selection(
-        field(meta, "annotations").get(keys.key(prefix, dra_template.ANNOTATION_SELECTION))
+        field(meta, "annotations").get(keys.key(prefix, keys.DRA_TEMPLATE_SELECTION))
     )
     return f"topo-reporter dra-template {shlex.join(args)}"
 
@@ -213,7 +213,7 @@ def _selection(value: Any) -> list[str]:
 
 
 def _gate_off(prefix: str, fallback: bool) -> Finding:
-    attribute = keys.key(prefix, dra_template.ATTRIBUTE)
+    attribute = keys.key(prefix, keys.NVLINK_CLIQUE_ATTRIBUTE)
     effect = (
         "so its claims never get connected GPUs, only the fallback's any GPUs"
         if fallback
@@ -226,7 +226,7 @@ def _gate_off(prefix: str, fallback: bool) -> Finding:
         f"while the {DERIVED_GATE} feature gate is off, so no device carries {attribute}, "
         f"which its matchAttribute constraint needs, {effect}",
         evidence=(
-            f"annotation {keys.key(prefix, dra_template.ANNOTATION_GATES)}: made for "
+            f"annotation {keys.key(prefix, keys.DRA_TEMPLATE_GATES)}: made for "
             f"{', '.join(dra_template.GATES)}",
             "spec.spec.devices.requests: no derivedAttributes",
         ),
