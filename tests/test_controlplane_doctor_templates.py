@@ -21,12 +21,15 @@ import yaml
 from kubernetes import client as k8s
 
 from bench.dra_template import nvlinks_down
-from reporter.doctor.templates import MISROUTED, UNCOVERED
+from reporter.doctor.model import Code
 from reporter.schema import dra_template, keys
 from reporter.schema.codec import encode
 from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.test_agent_cli import CLI, env
 from tests.test_controlplane_dra_template import own_uuids, scanned
+
+MISROUTED = Code.DRA_TEMPLATE_MISROUTED_NODES
+UNCOVERED = Code.DRA_TEMPLATE_UNCOVERED_NODES
 
 pytestmark = pytest.mark.controlplane
 
