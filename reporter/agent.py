@@ -51,7 +51,6 @@ at most its (5 s, 15 s) timeout). Not a multiple of the interval, nor of the ret
 the loop or the server asked for is not a stall, however long."""
 
 REASON_CHANGED = "GPUTopologyChanged"
-REASON_DEGRADED = DEGRADED_REASON
 REASON_FINDING = "GPUTopologyFinding"
 REASON_FABRIC = "NVLinkFabricProblem"
 """Warning Event: the node's NVLink partition is withheld, or its GPUs answered fabric or rack
@@ -268,7 +267,7 @@ class Agent:
             else:
                 self._log.warning("degraded_nothing_published_before", reason=reason)
                 message = f"{reason}; publishing what the other sources saw"
-            self._event(EventType.WARNING, REASON_DEGRADED, message)
+            self._event(EventType.WARNING, DEGRADED_REASON, message)
         return self._topology if keep else result.topology
 
     def _read_kubelet(self) -> KubeletPolicies | None:

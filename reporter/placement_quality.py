@@ -51,8 +51,6 @@ _ENTRY = re.compile(rf"({_DNS_LABEL})/({_DNS_SUBDOMAIN})/({_DNS_LABEL})=([0-9,-]
 _MORE = re.compile(r"\+([1-9][0-9]{0,5})")
 
 NUMA_ONE, NUMA_SEVERAL, NUMA_UNKNOWN = "one", "several", "unknown"
-WORST_LINKS = tuple(k.value for k in LinkKind if k is not LinkKind.X)
-"""Every value the `link` label can take."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -28,7 +28,7 @@ def test_profiles_lists_every_simulated_machine(capsys: pytest.CaptureFixture[st
     assert [line.split()[0] for line in out.splitlines()] == [p.name for p in list_profiles()]
 
 
-@pytest.mark.parametrize("fmt", ["json", "yaml", "matrix", "labels"])
+@pytest.mark.parametrize("fmt", ["json", "yaml", "annotation", "matrix", "labels"])
 def test_collect_prints_a_simulated_machine_in_every_format(
     fmt: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

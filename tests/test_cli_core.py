@@ -27,7 +27,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 @pytest.fixture
 def annotation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    status, out, _ = run(["parse", str(DGX_A100)], capsys)
+    status, out, _ = run(["parse", str(DGX_A100), "--format", "annotation"], capsys)
     assert status == 0
     path = tmp_path / "topology.json"
     path.write_text(out)
@@ -60,7 +60,7 @@ def test_parse_reads_stdin(
     assert json.loads(out)["v"] == 2
 
 
-@pytest.mark.parametrize("fmt", ["json", "yaml", "matrix", "labels"])
+@pytest.mark.parametrize("fmt", ["json", "yaml", "annotation", "matrix", "labels"])
 def test_render_gives_what_parse_gives(
     fmt: str, annotation: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -108,7 +108,7 @@ def test_render_reads_a_whole_node(
 ) -> None:
     path = tmp_path / "node"
     path.write_text(wrap(_node(annotation)))  # type: ignore[operator]
-    status, out, _ = run(["render", str(path), "--format", "json"], capsys)
+    status, out, _ = run(["render", str(path), "--format", "annotation"], capsys)
     assert status == 0
     assert out.strip() == annotation.read_text().strip()
 

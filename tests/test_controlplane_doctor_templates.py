@@ -21,12 +21,15 @@ import yaml
 from kubernetes import client as k8s
 
 from bench.dra_template import nvlinks_down
-from reporter.doctor.templates import MISROUTED, UNCOVERED
+from reporter.doctor.model import Code
 from reporter.schema import dra_template, keys
 from reporter.schema.codec import encode
 from tests.controlplane_fixtures import NodeFactory, RealApiServer, unique
 from tests.test_agent_cli import CLI, env
 from tests.test_controlplane_dra_template import own_uuids, scanned
+
+MISROUTED = Code.DRA_TEMPLATE_MISROUTED_NODES
+UNCOVERED = Code.DRA_TEMPLATE_UNCOVERED_NODES
 
 pytestmark = pytest.mark.controlplane
 
@@ -102,7 +105,7 @@ def test_a_node_of_a_wiring_added_after_the_template_is_named_with_the_fix(
     publish(real_node_factory, prefix, "pcie-8x-nvlink-pairs")
     stored = apply_template(real_apiserver, real_namespace, prefix, applied)
     pairs = dra_template.wiring_digest(scanned("pcie-8x-nvlink-pairs"))
-    covered = stored["metadata"]["annotations"][keys.key(prefix, dra_template.ANNOTATION_MACHINES)]
+    covered = stored["metadata"]["annotations"][keys.key(prefix, keys.DRA_TEMPLATE_MACHINES)]
     assert covered == pairs
     added = publish(real_node_factory, prefix, "dgx-h100")
 

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reporter.doctor import pod_group_findings
-from reporter.doctor.groups import CODE, partitions
+from reporter.doctor.groups import partitions
+from reporter.doctor.model import Code
 from reporter.doctor.report import report_json, report_text
 from tests.test_extender_capacity import PREFIX, node_objects, tray_topologies
 
@@ -67,7 +68,7 @@ def test_a_group_bigger_than_every_partitions_room_is_named_with_the_roomiest() 
     found = pod_group_findings([workload(best + 1, 4), workload(best, 4)], objects, PREFIX)
     assert list(found) == [f"workload ml/job-{best + 1}x4"]
     (finding,) = found[f"workload ml/job-{best + 1}x4"]
-    assert finding.code == CODE
+    assert finding.code == Code.POD_GROUP_EXCEEDS_PARTITIONS
     assert f"needs {best + 1} pods of 4 nvidia.com/gpu in one NVLink partition" in finding.summary
     assert f"has room for {best} now" in finding.summary
     assert len(finding.evidence) == 6  # five partitions, then how many more
@@ -104,4 +105,4 @@ def test_workloads_of_any_shape_never_raise(junk: list[Any], field: str) -> None
     shaped = workload(9999, 4)
     shaped["spec"]["podSets"][0][field] = junk[0] if junk else None
     found = pod_group_findings([*junk, shaped], objects, PREFIX)
-    assert all(f.code == CODE for fs in found.values() for f in fs)
+    assert all(f.code == Code.POD_GROUP_EXCEEDS_PARTITIONS for fs in found.values() for f in fs)

@@ -24,9 +24,9 @@ from bench.dra_template import numbered, nvlinks_down
 from parsers.links import SELF
 from reporter.collect import build_scanner
 from reporter.doctor import ApiClusterReader, dra_template_findings
-from reporter.doctor.model import Severity
+from reporter.doctor.model import Code, Severity
 from reporter.doctor.report import report_json, report_text
-from reporter.doctor.templates import GATE_OFF, MISROUTED, UNCOVERED, covered_digests
+from reporter.doctor.templates import covered_digests
 from reporter.errors import ApiPermanentError
 from reporter.publish.api import Resource
 from reporter.schema import dra_template
@@ -35,6 +35,10 @@ from reporter.schema.model import Topology
 from tests.dra_cel import nvidia_attributes
 from tests.test_doctor_groups import json_values
 from tests.test_dra_template import NV12, SYS, moon_moser
+
+GATE_OFF = Code.DRA_TEMPLATE_GATE_OFF
+MISROUTED = Code.DRA_TEMPLATE_MISROUTED_NODES
+UNCOVERED = Code.DRA_TEMPLATE_UNCOVERED_NODES
 
 PREFIX = "gpu.topology.io"
 OTHER_PREFIX = "other.example.com"

@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reporter.doctor.model import GPU_RESOURCE, Finding, Severity, node_annotations, node_labels
+from reporter.doctor.model import (
+    GPU_RESOURCE,
+    Code,
+    Finding,
+    Severity,
+    node_annotations,
+    node_labels,
+)
 from reporter.doctor.report import WORKLOAD
 from reporter.errors import SchemaError
 from reporter.extender.protocol import BadRequestError, gpus_requested
@@ -28,7 +35,6 @@ from reporter.schema.availability import decode_availability
 WORKLOAD_GROUP = "kueue.x-k8s.io"
 WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
 """Kueue's Workload versions, newest first: v0.17 to v0.19 serve both."""
-CODE = "pod-group-exceeds-partitions"
 SHOWN_PARTITIONS = 5
 """Partitions named in the evidence, roomiest first; the rest are counted."""
 
@@ -149,7 +155,7 @@ def _too_big(
         shown.append(f"{len(by_room) - SHOWN_PARTITIONS} more partitions, with less room")
     name = pod_set.get("name", "?")
     return Finding(
-        code=CODE,
+        code=Code.POD_GROUP_EXCEEDS_PARTITIONS,
         severity=Severity.WARNING,
         summary=f"PodSet {name} needs {count} pods of {gpus} {resource} in one NVLink "
         f"partition ({partition_key}); the roomiest partition has room for {best} now",

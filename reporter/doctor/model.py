@@ -24,6 +24,41 @@ FABRIC_CHECK = (
 """Where an operator sees the fabric as the driver does: the fabric findings' fixes quote it."""
 
 
+class Code(enum.StrEnum):
+    """Every finding's code, the word an operator greps for and docs/doctor.md lists; a
+    finding carries one of these and nothing else."""
+
+    # One node (reporter.doctor.node, reporter.doctor.reader)
+    KUBELET_POLICY_UNKNOWN = "kubelet-policy-unknown"
+    GPU_LOST = "gpu-lost"
+    NVLINK_DEGRADED = "nvlink-degraded"
+    NUMA_UNKNOWN = "numa-unknown"
+    NUMA_ALIGNMENT_LIMIT = "numa-alignment-limit"
+    DEVICE_PLUGIN_MISSING = "device-plugin-missing"
+    GPUS_UNALLOCATABLE = "gpus-unallocatable"
+    AGENT_DEGRADED = "agent-degraded"
+    DRA_NOT_COUNTED = "dra-not-counted"
+    DRA_SLICES_MISSING = "dra-slices-missing"
+    DRA_CLAIMS_ON_LOST_GPUS = "dra-claims-on-lost-gpus"
+    NO_TOPOLOGY_DATA = "no-topology-data"
+    AGENT_NOT_READY = "agent-not-ready"
+    FABRIC_NOT_READY = "fabric-not-ready"
+    FABRIC_GPUS_DISAGREE = "fabric-gpus-disagree"
+    FABRIC_DEGRADED = "fabric-degraded"
+    FABRIC_VALUES_INVALID = "fabric-values-invalid"
+    TOPOLOGY_UNREADABLE = "topology-unreadable"
+    # Across nodes and racks (reporter.doctor.racks)
+    PARTITION_LABEL_MISMATCH = "partition-label-mismatch"
+    PARTITION_SHORT = "partition-short"
+    CLIQUE_ID_SHARED = "clique-id-shared"
+    # Pod groups (reporter.doctor.groups)
+    POD_GROUP_EXCEEDS_PARTITIONS = "pod-group-exceeds-partitions"
+    # dra-template's templates (reporter.doctor.templates)
+    DRA_TEMPLATE_GATE_OFF = "dra-template-gate-off"
+    DRA_TEMPLATE_MISROUTED_NODES = "dra-template-misrouted-nodes"
+    DRA_TEMPLATE_UNCOVERED_NODES = "dra-template-uncovered-nodes"
+
+
 class Severity(enum.IntEnum):
     INFO = 0
     WARNING = 1
@@ -37,7 +72,7 @@ class Severity(enum.IntEnum):
 class Finding:
     """One thing wrong on a node: what, the evidence that shows it, and what to do."""
 
-    code: str
+    code: Code
     severity: Severity
     summary: str
     evidence: tuple[str, ...]

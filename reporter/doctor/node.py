@@ -19,6 +19,7 @@ from reporter.doctor.model import (
     FABRIC_CHECK,
     GPU_RESOURCE,
     AgentObservation,
+    Code,
     DraObservation,
     Finding,
     Severity,
@@ -49,7 +50,7 @@ def local_findings(
 
 def _policy_unknown(problem: str) -> Finding:
     return Finding(
-        code="kubelet-policy-unknown",
+        code=Code.KUBELET_POLICY_UNKNOWN,
         severity=Severity.WARNING,
         summary="the kubelet's Topology Manager policy is unknown: no topology-manager-policy "
         "labels, and no NodeResourceTopology unless the policy is stated (one without it would "
@@ -67,7 +68,7 @@ def _lost_gpus(topology: Topology) -> list[Finding]:
         return []
     return [
         Finding(
-            code="gpu-lost",
+            code=Code.GPU_LOST,
             severity=Severity.ERROR,
             summary=f"{', '.join(lost)} fell off the bus (NVML reports the GPU lost)",
             evidence=tuple(
@@ -116,7 +117,7 @@ def _nvlink_degraded(topology: Topology) -> list[Finding]:
         return []
     return [
         Finding(
-            code="nvlink-degraded",
+            code=Code.NVLINK_DEGRADED,
             severity=Severity.WARNING,
             summary="NVLinks are missing: multi-GPU jobs on the affected GPUs run slower",
             evidence=tuple(evidence),
@@ -135,7 +136,7 @@ def _numa_unknown(topology: Topology) -> list[Finding]:
         return []
     return [
         Finding(
-            code="numa-unknown",
+            code=Code.NUMA_UNKNOWN,
             severity=Severity.WARNING,
             summary=f"the NUMA node of {', '.join(unknown)} is unknown on a host with "
             f"{len(cpu_nodes)} NUMA nodes: Topology Manager cannot align them",
@@ -153,7 +154,7 @@ def _alignment_limit(topology: Topology, policies: KubeletPolicies) -> list[Find
     most = max(per_numa.values())
     return [
         Finding(
-            code="numa-alignment-limit",
+            code=Code.NUMA_ALIGNMENT_LIMIT,
             severity=Severity.WARNING,
             summary=f"Topology Manager policy {policies.topology_manager_policy} admits at most "
             f"{most} GPUs per pod here: pods asking for more are rejected with "
@@ -223,7 +224,7 @@ def node_findings(
     if seen and allocatable is None and not mig and not dra_node:
         findings.append(
             Finding(
-                code="device-plugin-missing",
+                code=Code.DEVICE_PLUGIN_MISSING,
                 severity=Severity.ERROR,
                 summary=f"{seen} GPUs seen, but {GPU_RESOURCE} is not allocatable: GPU pods stay "
                 f"Pending with 'Insufficient {GPU_RESOURCE}'",
@@ -242,7 +243,7 @@ def node_findings(
         lost = [f"GPU{g.index}" for g in topology.gpus if g.lost]
         findings.append(
             Finding(
-                code="gpus-unallocatable",
+                code=Code.GPUS_UNALLOCATABLE,
                 severity=Severity.ERROR,
                 summary=f"only {allocatable} of {seen} GPUs are allocatable",
                 evidence=(
@@ -257,7 +258,7 @@ def node_findings(
     if agent.degraded_reason is not None:
         findings.append(
             Finding(
-                code="agent-degraded",
+                code=Code.AGENT_DEGRADED,
                 severity=Severity.ERROR,
                 summary="topo-reporter cannot read the GPUs: the published topology may be stale",
                 evidence=(agent.degraded_reason,),
@@ -301,7 +302,7 @@ def dra_findings(
     if seen.slices and "dra" not in sources:
         findings.append(
             Finding(
-                code="dra-not-counted",
+                code=Code.DRA_NOT_COUNTED,
                 severity=Severity.ERROR,
                 summary=f"{dra.DRIVER} publishes this node's GPUs, but availability counts only "
                 "the device plugin's allocations: GPUs that ResourceClaims hold look free to the "
@@ -318,7 +319,7 @@ def dra_findings(
     elif not seen.slices and sources == ("dra",):
         findings.append(
             Finding(
-                code="dra-slices-missing",
+                code=Code.DRA_SLICES_MISSING,
                 severity=Severity.WARNING,
                 summary=f"availability counts DRA claims alone (no device plugin offers a GPU), "
                 f"but no ResourceSlice of {dra.DRIVER} describes this node's GPUs: every GPU no "
@@ -360,7 +361,7 @@ def _claims_on_lost(
         return []
     return [
         Finding(
-            code="dra-claims-on-lost-gpus",
+            code=Code.DRA_CLAIMS_ON_LOST_GPUS,
             severity=Severity.ERROR,
             summary="ResourceClaims hold GPUs that NVML reports lost: their pods cannot use them",
             evidence=tuple(evidence),
@@ -378,7 +379,7 @@ def _no_data(name: str, gpus: int, agent: AgentObservation) -> Finding:
     elif agent.pod_ready is False:
         evidence.append(f"the topo-reporter pod on {name} is not ready")
     return Finding(
-        code="no-topology-data",
+        code=Code.NO_TOPOLOGY_DATA,
         severity=Severity.ERROR,
         summary=f"the node has {gpus} GPUs but no topology data: topo-reporter is not running "
         "there or cannot publish",
@@ -392,7 +393,7 @@ def _no_data(name: str, gpus: int, agent: AgentObservation) -> Finding:
 def _agent_not_ready(name: str, agent: AgentObservation) -> Finding:
     what = "no topo-reporter pod runs" if agent.pod_found is False else "topo-reporter is not ready"
     return Finding(
-        code="agent-not-ready",
+        code=Code.AGENT_NOT_READY,
         severity=Severity.WARNING,
         summary=f"{what} on {name}: the published topology is not being kept fresh",
         evidence=(what,),
@@ -415,7 +416,7 @@ def fabric_node_findings(topology: Topology) -> list[Finding]:
         disagree = fabric.withheld.startswith("GPUs disagree")
         findings.append(
             Finding(
-                code="fabric-gpus-disagree" if disagree else "fabric-not-ready",
+                code=Code.FABRIC_GPUS_DISAGREE if disagree else Code.FABRIC_NOT_READY,
                 severity=Severity.ERROR if disagree else Severity.WARNING,
                 summary="no nvlink-partition label: "
                 + (
@@ -443,7 +444,7 @@ def fabric_node_findings(topology: Topology) -> list[Finding]:
         ]
         findings.append(
             Finding(
-                code="fabric-degraded",
+                code=Code.FABRIC_DEGRADED,
                 severity=Severity.ERROR if fabric.health == UNHEALTHY else Severity.WARNING,
                 summary=f"the node's NVLink fabric is {fabric.health}: multi-node jobs on its "
                 "partition run slower" + (" or fail" if fabric.health == UNHEALTHY else ""),
@@ -460,7 +461,7 @@ def fabric_node_findings(topology: Topology) -> list[Finding]:
     if problems:
         findings.append(
             Finding(
-                code="fabric-values-invalid",
+                code=Code.FABRIC_VALUES_INVALID,
                 severity=Severity.WARNING,
                 summary="the driver answered fabric or rack values that cannot be taken: they "
                 "are left out of the labels",

@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsers.cpulist import format_cpulist
-from reporter.doctor.model import FABRIC_CHECK, GFD_CLIQUE_LABEL, Finding, Severity, node_labels
+from reporter.doctor.model import (
+    FABRIC_CHECK,
+    GFD_CLIQUE_LABEL,
+    Code,
+    Finding,
+    Severity,
+    node_labels,
+)
 from reporter.schema import keys
 
 
@@ -25,7 +32,7 @@ def partition_label_mismatch(labels: Mapping[str, str], prefix: str) -> list[Fin
         return []
     return [
         Finding(
-            code="partition-label-mismatch",
+            code=Code.PARTITION_LABEL_MISMATCH,
             severity=Severity.ERROR,
             summary=f"{prefix}/{keys.NVLINK_PARTITION} and {GFD_CLIQUE_LABEL} name different "
             "NVLink partitions: a scheduler keyed on either can split a job across partitions",
@@ -110,7 +117,7 @@ def _short_partitions(
                 (
                     partition,
                     Finding(
-                        code="partition-short",
+                        code=Code.PARTITION_SHORT,
                         severity=Severity.WARNING,
                         summary=f"NVLink partition {partition} has {count} nodes where its "
                         f"peers have {usual}: a job sized for a full partition waits",
@@ -141,7 +148,7 @@ def _shared_cliques(
             (
                 partitions,
                 Finding(
-                    code="clique-id-shared",
+                    code=Code.CLIQUE_ID_SHARED,
                     severity=Severity.INFO,
                     summary=f"clique ID {clique} names partitions of {len(partitions)} "
                     "different NVLink domains: never select or group nodes by the clique ID "

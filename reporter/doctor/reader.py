@@ -15,6 +15,7 @@ from reporter.doctor.groups import WORKLOAD_GROUP, WORKLOAD_VERSIONS
 from reporter.doctor.model import (
     GPU_RESOURCE,
     AgentObservation,
+    Code,
     DraObservation,
     Finding,
     Severity,
@@ -269,7 +270,7 @@ def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Fi
         except SchemaError as e:
             findings.append(
                 Finding(
-                    code="topology-unreadable",
+                    code=Code.TOPOLOGY_UNREADABLE,
                     severity=Severity.ERROR,
                     summary="the topology annotation does not validate: schedulers ignore it",
                     evidence=(str(e),),

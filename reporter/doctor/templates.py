@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reporter.doctor.model import Finding, Severity, field
+from reporter.doctor.model import Code, Finding, Severity, field
 from reporter.doctor.report import TEMPLATE
 from reporter.errors import InputError
 from reporter.schema import dra_template, keys
@@ -37,9 +37,6 @@ from reporter.schema.model import Topology
 from reporter.schema.node import decode_node, node_name
 
 TEMPLATE_GROUP = "resource.k8s.io"
-MISROUTED = "dra-template-misrouted-nodes"
-UNCOVERED = "dra-template-uncovered-nodes"
-GATE_OFF = "dra-template-gate-off"
 SHOWN_NODES = 5
 """Nodes named in the evidence, by name; the rest are counted."""
 DERIVED_GATE = dra_template.GATES[0]
@@ -50,7 +47,7 @@ def covered_digests(template: Any, prefix: str) -> tuple[str, ...] | None:
     """The wiring digests a template's `<prefix>/dra-template-machines` annotation lists; None
     where it has no such annotation (not one of ours)."""
     annotations = field(field(template, "metadata"), "annotations")
-    value = annotations.get(keys.key(prefix, dra_template.ANNOTATION_MACHINES))
+    value = annotations.get(keys.key(prefix, keys.DRA_TEMPLATE_MACHINES))
     if not isinstance(value, str):
         return None
     return tuple(d.strip() for d in value.split(",") if d.strip())
@@ -194,7 +191,7 @@ def _command(template: Any, count: int, fallback: bool, prefix: str) -> str:
     if prefix != keys.DEFAULT_PREFIX:
         args += ["--prefix", prefix]
     args += _selection(
-        field(meta, "annotations").get(keys.key(prefix, dra_template.ANNOTATION_SELECTION))
+        field(meta, "annotations").get(keys.key(prefix, keys.DRA_TEMPLATE_SELECTION))
     )
     return f"topo-reporter dra-template {shlex.join(args)}"
 
@@ -213,20 +210,20 @@ def _selection(value: Any) -> list[str]:
 
 
 def _gate_off(prefix: str, fallback: bool) -> Finding:
-    attribute = keys.key(prefix, dra_template.ATTRIBUTE)
+    attribute = keys.key(prefix, keys.NVLINK_CLIQUE_ATTRIBUTE)
     effect = (
         "so its claims never get connected GPUs, only the fallback's any GPUs"
         if fallback
         else "so every claim from it is unschedulable"
     )
     return Finding(
-        code=GATE_OFF,
+        code=Code.DRA_TEMPLATE_GATE_OFF,
         severity=Severity.ERROR,
         summary=f"the template's request has no derivedAttributes: kube-apiserver drops them "
         f"while the {DERIVED_GATE} feature gate is off, so no device carries {attribute}, "
         f"which its matchAttribute constraint needs, {effect}",
         evidence=(
-            f"annotation {keys.key(prefix, dra_template.ANNOTATION_GATES)}: made for "
+            f"annotation {keys.key(prefix, keys.DRA_TEMPLATE_GATES)}: made for "
             f"{', '.join(dra_template.GATES)}",
             "spec.spec.devices.requests: no derivedAttributes",
         ),
@@ -248,7 +245,7 @@ def _misrouted(
 ) -> Finding:
     plural = len(nodes) > 1
     return Finding(
-        code=MISROUTED,
+        code=Code.DRA_TEMPLATE_MISROUTED_NODES,
         severity=Severity.ERROR,
         summary=f"{len(nodes)} node{'s' if plural else ''} of a wiring the template was not made "
         f"from {'have' if plural else 'has'} GPUs at product and PCI bus IDs its clique map holds: "
@@ -280,7 +277,7 @@ def _uncovered(
     every = [*nodes, *unbounded]
     plural = len(every) > 1
     return Finding(
-        code=UNCOVERED,
+        code=Code.DRA_TEMPLATE_UNCOVERED_NODES,
         severity=Severity.WARNING,
         summary=f"{len(every)} node{'s' if plural else ''} with {count} or more NVLink-connected "
         f"GPUs {'are' if plural else 'is'} of a wiring the template was not made from, and its "

@@ -8,11 +8,14 @@ documents, written by earlier agents, still read), then checked for what a schem
 GPU identities unique within the node, hash); every rejection is a `SchemaError` naming the field.
 It never returns a partly decoded topology.
 
-The annotation writes once what every GPU shares (`gpu_common`: on a DGX each GPU's model, memory,
-MIG mode and NVLink count), which keeps what we add to a Node under 5 KiB. The document
-(`to_document`, what `--format json` and the plugin print) is the expanded form, one object per
-GPU with all its fields; the hash is that form's, so it does not depend on the encoding, and an
-annotation an earlier v2 agent wrote (expanded) still decodes.
+Two forms of one document. The annotation (`encode`, what `--format annotation` prints) writes
+once what every GPU shares (`gpu_common`: on a DGX each GPU's model, memory, MIG mode and NVLink
+count), which keeps what we add to a Node under 5 KiB; it is a wire encoding, not a format to
+script against. The document (`to_document`; `to_json`, what `--format json` prints, and what
+`--format yaml` and the kubectl plugin's `topology` hold) is the expanded form, one object per GPU
+with all its fields, the same on every machine. The hash is the expanded form's, so it does not
+depend on the encoding; `decode` reads both forms, so either is input to `render` and `best-set`,
+and an annotation an earlier v2 agent wrote (expanded) still decodes.
 """
 
 from __future__ import annotations
@@ -267,6 +270,11 @@ def expand(doc: dict[str, Any]) -> dict[str, Any]:
 def encode(topology: Topology) -> str:
     """The `topology` annotation value: compact canonical JSON, one line."""
     return _canonical(compact(to_document(topology)))
+
+
+def to_json(topology: Topology) -> str:
+    """The document, each GPU whole, as canonical JSON on one line: what `--format json` prints."""
+    return _canonical(to_document(topology))
 
 
 def decode(text: str | bytes) -> Topology:

@@ -53,23 +53,12 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 REQUEST = "gpus"
 CONNECTED = "connected"
 ANY = "any"
-ATTRIBUTE = "nvlinkClique"
-"""The derived attribute's name after our prefix: a domain no DRA driver publishes under, so it
-shadows nothing (types.go: a derived name equal to a driver's attribute replaces it)."""
 GATES = ("DRADerivedAttributes", "DRAListTypeAttributes")
 """On kube-apiserver and kube-scheduler, both alpha and off by default in v1.37.2
 (pkg/features/kube_features.go); `firstAvailable` (DRAPrioritizedList) is GA and on since 1.36."""
 
 MAX_EXPRESSION_BYTES = 10 * 1024
 """CELSelectorExpressionMaxLength, which DeviceDerivedAttribute.Expression shares."""
-
-ANNOTATION_GATES = "dra-template-gates"
-ANNOTATION_MACHINES = "dra-template-machines"
-"""The wirings whose cliques the template holds, one digest each: the doctor compares them with
-the Nodes'."""
-ANNOTATION_SELECTION = "dra-template-selection"
-"""The `--selector` and `--exclude` arguments it was made with, as a shell would take them: the
-doctor's command to make it again repeats them."""
 
 
 class TemplateError(ConfigError):
@@ -550,7 +539,7 @@ def build(
             "kinds (fewer --simulate profiles, or one --selector per group of nodes), or fix the "
             "nodes wired otherwise"
         )
-    attribute = keys.key(prefix, ATTRIBUTE)
+    attribute = keys.key(prefix, keys.NVLINK_CLIQUE_ATTRIBUTE)
     exact: dict[str, Any] = {
         "deviceClassName": device_class,
         "allocationMode": "ExactCount",
@@ -581,11 +570,13 @@ def build(
     if namespace is not None:
         metadata["namespace"] = namespace
     metadata["annotations"] = {
-        keys.key(prefix, ANNOTATION_GATES): ",".join(GATES),
-        keys.key(prefix, ANNOTATION_MACHINES): ",".join(digests),
+        keys.key(prefix, keys.DRA_TEMPLATE_GATES): ",".join(GATES),
+        keys.key(prefix, keys.DRA_TEMPLATE_MACHINES): ",".join(digests),
     }
     if selection:
-        metadata["annotations"][keys.key(prefix, ANNOTATION_SELECTION)] = shlex.join(selection)
+        metadata["annotations"][keys.key(prefix, keys.DRA_TEMPLATE_SELECTION)] = shlex.join(
+            selection
+        )
     document = {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",

@@ -8,22 +8,26 @@ import yaml
 
 from parsers.errors import excerpt
 from reporter.schema.annotations import annotations as annotation_values
-from reporter.schema.codec import encode, to_document
+from reporter.schema.codec import encode, to_document, to_json
 from reporter.schema.labels import labels
 from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.pictures import to_dot, to_mermaid
 
-FORMATS = ("json", "yaml", "matrix", "labels", "dot", "mermaid")
+FORMATS = ("json", "yaml", "annotation", "matrix", "labels", "dot", "mermaid")
+"""json and yaml give the document, each GPU whole, the same shape on every machine; annotation
+gives the Node annotation's exact value, whose `gpu_common` holds what every GPU shares."""
 
 
 def format_topology(topology: Topology, fmt: str, prefix: str, node: str | None = None) -> str:
     """The text of `topology` in `fmt` (one of FORMATS), ending in a newline; `node` names the
     Node for the labels (a node without a multi-node fabric is its own NVLink domain)."""
     if fmt == "json":
-        return encode(topology) + "\n"
+        return to_json(topology) + "\n"
     if fmt == "yaml":
         return yaml.safe_dump(to_document(topology), sort_keys=False, width=120)
+    if fmt == "annotation":
+        return encode(topology) + "\n"
     if fmt == "matrix":
         return render_matrix(topology)
     if fmt == "labels":

@@ -1,4 +1,5 @@
-"""Every label, annotation and taint name topo-reporter writes, in one place.
+"""Every label, annotation, taint and DRA attribute name topo-reporter writes or reads under its
+prefix, in one place (docs/schema.md lists each; tests/test_docs_catalogues.py checks it).
 
 A full key is `<prefix>/<name>`; the prefix is configurable (default `gpu.topology.io`). Labels are
 stable derivations of the topology (counts and classes), never timestamps.
@@ -58,6 +59,10 @@ HEARTBEAT_AVAILABILITY = "availability"
 
 # DRA DeviceTaintRules (reporter.schema.devicetaints): the taint's key on a GPU.
 DEVICE_TAINT = "gpu-unhealthy"
+NVLINK_CLIQUE_ATTRIBUTE = "nvlinkClique"
+"""The DRA derived attribute `dra-template` defines on each GPU: a domain no DRA driver publishes
+under, so it shadows nothing (types.go: a derived name equal to a driver's attribute replaces
+it)."""
 
 # The label naming the node on every object an agent writes besides its Node (its DeviceTaintRules,
 # NodeResourceTopology and NodeFeature): `<prefix>/node=<node>`. Its key carries the prefix, so
@@ -74,6 +79,15 @@ OWNED = "owned"
 AVAILABILITY = "availability"
 ALLOCATION = "allocation"
 GPU_SETS = "gpu-sets"
+# Annotations of the ResourceClaimTemplate `dra-template` prints (reporter.schema.dra_template):
+# the feature gates it needs, and what the doctor reads to tell a stale template.
+DRA_TEMPLATE_GATES = "dra-template-gates"
+DRA_TEMPLATE_MACHINES = "dra-template-machines"
+"""The wirings whose cliques the template holds, one digest each: the doctor compares them with
+the Nodes'."""
+DRA_TEMPLATE_SELECTION = "dra-template-selection"
+"""The `--selector` and `--exclude` arguments it was made with, as a shell would take them: the
+doctor's command to make it again repeats them."""
 # A pod's annotation, read by the extender: how long that pod may be held for an NVLink-connected
 # set (`0`: never; a duration up to 24h), in place of the extender's --connected-wait.
 CONNECTED_WAIT = "connected-wait"
