@@ -56,9 +56,10 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from parsers.errors import excerpt
-from parsers.links import Link, LinkKind
+from parsers.links import Link
 from reporter.errors import PlacementError
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION, BestEffort, pair_points_matrix
+from reporter.schema.availability import NVLINK_POINTS, PCIE_POINTS
 from reporter.schema.model import Topology
 
 __all__ = [
@@ -72,18 +73,6 @@ __all__ = [
     "nvlink_reach",
     "score_gpu_set",
 ]
-
-NVLINK_POINTS = 10
-"""Points per bonded NVLink of a pair."""
-
-PCIE_POINTS = {
-    LinkKind.PIX: 5,
-    LinkKind.PXB: 4,
-    LinkKind.PHB: 3,
-    LinkKind.NODE: 2,
-    LinkKind.SYS: 1,
-}
-"""Points of a pair (or a NIC path) by PCIe path class."""
 
 _BEST_NIC_POINTS = max(PCIE_POINTS.values())
 

@@ -25,22 +25,18 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from parsers import duration
 from parsers.documents import DocumentBoundError, load_yaml
-from parsers.duration import DURATION_MAX_S
+from parsers.duration import DURATION_MAX_S, duration_text
 from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter.availability import CONNECTED_WAIT_S
+from reporter.collect import BACKENDS
 from reporter.collect.kubelet import POD_RESOURCES_SOCKET
-from reporter.collect.scanner import BACKENDS
 from reporter.errors import ConfigError
-from reporter.extender.protocol import (
-    MAX_REQUEST_BYTES,
-    check_resource_name,
-    duration_text,
-)
 from reporter.inputs import read_bounded, size_text
 from reporter.placement import Policy
 from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
+from reporter.schema.scheduler import MAX_REQUEST_BYTES, check_resource_name
 
 SINKS = ("node", "nodefeature")
 LOG_FORMATS = ("auto", "json", "console")

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reporter.collect import build_scanner
 from reporter.collect.simulate.racks import rack_nodes, write_profiles
+from reporter.commands.gpu_topology import capacity, capacity_text
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics
 from reporter.free_sets import compute_availability
-from reporter.kubectl_plugin import capacity, capacity_text
 from reporter.publish.watch import WatchEvent, node_annotation
 from reporter.schema.availability import encode_availability
 from reporter.schema.labels import labels

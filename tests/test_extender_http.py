@@ -40,6 +40,7 @@ from reporter.extender.server import (
     ExtenderServer,
     peak_bytes,
 )
+from reporter.schema.scheduler import MAX_REQUEST_BYTES
 from tests.test_extender_protocol import pod
 
 WAIT_S = 10.0
@@ -605,7 +606,7 @@ def test_the_charts_memory_limit_holds_the_default_bounds() -> None:
     limit = values["extender"]["resources"]["limits"]["memory"]
     assert limit.endswith("Mi")
     assert peak_bytes(LIMITS) <= int(limit[:-2]) * 2**20
-    assert LIMITS.max_body_bytes == protocol.MAX_REQUEST_BYTES
+    assert LIMITS.max_body_bytes == MAX_REQUEST_BYTES
 
 
 def test_a_body_over_the_bound_is_refused_before_it_is_sent(serve: Serve) -> None:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parsers.duration import duration_text
 from reporter.availability import (
     CONNECTED_WAIT_S,
     NEUTRAL_SCORE,
@@ -38,11 +39,8 @@ from reporter.extender.cache import (
 from reporter.extender.eligibility import node_facts
 from reporter.extender.protocol import (
     BadRequestError,
-    check_resource_name,
     created_seconds,
-    duration_text,
     filter_answer,
-    gpus_requested,
     hold_reason,
     parse_args,
     parse_preemption_args,
@@ -54,6 +52,7 @@ from reporter.publish.watch import NodeAnnotation, WatchEvent
 from reporter.schema.availability import Availability, decode_availability, encode_availability
 from reporter.schema.labels import labels
 from reporter.schema.model import Topology
+from reporter.schema.scheduler import check_resource_name, gpus_requested
 from tests.test_extender_eligibility import repro_affinity
 
 KEY = "gpu.topology.io/availability"

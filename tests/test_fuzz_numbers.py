@@ -26,8 +26,8 @@ from parsers.nvsmi import parse_topo
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_node_memtotal
 from reporter.errors import ConfigError, SchemaError
-from reporter.extender.protocol import BadRequestError, gpus_requested
 from reporter.schema.availability import decode_availability
+from reporter.schema.scheduler import PodRequestError, gpus_requested
 from reporter.settings import listen_address, parse_count, parse_indexes
 from tests.fuzz import fuzz
 
@@ -88,7 +88,7 @@ READERS: list[tuple[str, Callable[[str], object], str, type[Exception]]] = [
     ("availability free", decode_availability, "1;{};0.1.1.0.1", SchemaError),
     ("availability entry", decode_availability, "1;0;{}.1.1.0.1", SchemaError),
     ("availability whole", decode_availability, "3;0;0.1.1.0.1.1.{}", SchemaError),
-    ("GPU request", lambda t: gpus_requested(_pod(t)), "{}", BadRequestError),
+    ("GPU request", lambda t: gpus_requested(_pod(t)), "{}", PodRequestError),
     ("listen port", listen_address, "0.0.0.0:{}", ConfigError),
     ("GPU indexes", lambda t: parse_indexes(t, name="--simulate-used"), "0,{}", ConfigError),
     ("nvidia-smi CPU affinity", parse_topo, "\tGPU0\tCPU Affinity\nGPU0\t X \t{}\n", ParseError),

@@ -8,10 +8,14 @@ The agent decides what to publish from that; a collector never decides to publis
 from __future__ import annotations
 
 import enum
+import importlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from reporter.schema.model import Topology
+
+BACKENDS = ("auto", "nvml", "sysfs")
+"""What `--backend` names: `auto` (NVML, sysfs where NVML does not load), `nvml` or `sysfs`."""
 
 
 class SourceState(enum.Enum):
@@ -75,9 +79,25 @@ class Scanner(Protocol):
     def scan(self) -> ScanResult: ...
 
 
-# The builders sit below the contract they return, so the agent and the CLI import one package.
-from reporter.collect.scanner import BACKENDS, CollectorScanner, build_scanner  # noqa: E402
-from reporter.collect.simulate.machine import ProfileInfo, list_profiles  # noqa: E402
+# The builders sit below the contract they return, so the agent and the CLI import one package;
+# they load when first named: the settings, the metrics and the agent's loop read only the
+# contract above, and the scanner brings the NVML binding, the simulated machines and the schema.
+if TYPE_CHECKING:
+    from reporter.collect.scanner import CollectorScanner, build_scanner
+    from reporter.collect.simulate.machine import ProfileInfo, list_profiles
+else:
+    _BUILDERS = {
+        "CollectorScanner": "scanner",
+        "build_scanner": "scanner",
+        "ProfileInfo": "simulate.machine",
+        "list_profiles": "simulate.machine",
+    }
+
+    def __getattr__(name: str) -> object:
+        if name not in _BUILDERS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{__name__}.{_BUILDERS[name]}"), name)
+
 
 __all__ = [
     "BACKENDS",

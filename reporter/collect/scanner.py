@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from parsers.errors import excerpt
-from reporter.collect import LinkErrors, ScanResult, SourceState, SourceStatus
+from reporter.collect import BACKENDS, LinkErrors, ScanResult, SourceState, SourceStatus
 from reporter.collect.nvml import LinkCounters, NvmlCollector, NvmlModule, load_pynvml
 from reporter.collect.simulate.fake_nvml import FakeNvml, Faults
 from reporter.collect.simulate.machine import load_machine
@@ -29,7 +29,6 @@ from reporter.schema.model import Gpu, Topology
 
 log = structlog.get_logger(__name__)
 
-BACKENDS = ("auto", "nvml", "sysfs")
 PROC_ROOT = Path("/proc")
 """Where the NVIDIA driver's procfs files are (`driver/nvidia/gpus`): the container's own /proc
 shows them, the driver being the host kernel's."""

@@ -12,13 +12,12 @@ and returns an exit status. The kubectl plugin (reporter.kubectl_plugin) shares 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
-
-import structlog
+from typing import Any, TypeAlias
 
 from reporter import terminal
 from reporter.errors import TopoReporterError
@@ -26,6 +25,9 @@ from reporter.schema import keys
 
 PROG = "topo-reporter"
 """The command's name, as its errors and warnings begin."""
+PLUGIN_PROG = "kubectl gpu-topology"
+"""The kubectl plugin's name, as its errors begin (reporter.kubectl_plugin, whose handler is
+reporter.commands.gpu_topology)."""
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -46,21 +48,37 @@ def no_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One subcommand: what `--help` says of it, its arguments, and the handler they go to."""
+    """One subcommand: what `--help` says of it, its arguments, and the handler they go to.
+
+    The handler and the arguments are named, not imported: a subcommand's module loads only when
+    its parser is built whole, so `topo-reporter --help` and every other subcommand do without it.
+    """
 
     name: str
     help: str
     """One line, in the list `topo-reporter --help` prints."""
     description: str
     """The paragraph atop `topo-reporter NAME --help`."""
-    handler: Handler
-    arguments: Arguments
+    handler: str
+    """The Handler, as `module:function`."""
+    arguments: str
+    """The function adding its Arguments, as `module:function`."""
 
-    def add_to(self, commands: Commands) -> None:
-        """Add this subcommand's parser to `commands`; what it parses names the handler."""
+    def add_to(self, commands: Commands, *, whole: bool = True) -> None:
+        """Add this subcommand's parser to `commands`: its name, help and description, and when
+        `whole` its arguments and its handler (which imports their module); what it parses names
+        the handler."""
         parser = commands.add_parser(self.name, help=self.help, description=self.description)
-        self.arguments(parser)
-        parser.set_defaults(handler=self.handler)
+        if whole:
+            arguments: Arguments = _named(self.arguments)
+            arguments(parser)
+            parser.set_defaults(handler=_named(self.handler))
+
+
+def _named(target: str) -> Any:
+    """The function `module:function` names, its module imported."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def run_guarded(prog: str, handler: Handler, args: argparse.Namespace) -> int:
@@ -80,6 +98,10 @@ def run_guarded(prog: str, handler: Handler, args: argparse.Namespace) -> int:
 
 def logs_to_stderr() -> None:
     """Keep stdout for the output: warnings (sources disagreeing, lost GPUs) go to stderr."""
+    # structlog (with rich, which it loads where installed) takes longer to import than all the
+    # rest of `topo-reporter --help`: it loads for the commands that log, not at every start.
+    import structlog  # noqa: PLC0415
+
     structlog.configure(
         # Looked up at each write, so a replaced sys.stderr (tests, redirection) is honoured.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),

@@ -22,7 +22,6 @@ from reporter.doctor.model import (
 )
 from reporter.doctor.racks import fabric_cluster_findings
 from reporter.doctor.reader import (
-    AGENT_POD_SELECTOR,
     ApiClusterReader,
     ClusterReader,
     examine,
@@ -30,6 +29,7 @@ from reporter.doctor.reader import (
 )
 from reporter.doctor.report import report_json, report_text, worst
 from reporter.doctor.templates import dra_template_findings
+from reporter.schema.keys import AGENT_POD_SELECTOR
 
 __all__ = [
     "AGENT_POD_SELECTOR",

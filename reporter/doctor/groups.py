@@ -28,9 +28,9 @@ from reporter.doctor.model import (
 )
 from reporter.doctor.report import WORKLOAD
 from reporter.errors import SchemaError
-from reporter.extender.protocol import BadRequestError, gpus_requested
 from reporter.schema import keys
 from reporter.schema.availability import decode_availability
+from reporter.schema.scheduler import PodRequestError, gpus_requested
 
 WORKLOAD_GROUP = "kueue.x-k8s.io"
 WORKLOAD_VERSIONS = ("v1beta2", "v1beta1")
@@ -139,7 +139,7 @@ def _too_big(
         return None
     try:
         gpus = gpus_requested(template, resource)
-    except BadRequestError:
+    except PodRequestError:
         return None
     if gpus < 1:
         return None

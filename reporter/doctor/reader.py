@@ -39,10 +39,8 @@ from reporter.publish.api import (
 from reporter.publish.client import COMPONENT, DEGRADED_REASON, NODE_EVENT_NAMESPACE
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode
+from reporter.schema.keys import AGENT_POD_SELECTOR
 from reporter.schema.model import Topology
-
-AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
-"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl)."""
 
 
 class ClusterReader(Protocol):

@@ -38,13 +38,12 @@ from typing import Annotated, Any, cast
 
 import msgspec
 
-from parsers.duration import DURATION_MAX_S, parse_duration
+from parsers.duration import DURATION_MAX_S, duration_text, parse_duration
 from parsers.errors import ParseError
-from parsers.integers import parse_decimal
 from reporter.availability import (
     holds_for_connected,
 )
-from reporter.errors import ConfigError, InputError
+from reporter.errors import InputError
 from reporter.extender.cache import DEFAULT_RESOURCE, HELD, RankTable, Verdicts
 from reporter.extender.eligibility import ANYWHERE, OPEN_NODE, NodeFacts, Placement
 from reporter.extender.eligibility import placement as pod_placement
@@ -53,13 +52,8 @@ from reporter.schema.keys import (
     DEFAULT_PREFIX,
     key,
 )
+from reporter.schema.scheduler import PodRequestError, gpus_requested
 
-MAX_GPUS_PER_POD = 1 << 20
-"""A request beyond this is not a GPU count (nothing fits it; it is refused as malformed)."""
-MAX_REQUEST_BYTES = 2 * 1024 * 1024
-"""The default largest body: names of 50,000 nodes, or about 200 whole Nodes (the form without
-nodeCacheCapable). Answering costs up to 40 times the body's size in memory (whole Nodes about
-7 times): `reporter.extender.server.peak_bytes`."""
 MAX_NODES = 100_000
 """More nodes than any cluster's scheduler sends in one call."""
 _NODE_NAME_CHARS = 253
@@ -72,22 +66,10 @@ _CREATED = re.compile(
 """RFC 3339 as the API server writes `creationTimestamp` (`2026-12-02T08:00:00Z`); an offset and
 a fraction as Go's time.RFC3339 reads them; ASCII digits only. The form checked, datetime reads
 the values (and refuses a date or an offset that does not exist)."""
-_RESOURCE = re.compile(
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
 
 
 class BadRequestError(InputError):
     """The request is not an ExtenderArgs the scheduler would send; the message is one line."""
-
-
-def check_resource_name(name: str) -> str:
-    """`name` if it is a resource name (`nvidia.com/gpu`). Raises ConfigError otherwise."""
-    prefix, _, _ = name.rpartition("/")
-    if len(prefix) > 253 or not _RESOURCE.fullmatch(name):
-        raise ConfigError(f"{name!r} is not a resource name such as nvidia.com/gpu")
-    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +168,10 @@ def _hold_facts(pod: Mapping[str, Any], wait_key: str, resource: str) -> Extende
     """The pod's GPUs and, for a pod that could be held (2 or more), its creation in POSIX
     seconds, its own hold limit and where it may run; each None or ANYWHERE when unreadable.
     No candidate nodes yet."""
-    gpus = gpus_requested(pod, resource)
+    try:
+        gpus = gpus_requested(pod, resource)
+    except PodRequestError as e:
+        raise BadRequestError(str(e)) from None
     meta = pod.get("metadata")
     if gpus < 2 or not isinstance(meta, dict):
         return ExtenderArgs(gpus, (), None)
@@ -273,75 +258,6 @@ def _item_name(item: Any, i: int) -> Any:
     return meta.get("name")
 
 
-def gpus_requested(pod: Mapping[str, Any], resource: str = DEFAULT_RESOURCE) -> int:
-    """The pod's effective request of `resource`, as kube-scheduler counts it.
-
-    Regular containers add up; an init container runs alone, so the pod needs the largest of them
-    (plus the restartable "sidecar" init containers started before it, which keep running). A
-    container's request is its `requests` entry, or its `limits` entry when only that is set (the
-    apiserver defaults extended-resource requests to limits). Raises BadRequestError for a count
-    that is not a whole number.
-    """
-    spec = pod.get("spec")
-    if spec is None:
-        return 0
-    if not isinstance(spec, dict):
-        raise BadRequestError("Pod.spec is not an object")
-    regular = sum(
-        _container_gpus(c, "containers", i, resource) for i, c in _list(spec, "containers")
-    )
-    sidecars, init_peak = 0, 0
-    for i, container in _list(spec, "initContainers"):
-        count = _container_gpus(container, "initContainers", i, resource)
-        if container.get("restartPolicy") == "Always":
-            sidecars += count
-            init_peak = max(init_peak, sidecars)
-        else:
-            init_peak = max(init_peak, sidecars + count)
-    total = max(regular + sidecars, init_peak)
-    if total > MAX_GPUS_PER_POD:
-        raise BadRequestError(f"the pod requests {total} {resource}, more than any node has")
-    return total
-
-
-def _list(spec: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
-    value = spec.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise BadRequestError(f"Pod.spec.{key} is not a list")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise BadRequestError(f"Pod.spec.{key}[{i}] is not an object")
-    return list(enumerate(value))
-
-
-def _container_gpus(container: Mapping[str, Any], key: str, i: int, resource: str) -> int:
-    resources = container.get("resources") or {}
-    if not isinstance(resources, dict):
-        raise BadRequestError(f"Pod.spec.{key}[{i}].resources is not an object")
-    for kind in ("requests", "limits"):
-        values = resources.get(kind) or {}
-        if not isinstance(values, dict):
-            raise BadRequestError(f"Pod.spec.{key}[{i}].resources.{kind} is not an object")
-        if resource in values:
-            return _count(values[resource], f"Pod.spec.{key}[{i}].resources.{kind}[{resource}]")
-    return 0
-
-
-def _count(value: Any, where: str) -> int:
-    # Extended resources are whole numbers (the apiserver refuses "500m" for them); JSON may carry
-    # the Quantity as a string or as a number.
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
-        try:
-            return parse_decimal(value, field=where, max_digits=7)
-        except ParseError:
-            pass
-    raise BadRequestError(f"{where} is {str(value)[:32]!r}, not a whole number of devices")
-
-
 def hold_reason(
     args: ExtenderArgs,
     verdicts: Verdicts,
@@ -385,13 +301,6 @@ def _usable_capable(
     get = facts.get
     # A copy: the watch thread may change the set while this call reads it.
     return any(where.allows(name, get(name, OPEN_NODE)) for name in list(capable))
-
-
-def duration_text(seconds: float) -> str:
-    """`2h`, `1h30m`, `12m`, `45s`, `0s` (negative counts as none; whole seconds)."""
-    left = int(max(seconds, 0.0))
-    parts = [(left // 3600, "h"), (left // 60 % 60, "m"), (left % 60, "s")]
-    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
 
 
 def filter_answer(

@@ -35,10 +35,11 @@ from reporter.extender.cache import DEFAULT_RESOURCE, NodeCache, RankTable
 from reporter.extender.fresh import RESULTS, FreshReads
 from reporter.extender.holds import FORGET_S, MAX_HELD, HeldPods
 from reporter.schema.keys import CONNECTED_WAIT, key
+from reporter.schema.scheduler import MAX_REQUEST_BYTES
 from reporter.serve.httpserver import HttpServer, Limits, Request, Response, text
 
 LIMITS = Limits(
-    max_body_bytes=protocol.MAX_REQUEST_BYTES,
+    max_body_bytes=MAX_REQUEST_BYTES,
     concurrent_requests=2,
     slot_wait_s=1.0,
     buffered_bodies=4,

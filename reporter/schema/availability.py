@@ -46,11 +46,23 @@ from dataclasses import dataclass
 from parsers.cpulist import format_cpulist, parse_cpulist
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
-from parsers.links import MAX_NVLINKS
+from parsers.links import MAX_NVLINKS, LinkKind
 from reporter.errors import SchemaError
-from reporter.placement import NVLINK_POINTS, PCIE_POINTS
 from reporter.schema import keys
 from reporter.schema.model import MAX_GPUS
+
+NVLINK_POINTS = 10
+"""Points per bonded NVLink of a pair."""
+PCIE_POINTS = {
+    LinkKind.PIX: 5,
+    LinkKind.PXB: 4,
+    LinkKind.PHB: 3,
+    LinkKind.NODE: 2,
+    LinkKind.SYS: 1,
+}
+"""Points of a pair (or a NIC path) by PCIe path class. These two are `reporter.placement`'s
+scoring, and the units of the annotation's `links` and `nic` fields, which the decoder bounds by
+them: a change to either is a change of the annotation's format."""
 
 FORMAT_VERSION = 3
 """The version `encode_availability` writes; `decode_availability` reads it and versions 1 and 2."""

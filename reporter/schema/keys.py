@@ -92,6 +92,10 @@ doctor's command to make it again repeats them."""
 # set (`0`: never; a duration up to 24h), in place of the extender's --connected-wait.
 CONNECTED_WAIT = "connected-wait"
 
+AGENT_POD_SELECTOR = "app.kubernetes.io/name=topo-reporter"
+"""The label the chart puts on the agent's pods (charts/topo-reporter/templates/_helpers.tpl): the
+doctor and the kubectl plugin find the agents by it."""
+
 
 RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")
 """Kubernetes reserves these key prefixes and every subdomain of them (`node.kubernetes.io`,
