@@ -21,7 +21,7 @@ import yaml
 
 from reporter.cli import main
 from reporter.collect import build_scanner, list_profiles
-from reporter.kubectl_plugin import show_node
+from reporter.commands.gpu_topology import show_node
 from reporter.schema.annotations import annotations as node_annotations
 from reporter.schema.codec import decode, encode, json_schema
 from reporter.schema.keys import DEFAULT_PREFIX

@@ -83,6 +83,7 @@ NOT_KEYS = {
     "GPU_RESOURCE": "NVIDIA's resource name, which the agent reads and never writes",
     "FABRIC_TAINT_EFFECT": "the fabric taint's effect, a value",
     "HEARTBEAT_AVAILABILITY": "the heartbeat label's value",
+    "AGENT_POD_SELECTOR": "the chart's label selector of the agent's pods, which the doctor reads",
 }
 """The str constants of reporter.schema.keys that are not names under the prefix."""
 
