@@ -4,6 +4,7 @@
 #
 #   python3 3.11+ with venv   the virtual environment
 #   graphviz                  `dot` checks every --format dot picture
+#   jq                        reads `--format json` as the docs tell a user to
 #   nodejs 20.19+, npm        the real Mermaid parser (tests/mermaid) and TypeScript on Grafana's schema (tests/grafana)
 #   Go 1.26                   the real kube-apiserver, kube-scheduler and kubelet (tests/controlplane)
 #   gcc, libc6-dev, libpfm4-dev   cgo builds (Koordinator's koordlet links libpfm4)
@@ -72,6 +73,7 @@ apt_updated=""
 command -v python3 >/dev/null 2>&1 || want python3
 python3 -c 'import ensurepip' 2>/dev/null || want python3-venv
 command -v dot >/dev/null 2>&1 || want graphviz
+command -v jq >/dev/null 2>&1 || want jq
 command -v openssl >/dev/null 2>&1 || want openssl
 command -v gcc >/dev/null 2>&1 || want gcc
 installed libc6-dev || want libc6-dev

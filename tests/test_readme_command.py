@@ -70,7 +70,7 @@ for p in $packages; do
             tool node
             ;;
         graphviz) tool dot ;;
-        npm|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
+        npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
     esac
     echo "$p" >> "$MACHINE/installed"
 done
@@ -189,7 +189,7 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 
 
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
-EVERYTHING = ("dot", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS)
+EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS)
 BUILD = ("libc6-dev", "libpfm4-dev")
 
 
@@ -200,7 +200,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             {},
             [
                 "apt-get update -qq",
-                "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
+                "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
                 "libpfm4-dev podman runc mmdebstrap nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
             ],
@@ -209,7 +209,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             {"commands": ("node", "npm"), "packages": ("nodejs-nodesource",)},
             [
                 "apt-get update -qq",
-                "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
+                "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
                 "libpfm4-dev podman runc mmdebstrap",
             ],
         ),
@@ -217,13 +217,13 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             {"nodesource": True},
             [
                 "apt-get update -qq",
-                "apt-get install -y -qq --no-install-recommends graphviz openssl gcc libc6-dev "
+                "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
                 "libpfm4-dev podman runc mmdebstrap nodejs",
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
         (
-            {"commands": ("dot", "openssl", "gcc", "node", *IMAGE_TOOLS), "packages": BUILD},
+            {"commands": ("dot", "jq", "openssl", "gcc", "node", *IMAGE_TOOLS), "packages": BUILD},
             ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends npm"],
         ),
     ],
@@ -250,7 +250,7 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
-        tmp_path, commands=("dot", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS), root=False
+        tmp_path, commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS), root=False
     )
     done = fresh.run(prerequisites())
     assert done.returncode == 0, done.stderr
