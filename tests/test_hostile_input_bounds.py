@@ -29,7 +29,7 @@ from reporter.collect.kubelet import read_kubelet, read_kubelet_policies
 from reporter.errors import (
     ApiPermanentError,
     ApiTransientError,
-    ConfigError,
+    CredentialsError,
     InputError,
     SchemaError,
 )
@@ -278,27 +278,27 @@ LOADERS: dict[str, Callable[[str], object]] = {
 @pytest.mark.parametrize(
     ("text", "said"), [c[1:] for c in KUBECONFIGS], ids=[c[0] for c in KUBECONFIGS]
 )
-def test_a_hostile_kubeconfig_is_a_config_error_naming_the_file(
+def test_a_hostile_kubeconfig_is_a_credentials_error_naming_the_file(
     client: str, text: str | None, said: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "kubeconfig"
     if text is not None:
         path.write_text(text)
     where = str(path) if text is not None else DEVICE_WITHOUT_END
-    with pytest.raises(ConfigError, match=said) as e:
+    with pytest.raises(CredentialsError, match=said) as e:
         LOADERS[client](where)
     assert where in str(e.value)
     assert "\n" not in str(e.value)
 
 
-def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
+def test_a_token_file_without_an_end_is_a_credentials_error_not_a_hang(
     apiserver: ApiServerDouble, kubeconfig: Path
 ) -> None:
     text = kubeconfig.read_text().replace("token: agent-token", f"tokenFile: {DEVICE_WITHOUT_END}")
     assert text != kubeconfig.read_text()
     kubeconfig.write_text(text)
     client = RestApiClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
-    with pytest.raises(ConfigError, match="larger than 64 KiB"):
+    with pytest.raises(CredentialsError, match="larger than 64 KiB"):
         client.get(NODES, NODE)
 
 
@@ -358,24 +358,24 @@ TLS_LOADERS: dict[str, Callable[[str], object]] = {
 
 @pytest.mark.parametrize("client", sorted(TLS_LOADERS))
 @pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
-def test_a_tls_file_too_large_to_be_one_is_a_config_error_before_openssl_reads_it(
+def test_a_tls_file_too_large_to_be_one_is_a_credentials_error_before_openssl_reads_it(
     client: str, section: str, key: str, what: str, tmp_path: Path
 ) -> None:
     huge = tmp_path / "huge.pem"
     with huge.open("wb") as f:
         f.truncate(2 << 30)  # sparse: 2 GiB that OpenSSL would read to the end
     kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, str(huge))
-    with pytest.raises(ConfigError, match=f"{what} {huge} is larger than 1 MiB"):
+    with pytest.raises(CredentialsError, match=f"{what} {huge} is larger than 1 MiB"):
         TLS_LOADERS[client](str(kubeconfig))
 
 
 @pytest.mark.parametrize("client", sorted(TLS_LOADERS))
 @pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
-def test_a_tls_file_without_an_end_is_one_config_error_not_a_hang(
+def test_a_tls_file_without_an_end_is_one_credentials_error_not_a_hang(
     client: str, section: str, key: str, what: str, tmp_path: Path
 ) -> None:
     kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, DEVICE_WITHOUT_END)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CredentialsError) as e:
         TLS_LOADERS[client](str(kubeconfig))
     # The official loader refuses a file that is not a regular one itself, in its own words.
     if client == "lean":
@@ -389,7 +389,7 @@ def test_a_fifo_named_as_the_ca_ends_in_one_error_not_a_hang(client: str, tmp_pa
     kubeconfig = kubeconfig_naming(
         tmp_path / "kubeconfig", "clusters", "certificate-authority", named
     )
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CredentialsError) as e:
         lean_client(str(kubeconfig)) if client == "lean" else official_client(str(kubeconfig))
     assert "\n" not in str(e.value)
 
@@ -408,7 +408,7 @@ def test_an_in_cluster_token_file_without_an_end_is_refused_by_the_official_load
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", DEVICE_WITHOUT_END)
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
-    with pytest.raises(ConfigError, match="token file /dev/zero is larger than 64 KiB"):
+    with pytest.raises(CredentialsError, match="token file /dev/zero is larger than 64 KiB"):
         load_configuration(None)
 
 
