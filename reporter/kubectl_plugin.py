@@ -4,20 +4,22 @@ kubectl runs any executable named `kubectl-gpu_topology` on PATH for `kubectl gp
 handing it the arguments and the environment (KUBECONFIG included); the package installs one. Like
 other kubectl plugins it takes `--kubeconfig`, `--context` and `-n/--namespace` itself. It only
 reads: Nodes, and where the credentials allow, the agent's pods and Events for the doctor's
-findings. Every error a user can cause is one line on stderr and exit status 1 (2 for bad usage).
+findings. Every error a user can cause is one line on stderr, with the exit statuses every
+`topo-reporter` command has (reporter.commands): 1 where the node cannot be shown, 2 for bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter as Tally
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsers.cpulist import format_cpulist
-from reporter import doctor, terminal
+from reporter import doctor, settings, terminal
 from reporter.commands import EXIT_FAILURE, EXIT_OK, run_guarded
 from reporter.errors import ApiPermanentError, InputError, SchemaError
 from reporter.extender.cache import NodeCache
@@ -58,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         "free nodes, and the nodes that can host a connected set of 2, 4 and 8 GPUs now (what "
         "the extender's capacity gauges count)",
     )
-    parser.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG, then ~/.kube/config)"
+    # kubectl's connection flags: --kubeconfig is topo-reporter's own setting, said the same way.
+    kubernetes = settings.add_arguments(parser, settings.ReaderSettings)[settings.Group.KUBERNETES]
+    kubernetes.add_argument(
+        "--context", metavar="NAME", help="the kubeconfig context to use (default: its current)"
     )
-    parser.add_argument("--context", help="the kubeconfig context to use (default: its current)")
-    parser.add_argument(
+    kubernetes.add_argument(
         "-n",
         "--namespace",
+        metavar="NAMESPACE",
         help="the namespace topo-reporter runs in: its pods are looked up there (default: every "
         "namespace); its Events are read in default, where it posts them",
     )
@@ -82,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--agent-selector",
         default=doctor.AGENT_POD_SELECTOR,
+        metavar="SELECTOR",
         help=f"label selector of the agent's pods (default: {doctor.AGENT_POD_SELECTOR})",
     )
     return parser
@@ -384,8 +389,9 @@ def run(args: argparse.Namespace) -> int:
     # The official client reads every kubeconfig kubectl reads (exec plugins, contexts).
     from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
 
+    config = settings.resolve_as(settings.ReaderSettings, vars(args), os.environ)
     reader = doctor.ApiClusterReader(
-        kube.operator_client(args.kubeconfig, args.context),
+        kube.operator_client(config.kubeconfig, args.context),
         agent_selector=args.agent_selector,
         namespace=args.namespace,
         tool=PROG,

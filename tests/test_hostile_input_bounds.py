@@ -138,10 +138,12 @@ def decode_golden() -> str:
 # -- items 3 and 15: every file the CLI reads ------------------------------------------------------
 
 
-def _one_line_exit_1(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    status = main(argv)
+def _one_line_exit(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 1) -> str:
+    """The error line of `argv`, which must exit `status`: 1 for input that does not read, 2 for
+    a settings file or profile (a bad value, as a flag's would be)."""
+    exited = main(argv)
     out, err = capsys.readouterr()
-    assert (status, out) == (1, "")
+    assert (exited, out) == (status, "")
     assert err.count("\n") == 1
     assert err.startswith("topo-reporter: error: ")
     assert len(err) < 400
@@ -167,7 +169,7 @@ def test_a_hostile_topology_document_is_one_line(
     path = tmp_path / "doc.yaml"
     path.write_text(text)
     extra = ["--gpus", "1"] if command == "best-set" else []
-    assert said in _one_line_exit_1([command, str(path), *extra], capsys)
+    assert said in _one_line_exit([command, str(path), *extra], capsys)
 
 
 @pytest.mark.parametrize("command", ["parse", "render", "best-set"])
@@ -175,7 +177,7 @@ def test_input_without_an_end_is_refused_at_the_size_bound(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = ["--gpus", "1"] if command == "best-set" else []
-    err = _one_line_exit_1([command, DEVICE_WITHOUT_END, *extra], capsys)
+    err = _one_line_exit([command, DEVICE_WITHOUT_END, *extra], capsys)
     assert "larger than 4 MiB" in err
 
 
@@ -198,7 +200,7 @@ def test_a_hostile_settings_file_is_one_line(
     if text is not None:
         path.write_text(text)
     config = str(path) if text is not None else DEVICE_WITHOUT_END
-    err = _one_line_exit_1(["run", "--config", config, "--dry-run", "--once"], capsys)
+    err = _one_line_exit(["run", "--config", config, "--dry-run", "--once"], capsys, 2)
     assert said in err
     assert "settings file" in err
 
@@ -220,7 +222,7 @@ def test_a_hostile_machine_profile_is_one_line(
     if text is not None:
         path.write_text(text)
     profile = str(path) if text is not None else DEVICE_WITHOUT_END
-    assert said in _one_line_exit_1(["collect", "--simulate", profile], capsys)
+    assert said in _one_line_exit(["collect", "--simulate", profile], capsys, 2)
 
 
 KUBELET_CONFIGS: list[tuple[str, str | None, str]] = [
@@ -460,7 +462,7 @@ def test_a_paste_with_a_4400_digit_cpu_number_is_one_line(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = ["--gpus", "2"] if command == "best-set" else []
-    err = _one_line_exit_1([command, str(paste_with_long_cpu_number(tmp_path)), *extra], capsys)
+    err = _one_line_exit([command, str(paste_with_long_cpu_number(tmp_path)), *extra], capsys)
     assert "a number of 4400 digits" in err
     assert "line 10" in err
 
