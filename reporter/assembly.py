@@ -73,7 +73,7 @@ def agent_node(config: settings.Settings) -> str:
 
 def api_client(config: settings.Settings, log: Log) -> ApiClient:
     """The dry run's printing client; else the lean client, or the official one where only it can
-    use these credentials. Raises ConfigError for a kubeconfig neither can read."""
+    use these credentials. Raises CredentialsError for a kubeconfig neither can read."""
     if config.dry_run:
         # A dry run publishes to an empty Node, printing what it would send.
         node = agent_node(config)
@@ -85,7 +85,7 @@ def api_client(config: settings.Settings, log: Log) -> ApiClient:
 
 def cluster_client(kubeconfig: str | None, log: Log) -> ApiClient:
     """The lean client, or the official one where only it can use these credentials (`run`,
-    `prune`). Raises ConfigError for a kubeconfig neither can read."""
+    `prune`). Raises CredentialsError for a kubeconfig neither can read."""
     try:
         rest = load_rest_config(kubeconfig)
     except LeanClientUnsupportedError as e:
@@ -275,7 +275,8 @@ def build_agent(
     availability on: free_source), `live_outputs` (`--nrt`), `kubelet` (the kubelet's config
     file), `stop`, `backoff`, `log` (bound to the node).
 
-    Raises ConfigError (a profile, a NodeFeature name, a kubeconfig that cannot be used).
+    Raises ConfigError (a profile, a NodeFeature name), CredentialsError (a kubeconfig that
+    cannot be used).
     """
     node = agent_node(config)
     log = log if log is not None else structlog.get_logger("topo_reporter").bind(node=node)

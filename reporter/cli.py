@@ -3,7 +3,8 @@
 The subcommands' handlers live in reporter/commands/, one module by job, each beside the function
 adding its arguments; COMMANDS names them, with what `--help` says of each, in the order it lists
 them. Every error a user can cause ends in reporter.commands.run_guarded as one line on stderr
-(what happened, what to do) and a non-zero exit status: 1 for a failure, 2 for bad usage.
+(what happened, what to do) and a non-zero exit status: 1 for a failure the user did not cause by
+how they called us, 2 for bad usage (a bad value from a flag, a variable or a file alike).
 Tracebacks are for bugs only.
 
 A run imports the module of the subcommand it names and no other; `topo-reporter --help` imports
@@ -48,7 +49,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "profiles",
         help="list the simulated machines",
-        description="List the machine profiles that `--simulate` accepts.",
+        description="List the machine profiles that `--simulate` (and dra-template's `--machine`) "
+        "accept.",
         handler="reporter.commands.topology:handle_profiles",
         arguments="reporter.commands:no_arguments",
     ),
@@ -66,7 +68,7 @@ COMMANDS: tuple[Command, ...] = (
         help="explain why GPU pods stay Pending or run slow, node by node",
         description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "
         "report each finding with its severity, the evidence and the fix. Exit status: 0 when "
-        "no finding is an error, 1 otherwise, 2 on bad usage.",
+        "no finding is an error, 1 when one is or the cluster cannot be read, 2 on bad usage.",
         handler="reporter.commands.doctor:handle",
         arguments="reporter.commands.doctor:arguments",
     ),
@@ -111,7 +113,8 @@ COMMANDS: tuple[Command, ...] = (
         "allocator can meet only with K GPUs joined to each other by NVLink: a derived attribute "
         "gives each GPU its NVLink cliques, and matchAttribute keeps them common. Needs the "
         f"{' and '.join(GATES)} feature gates (alpha in 1.37) on kube-apiserver and "
-        "kube-scheduler. Exit status 2 when no such template can be made (the reason on stderr).",
+        "kube-scheduler. Exit status 1 when the machines or the cluster cannot give such a "
+        "template, 2 on bad usage (the reason on stderr).",
         handler="reporter.commands.dra_template:handle",
         arguments="reporter.commands.dra_template:arguments",
     ),

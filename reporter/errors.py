@@ -1,7 +1,8 @@
 """The exception tree of topo-reporter. Library errors are mapped onto it once, at the boundary.
 
     TopoReporterError                 anything we raise on purpose; the CLI prints it as one line
-    ├── ConfigError                   a bad flag, environment variable or settings file
+    ├── ConfigError                   a bad flag, environment variable or settings file (exit 2)
+    ├── CredentialsError              Kubernetes credentials that do not load (kubeconfig, pod's)
     ├── InputError                    a file or annotation we were handed does not read
     │   ├── SchemaError               a topology document our schema refuses (names the field)
     │   └── PlacementError            a GPU request the topology cannot meet (a ValueError too)
@@ -12,6 +13,8 @@
         └── ApiPermanentError         not worth retrying until something changes: 401, 403, 404, 422
 
 Every message is written for the person who has to act on it: what happened and what to do.
+The commands exit 2 for a ConfigError (the way they were called: reporter.commands.run_guarded)
+and 1 for every other error here.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ class TopoReporterError(Exception):
 
 class ConfigError(TopoReporterError):
     """A setting is missing or invalid."""
+
+
+class CredentialsError(TopoReporterError):
+    """The Kubernetes credentials cannot be loaded or used; the message names the path tried.
+
+    Not a ConfigError: a kubeconfig that does not load is the cluster out of reach, whoever
+    named it. Not a PublishError either: the loops that ride out an API failure must not ride
+    out this one, which no retry cures.
+    """
 
 
 class InputError(TopoReporterError):

@@ -4,7 +4,8 @@ kubectl runs any executable named `kubectl-gpu_topology` on PATH for `kubectl gp
 handing it the arguments and the environment (KUBECONFIG included); the package installs one. Like
 other kubectl plugins it takes `--kubeconfig`, `--context` and `-n/--namespace` itself. It only
 reads: Nodes, and where the credentials allow, the agent's pods and Events for the doctor's
-findings. Every error a user can cause is one line on stderr and exit status 1 (2 for bad usage).
+findings. Every error a user can cause is one line on stderr, with the exit statuses every
+`topo-reporter` command has (reporter.commands): 1 where the node cannot be shown, 2 for bad usage.
 
 This module is the console script's: the arguments. What reads and prints is
 reporter.commands.gpu_topology, imported only once the arguments parse.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from reporter import settings
 from reporter.commands import PLUGIN_PROG, run_guarded
 from reporter.schema import keys
 
@@ -37,13 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
         "free nodes, and the nodes that can host a connected set of 2, 4 and 8 GPUs now (what "
         "the extender's capacity gauges count)",
     )
-    parser.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG, then ~/.kube/config)"
+    # kubectl's connection flags: --kubeconfig is topo-reporter's own setting, said the same way.
+    kubernetes = settings.add_arguments(parser, settings.ReaderSettings)[settings.Group.KUBERNETES]
+    kubernetes.add_argument(
+        "--context", metavar="NAME", help="the kubeconfig context to use (default: its current)"
     )
-    parser.add_argument("--context", help="the kubeconfig context to use (default: its current)")
-    parser.add_argument(
+    kubernetes.add_argument(
         "-n",
         "--namespace",
+        metavar="NAMESPACE",
         help="the namespace topo-reporter runs in: its pods are looked up there (default: every "
         "namespace); its Events are read in default, where it posts them",
     )
@@ -61,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--agent-selector",
         default=keys.AGENT_POD_SELECTOR,
+        metavar="SELECTOR",
         help=f"label selector of the agent's pods (default: {keys.AGENT_POD_SELECTOR})",
     )
     return parser

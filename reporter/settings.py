@@ -2,15 +2,17 @@
 documented order, validated once.
 
 A setting is one dataclass field made by `setting()`: its default, and beside it its flag, its
-environment variables, the chart value that sets it, its kind and its help. The command-line
-flags, the environment and settings-file readers and `--help` (with its "(default: X; env Y)")
-are derived from those declarations, so a new setting is one field.
+environment variables, the chart value that sets it, its kind (with its choices, for a choice), its
+`--help` group and its help. The command-line flags, the environment and settings-file readers and
+`--help` (grouped, the choices in the usage line, with "(default: X; env Y)") are derived from
+those declarations, so a new setting is one field.
 
 Precedence, lowest first: built-in defaults → the YAML file named by `--config` or
 `TOPO_REPORTER_CONFIG` (the agent's `run` only) → environment variables (`TOPO_REPORTER_*`,
 `NODE_NAME`, `POD_NAMESPACE`, `KUBECONFIG`) → command-line flags. A bad value is one `ConfigError`
-line naming where it came from. This module reads the file and the environment it is handed; it
-never touches the cluster.
+line naming where it came from (the flag, the variable, or the file), a choice's too; the commands
+exit 2 for it. This module reads the file and the environment it is handed; it never touches the
+cluster.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Kind(enum.Enum):
     """How a setting's text (a flag, a variable, a YAML value) becomes its value."""
 
     TEXT = "text"
+    CHOICE = "choice"
+    """One of the declaration's `allowed` words, which the usage line lists."""
     DURATION = "duration"
     """`90`, `90s`, `5m`, `1h30m`, or a YAML number of seconds: from 1 s to a day."""
     SWITCH = "switch"
@@ -86,6 +90,19 @@ class Kind(enum.Enum):
     """As NAMES, where empty says "none" (the chart renders `[]` as an empty variable)."""
 
 
+class Group(enum.Enum):
+    """A section of a command's `--help`, which lists them in this order after the command's own
+    options (a setting of no group is one of those)."""
+
+    KUBERNETES = "Kubernetes"
+    SOURCES = "sources"
+    AVAILABILITY = "availability"
+    OUTPUTS = "outputs"
+    SCHEDULING = "scheduling"
+    SERVING = "serving"
+    LOGGING = "logging"
+
+
 @dataclass(frozen=True, slots=True)
 class Declaration:
     """Everything about one setting but its value: where it comes from and how `--help` says it."""
@@ -97,9 +114,14 @@ class Declaration:
     help: str
     """What it does, without its default or variables: `--help` derives those."""
     kind: Kind = Kind.TEXT
+    allowed: tuple[str, ...] = ()
+    """A choice's words, in the order the usage line lists them."""
+    group: Group | None = None
+    """Its section of `--help`; None: among the command's own options."""
     chart: str | None = None
     """The chart value that sets it (`availability.interval`), where one does."""
     metavar: str | None = None
+    """What `--help` calls its value; a choice's is its words (`{auto,nvml,sysfs}`)."""
     shown: str | None = None
     """How `--help` says the default where the value is not what a person reads (None, a
     computed fallback); otherwise it is derived from the value."""
@@ -122,17 +144,24 @@ def setting(
     env: str | tuple[str, ...],
     help: str,
     kind: Kind = Kind.TEXT,
+    allowed: tuple[str, ...] = (),
+    group: Group | None = None,
     chart: str | None = None,
     metavar: str | None = None,
     shown: str | None = None,
     empty_is_value: bool = False,
 ) -> _T:
-    """A settings field: `default`, declared with everything the readers and `--help` derive."""
+    """A settings field: `default`, declared with everything the readers and `--help` derive.
+    A choice (`allowed` given) is of Kind.CHOICE, and `--help` names its value by its words."""
+    if allowed:
+        kind, metavar = Kind.CHOICE, "{" + ",".join(allowed) + "}"
     declared = Declaration(
         flag=flag,
         env=(env,) if isinstance(env, str) else env,
         help=help,
         kind=kind,
+        allowed=allowed,
+        group=group,
         chart=chart,
         metavar=metavar,
         shown=shown,
@@ -185,7 +214,12 @@ def help_text(value: object, declaration: Declaration) -> str:
 
 def _prefix(help: str = "the prefix of every label and annotation key") -> str:
     return setting(
-        DEFAULT_PREFIX, flag="--prefix", env="TOPO_REPORTER_PREFIX", help=help, chart="agent.prefix"
+        DEFAULT_PREFIX,
+        flag="--prefix",
+        env="TOPO_REPORTER_PREFIX",
+        help=help,
+        group=Group.KUBERNETES,
+        chart="agent.prefix",
     )
 
 
@@ -195,6 +229,7 @@ def _kubeconfig() -> str | None:
         flag="--kubeconfig",
         env="KUBECONFIG",
         help="kubeconfig path(s)",
+        group=Group.KUBERNETES,
         metavar="FILE",
         shown="in-cluster, then ~/.kube/config",
     )
@@ -205,7 +240,9 @@ def _log_format() -> str:
         "auto",
         flag="--log-format",
         env="TOPO_REPORTER_LOG_FORMAT",
-        help="auto (JSON unless stderr is a terminal), json or console",
+        help="auto: JSON unless stderr is a terminal",
+        allowed=LOG_FORMATS,
+        group=Group.LOGGING,
         chart="agent.logFormat",
     )
 
@@ -215,7 +252,9 @@ def _log_level(default: str, chart: str | None) -> str:
         default,
         flag="--log-level",
         env="TOPO_REPORTER_LOG_LEVEL",
-        help="debug, info, warning or error",
+        help="the least severe events written",
+        allowed=LOG_LEVELS,
+        group=Group.LOGGING,
         chart=chart,
     )
 
@@ -226,6 +265,7 @@ def _node(shown: str) -> str | None:
         flag="--node",
         env=("TOPO_REPORTER_NODE", "NODE_NAME"),
         help="the Node's name (the chart sets NODE_NAME from spec.nodeName)",
+        group=Group.KUBERNETES,
         metavar="NAME",
         shown=shown,
     )
@@ -236,8 +276,9 @@ def _backend() -> str:
         "auto",
         flag="--backend",
         env="TOPO_REPORTER_BACKEND",
-        help="where the topology is read: auto (NVML, sysfs where NVML does not load), nvml or "
-        "sysfs",
+        help="where the topology is read: auto is NVML, or sysfs where NVML does not load",
+        allowed=BACKENDS,
+        group=Group.SOURCES,
         chart="agent.backend",
     )
 
@@ -248,6 +289,7 @@ def _sysfs_root() -> str:
         flag="--sysfs-root",
         env="TOPO_REPORTER_SYSFS_ROOT",
         help="where the host's /sys is mounted (the chart mounts it at /host/sys)",
+        group=Group.SOURCES,
         metavar="DIR",
     )
 
@@ -259,14 +301,10 @@ def _simulate() -> str | None:
         env="TOPO_REPORTER_SIMULATE",
         help="scan a simulated machine instead: a name from `topo-reporter profiles`, or a profile "
         "YAML file",
+        group=Group.SOURCES,
         chart="agent.simulate",
         metavar="PROFILE",
     )
-
-
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
 
 
 def _check_namespace(flag: str, name: str) -> None:
@@ -326,6 +364,8 @@ class Settings:
         flag="--sink",
         env="TOPO_REPORTER_SINK",
         help="where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)",
+        allowed=SINKS,
+        group=Group.OUTPUTS,
         chart="agent.sink",
     )
     """Where to publish: node (patch the Node) or nodefeature (an NFD NodeFeature object)."""
@@ -335,6 +375,7 @@ class Settings:
         env=("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"),
         help="the agent's namespace: of the NodeFeature object and the heartbeat Lease (Events "
         "about the Node go to default)",
+        group=Group.KUBERNETES,
     )
     """The agent's namespace: of the NodeFeature object (the nodefeature sink) and of the
     heartbeat Lease. Events about the Node go to `default` whatever this says: the API server
@@ -344,6 +385,7 @@ class Settings:
         flag="--listen",
         env="TOPO_REPORTER_LISTEN",
         help="host:port of the health and metrics server; '' disables it",
+        group=Group.SERVING,
         chart="agent.port",
         metavar="HOST:PORT",
         empty_is_value=True,
@@ -358,6 +400,7 @@ class Settings:
         flag="--kubelet-config",
         env="TOPO_REPORTER_KUBELET_CONFIG",
         help="the kubelet's config file, read for its Topology Manager policy",
+        group=Group.SOURCES,
         chart="kubeletConfig.enabled",
         metavar="FILE",
     )
@@ -367,9 +410,11 @@ class Settings:
         flag="--topology-manager-policy",
         env="TOPO_REPORTER_TOPOLOGY_MANAGER_POLICY",
         help="the kubelet's Topology Manager policy, for the NodeResourceTopology where the "
-        "kubelet config cannot be read (none stated: no NodeResourceTopology then)",
+        "kubelet config cannot be read",
+        allowed=TOPOLOGY_MANAGER_POLICIES,
+        group=Group.SOURCES,
         chart="kubeletConfig.topologyManagerPolicy",
-        metavar="POLICY",
+        shown="not stated: no NodeResourceTopology then",
     )
     """The kubelet's Topology Manager policy, as the user states it: used for the
     NodeResourceTopology only where the kubelet config cannot be read (it wins where it can)."""
@@ -377,9 +422,10 @@ class Settings:
         "container",
         flag="--topology-manager-scope",
         env="TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE",
-        help="with --topology-manager-policy: container or pod",
+        help="with --topology-manager-policy: the kubelet's Topology Manager scope",
+        allowed=TOPOLOGY_MANAGER_SCOPES,
+        group=Group.SOURCES,
         chart="kubeletConfig.topologyManagerScope",
-        metavar="SCOPE",
     )
     """The scope that goes with `topology_manager_policy` (the kubelet's default: container)."""
     koordinator_dir: str | None = setting(
@@ -388,6 +434,7 @@ class Settings:
         env="TOPO_REPORTER_KOORDINATOR_DIR",
         help="write Koordinator's device-info file (NVLink partitions) into koordlet's "
         "xpu-device-infos DIR",
+        group=Group.OUTPUTS,
         chart="koordinator.enabled",
         metavar="DIR",
         shown="off",
@@ -398,6 +445,7 @@ class Settings:
         flag="--availability",
         env="TOPO_REPORTER_AVAILABILITY",
         help="also publish which GPUs are free, from the kubelet's PodResources",
+        group=Group.AVAILABILITY,
         kind=Kind.SWITCH,
         chart="availability.enabled",
     )
@@ -407,6 +455,7 @@ class Settings:
         flag="--availability-interval",
         env="TOPO_REPORTER_AVAILABILITY_INTERVAL",
         help="between reads of the free GPUs; at most one Node write each",
+        group=Group.AVAILABILITY,
         kind=Kind.DURATION,
         chart="availability.interval",
         metavar="DURATION",
@@ -417,6 +466,7 @@ class Settings:
         flag="--availability-withdraw-after",
         env="TOPO_REPORTER_AVAILABILITY_WITHDRAW_AFTER",
         help="withdraw the availability keys after N failed PodResources reads in a row",
+        group=Group.AVAILABILITY,
         kind=Kind.COUNT,
         chart="availability.withdrawAfter",
         metavar="N",
@@ -430,6 +480,7 @@ class Settings:
         env="TOPO_REPORTER_HEARTBEAT",
         help="renew a heartbeat Lease named after the node in --namespace while the availability "
         "is current, for the extender to judge it by (needs --availability)",
+        group=Group.AVAILABILITY,
         kind=Kind.SWITCH,
         chart="availability.heartbeat.enabled",
     )
@@ -440,6 +491,7 @@ class Settings:
         flag="--heartbeat-duration",
         env="TOPO_REPORTER_HEARTBEAT_DURATION",
         help="the Lease's duration, renewed every quarter of it",
+        group=Group.AVAILABILITY,
         kind=Kind.DURATION,
         chart="availability.heartbeat.duration",
         metavar="DURATION",
@@ -451,6 +503,7 @@ class Settings:
         flag="--pod-resources-socket",
         env="TOPO_REPORTER_POD_RESOURCES_SOCKET",
         help="the kubelet's PodResources socket",
+        group=Group.AVAILABILITY,
         metavar="PATH",
     )
     """The kubelet's PodResources socket, where availability learns which GPUs are allocated."""
@@ -460,8 +513,9 @@ class Settings:
         env="TOPO_REPORTER_ON_NODE_POLICY",
         help="how the node's device plugin picks GPUs, which the availability describes: "
         "nvidia-besteffort (NVIDIA's device plugin), best or packing",
+        allowed=tuple(Policy),
+        group=Group.AVAILABILITY,
         chart="availability.onNodePolicy",
-        metavar="POLICY",
     )
     """How the node's device plugin picks GPUs (GetPreferredAllocation), which the availability
     annotation describes for every request size: nvidia-besteffort (NVIDIA's device plugin), or
@@ -471,6 +525,7 @@ class Settings:
         flag="--simulate-used",
         env="TOPO_REPORTER_SIMULATE_USED",
         help="with --simulate: the GPU indexes taken as allocated, instead of a kubelet's answer",
+        group=Group.AVAILABILITY,
         kind=Kind.INDEXES,
         metavar="I,J,...",
     )
@@ -481,6 +536,7 @@ class Settings:
         env="TOPO_REPORTER_GPU_RESOURCES",
         help="a resource name whose PodResources devices are GPUs; repeat for several, * for a "
         "family",
+        group=Group.AVAILABILITY,
         kind=Kind.NAMES,
         metavar="NAME",
         shown=", ".join(keys.GPU_RESOURCES),
@@ -493,6 +549,7 @@ class Settings:
         env="TOPO_REPORTER_NRT",
         help="publish the node's NodeResourceTopology (needs --availability; the sole producer: "
         "refuses to write over NFD's topology-updater or resource-topology-exporter)",
+        group=Group.OUTPUTS,
         kind=Kind.SWITCH,
         chart="nrt.enabled",
     )
@@ -504,6 +561,7 @@ class Settings:
         env="TOPO_REPORTER_TAINT_UNHEALTHY_FABRIC",
         help="taint the Node NoSchedule (<prefix>/fabric-health) while its multi-node NVLink "
         "fabric is degraded or unhealthy, untaint it when healthy",
+        group=Group.OUTPUTS,
         kind=Kind.SWITCH,
         chart="fabric.taintUnhealthy",
     )
@@ -516,6 +574,7 @@ class Settings:
         env="TOPO_REPORTER_DRA_DRIVERS",
         help="DRA drivers whose claimed devices in this node's pool availability counts as its "
         "GPUs, comma-separated; '' for none",
+        group=Group.AVAILABILITY,
         kind=Kind.NAMES_OR_NONE,
         chart="dra.drivers",
         metavar="NAMES",
@@ -528,6 +587,7 @@ class Settings:
         env="TOPO_REPORTER_DRA_DEVICE_TAINTS",
         help="mark each lost or NVLink/fabric-degraded GPU with a DRA DeviceTaintRule "
         "(NoSchedule) and delete it when healthy; needs a cluster serving DeviceTaintRules",
+        group=Group.OUTPUTS,
         kind=Kind.SWITCH,
         chart="dra.deviceTaints",
     )
@@ -562,24 +622,6 @@ class Settings:
         for declaration_field, declaration in declared(type(self)):
             if declaration.kind is Kind.DURATION:
                 check_duration(getattr(self, declaration_field.name), name=declaration.name)
-        for name, value, allowed in (
-            ("backend", self.backend, BACKENDS),
-            ("sink", self.sink, SINKS),
-            ("log-format", self.log_format, LOG_FORMATS),
-            ("log-level", self.log_level, LOG_LEVELS),
-            ("on-node-policy", self.on_node_policy, tuple(Policy)),
-            ("topology-manager-scope", self.topology_manager_scope, TOPOLOGY_MANAGER_SCOPES),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"{name} {excerpt(value)} is not one of {', '.join(allowed)}")
-        if (
-            self.topology_manager_policy is not None
-            and self.topology_manager_policy not in TOPOLOGY_MANAGER_POLICIES
-        ):
-            raise ConfigError(
-                f"topology-manager-policy {excerpt(self.topology_manager_policy)} is not one of "
-                f"{', '.join(TOPOLOGY_MANAGER_POLICIES)} (the kubelet's topologyManagerPolicy)"
-            )
         listen_address(self.listen)
         if self.nrt and not self.availability:
             raise ConfigError(
@@ -648,8 +690,7 @@ class CollectSettings:
     after."""
 
     def validate(self) -> Self:
-        """Return self, or raise ConfigError naming the value that is wrong."""
-        _check_choice("backend", self.backend, BACKENDS)
+        """Return self: its values were checked as they were read."""
         return self
 
 
@@ -662,6 +703,7 @@ class ExtenderSettings:
         flag="--listen",
         env="TOPO_REPORTER_LISTEN",
         help="address to serve on",
+        group=Group.SERVING,
         chart="extender.port",
         metavar="HOST:PORT",
         empty_is_value=True,
@@ -677,6 +719,7 @@ class ExtenderSettings:
         env="TOPO_REPORTER_GPU_RESOURCE",
         help="the extended resource whose pods it judges; other pods pass with every node and "
         "score 0",
+        group=Group.SCHEDULING,
         chart="extender.resource",
         metavar="NAME",
     )
@@ -688,6 +731,7 @@ class ExtenderSettings:
         help="hold a pod of 2 or more GPUs up to this long from its creation for an "
         "NVLink-connected set, while no candidate node gives one and some node could (0: never; "
         "at most 24h); a pod's own PREFIX/connected-wait annotation replaces it",
+        group=Group.SCHEDULING,
         chart="extender.connectedWait",
         metavar="DURATION",
     )
@@ -699,6 +743,7 @@ class ExtenderSettings:
         env="TOPO_REPORTER_HEARTBEAT_NAMESPACE",
         help="trust a node's availability only while its agent's heartbeat Lease in NAMESPACE is "
         "fresh (the agents' namespace, run with --heartbeat); empty: off",
+        group=Group.SCHEDULING,
         metavar="NAMESPACE",
     )
     """The agents' namespace, where their heartbeat Leases are; empty: no heartbeats."""
@@ -708,6 +753,7 @@ class ExtenderSettings:
         env="TOPO_REPORTER_MAX_REQUEST_BYTES",
         help="largest request body it reads (the default is what the chart's 320 MiB memory limit "
         "holds); larger ones are answered 413",
+        group=Group.SERVING,
         kind=Kind.SIZE,
         chart="extender.maxRequestBytes",
         metavar="N",
@@ -719,6 +765,7 @@ class ExtenderSettings:
         env="TOPO_REPORTER_TLS_CERT_FILE",
         help="serve HTTPS with this PEM certificate (chain), read again when it changes; "
         "kube-scheduler: enableHTTPS: true",
+        group=Group.SERVING,
         chart="extender.tls.enabled",
         metavar="FILE",
         shown="plain HTTP",
@@ -729,6 +776,7 @@ class ExtenderSettings:
         flag="--tls-key-file",
         env="TOPO_REPORTER_TLS_KEY_FILE",
         help="the certificate's PEM private key",
+        group=Group.SERVING,
         chart="extender.tls.enabled",
         metavar="FILE",
     )
@@ -739,6 +787,7 @@ class ExtenderSettings:
         env="TOPO_REPORTER_TLS_CLIENT_CA_FILE",
         help="require a client certificate this CA signed (kube-scheduler's tlsConfig.certFile); "
         "read at start",
+        group=Group.SERVING,
         metavar="FILE",
         shown="no client certificate asked",
     )
@@ -762,8 +811,6 @@ class ExtenderSettings:
 
     def validate(self) -> Self:
         """Return self, or raise ConfigError with one line saying which value is wrong and why."""
-        _check_choice("log-format", self.log_format, LOG_FORMATS)
-        _check_choice("log-level", self.log_level, LOG_LEVELS)
         self.address()
         if self.max_request_bytes < 1:
             raise ConfigError("--max-request-bytes must be at least 1")
@@ -789,6 +836,7 @@ class PruneSettings:
         flag="--namespace",
         env=("TOPO_REPORTER_NAMESPACE", "POD_NAMESPACE"),
         help="the agents' namespace, of their Leases and NodeFeature objects",
+        group=Group.KUBERNETES,
     )
     """The agents' namespace, of their Leases and NodeFeature objects."""
     kubeconfig: str | None = _kubeconfig()
@@ -820,14 +868,13 @@ class PruneSettings:
         """Return self, or raise ConfigError with one line saying which value is wrong and why."""
         check_prefix(self.prefix)
         _check_namespace("--namespace", self.namespace)
-        _check_choice("log-format", self.log_format, LOG_FORMATS)
-        _check_choice("log-level", self.log_level, LOG_LEVELS)
         return self
 
 
 @dataclass(frozen=True, slots=True)
 class ReaderSettings:
-    """What a command that only reads the cluster (`doctor`) needs: its credentials."""
+    """What a command that only reads the cluster (`doctor`, the kubectl plugin) needs: its
+    credentials."""
 
     kubeconfig: str | None = _kubeconfig()
     """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
@@ -837,12 +884,31 @@ class ReaderSettings:
         return self
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateSettings:
+    """Where `topo-reporter dra-template` reads the Nodes with, and the prefix of their keys."""
+
+    kubeconfig: str | None = _kubeconfig()
+    """Kubeconfig path(s); None: in-cluster config in a pod, else ~/.kube/config."""
+    prefix: str = _prefix(
+        "the prefix of the agents' keys on the Nodes, and of the template's attribute and "
+        "annotations"
+    )
+    """The prefix the Nodes' topologies are read under, which names the template's keys."""
+
+    def validate(self) -> Self:
+        """Return self, or raise ConfigError for a prefix that cannot name the template's keys."""
+        check_prefix(self.prefix)
+        return self
+
+
 COMMAND_SETTINGS: tuple[type[Resolvable], ...] = (
     Settings,
     CollectSettings,
     ExtenderSettings,
     PruneSettings,
     ReaderSettings,
+    TemplateSettings,
 )
 """Every command's settings, for the tests that hold each declaration to its env var, its help
 and the chart."""
@@ -976,6 +1042,12 @@ def parse_count(raw: object, *, name: str, max_digits: int = 6) -> int:
 def _convert(declaration: Declaration, raw: object, origin: str) -> object:
     kind = declaration.kind
     where = f"{declaration.name} ({origin})"
+    if kind is Kind.CHOICE:
+        if raw not in declaration.allowed:
+            raise ConfigError(
+                f"{where} {excerpt(raw)} is not one of {', '.join(declaration.allowed)}"
+            )
+        return raw
     if kind is Kind.COUNT:
         return parse_count(raw, name=where)
     if kind is Kind.SIZE:
@@ -1067,10 +1139,22 @@ def resolve(flags: Mapping[str, object], environ: Mapping[str, str]) -> Settings
     return resolve_as(Settings, flags, environ)
 
 
-def add_arguments(parser: argparse.ArgumentParser, of: type[Resolvable] = Settings) -> None:
-    """A flag for each setting of `of`, its help derived from the declaration; every default is
-    None so that resolve_as() can tell "not given"."""
-    for declaration_field, declaration in declared(of):
+ArgumentGroup = argparse._ArgumentGroup
+"""What add_argument_group() returns: a section of `--help`."""
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, of: type[Resolvable] = Settings
+) -> dict[Group, ArgumentGroup]:
+    """A flag for each setting of `of`, its help derived from the declaration, in its group's
+    section of `--help`; every default is None so that resolve_as() can tell "not given".
+
+    Returns the sections made, for a command to add flags of its own to one.
+    """
+    declarations = declared(of)
+    used = {d.group for _, d in declarations}
+    sections = {g: parser.add_argument_group(g.value) for g in Group if g in used}
+    for declaration_field, declaration in declarations:
         options: dict[str, Any] = {
             "dest": declaration_field.name,
             "default": None,
@@ -1083,4 +1167,6 @@ def add_arguments(parser: argparse.ArgumentParser, of: type[Resolvable] = Settin
             options["metavar"] = declaration.metavar
             if declaration.kind is Kind.NAMES:
                 options["action"] = "append"
-        parser.add_argument(declaration.flag, **options)
+        group = declaration.group
+        (parser if group is None else sections[group]).add_argument(declaration.flag, **options)
+    return sections

@@ -148,7 +148,7 @@ ClaimMaker = Callable[[str, Trial], dict[str, Any]]
 
 @cache
 def template(profile: str, k: int, fallback: bool) -> dra_template.Template:
-    """What `topo-reporter dra-template --gpus K --simulate PROFILE [--fallback]` prints, for one
+    """What `topo-reporter dra-template --gpus K --machine PROFILE [--fallback]` prints, for one
     machine kind; TemplateError where the wiring has no k connected GPUs (PCIe only)."""
     machine = dra_template.Machine(profile, (topology(profile),))
     return dra_template.build([machine], k, fallback=fallback)

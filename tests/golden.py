@@ -56,7 +56,7 @@ def expected(path: Path) -> dict[str, Any]:
 
 
 def dra_templates() -> dict[str, str]:
-    """`dra-template --gpus K --simulate PROFILE` for every shipped profile with NVLink, K = 2
+    """`dra-template --gpus K --machine PROFILE` for every shipped profile with NVLink, K = 2
     and K = its largest clique (with `--fallback`), by file name."""
     out: dict[str, str] = {}
     for profile in list_profiles():

@@ -125,7 +125,7 @@ def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_an_index_not_in_the_profile_is_refused_in_one_line_before_anything_is_published() -> None:
     result = dry_run("--availability", "--simulate-used", "1,8,9")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines()[-1] == (
         "topo-reporter: error: --simulate-used: GPU 8 is not in profile dgx-h100, which has "
@@ -233,7 +233,7 @@ def test_the_help_names_the_readers_default_resources() -> None:
 
 def test_a_resource_name_the_reader_refuses_is_one_line() -> None:
     result = dry_run("--availability", "--gpu-resource", "nvidia.com/gpu shared")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.splitlines()[-1].startswith(
         "topo-reporter: error: PodResources resource name 'nvidia.com/gpu shared' is not"
     )

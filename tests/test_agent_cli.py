@@ -119,7 +119,7 @@ def test_once_exits_non_zero_with_one_line_when_the_api_refuses(
     assert "rejected the credentials (401)" in refused[0]["error"]
 
 
-def test_a_bad_setting_is_one_line_and_a_non_zero_exit() -> None:
+def test_a_bad_setting_is_one_line_and_exit_2() -> None:
     result = subprocess.run(
         [*CLI, "run", "--simulate", "dgx-h100", "--interval", "soon"],
         capture_output=True,
@@ -128,7 +128,7 @@ def test_a_bad_setting_is_one_line_and_a_non_zero_exit() -> None:
         env=env(),
         check=False,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "interval" in result.stderr
 

@@ -60,7 +60,7 @@ COMMANDS = [
     ("parse", ["parse", str(NVIDIA_SMI)]),
     ("best-set", ["best-set", "--gpus", "2", str(NVIDIA_SMI)]),
     ("profiles", ["profiles"]),
-    ("dra-template --simulate", ["dra-template", "--gpus", "2", "--simulate", "dgx-h100"]),
+    ("dra-template --machine", ["dra-template", "--gpus", "2", "--machine", "dgx-h100"]),
 ]
 
 

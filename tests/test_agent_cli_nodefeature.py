@@ -73,9 +73,9 @@ def test_once_creates_the_object_with_only_the_namespaced_role(
     assert TOKEN not in result.stderr
 
 
-def test_a_node_name_nfd_cannot_take_is_one_line_and_exit_one(nf_kubeconfig: Path) -> None:
+def test_a_node_name_nfd_cannot_take_is_one_line_and_exit_2(nf_kubeconfig: Path) -> None:
     result = run("--node", "n" * 64, KUBECONFIG=str(nf_kubeconfig), POD_NAMESPACE=NAMESPACE)
-    assert result.returncode == 1
+    assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "at most 63 characters; use --sink node" in line
 

@@ -104,7 +104,7 @@ BAD = [
         "an unknown backend",
         ["--node", "n"],
         {"TOPO_REPORTER_BACKEND": "cuda"},
-        "backend 'cuda' is not one of auto, nvml, sysfs",
+        "backend (from TOPO_REPORTER_BACKEND) 'cuda' is not one of auto, nvml, sysfs",
     ),
     (
         "a listen address without a port",
@@ -134,14 +134,15 @@ BAD = [
         "a topology manager policy the kubelet does not know",
         ["--node", "n", "--topology-manager-policy", "numa"],
         {},
-        "topology-manager-policy 'numa' is not one of none, best-effort, restricted, "
-        "single-numa-node",
+        "topology-manager-policy (--topology-manager-policy) 'numa' is not one of none, "
+        "best-effort, restricted, single-numa-node",
     ),
     (
         "a topology manager scope from the environment the kubelet does not know",
         ["--node", "n"],
         {"TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE": "node"},
-        "topology-manager-scope 'node' is not one of container, pod",
+        "topology-manager-scope (from TOPO_REPORTER_TOPOLOGY_MANAGER_SCOPE) 'node' is not one of "
+        "container, pod",
     ),
     (
         "a boolean that is neither true nor false",
@@ -293,7 +294,7 @@ def test_non_finite_and_absurd_durations_are_refused_at_start_from_the_command_l
 ) -> None:
     status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", f"{flag}={text}"])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     assert err.count("\n") == 1, err
     assert f"{flag[2:]} ({flag})" in err
     assert message in err
@@ -324,7 +325,7 @@ def test_non_finite_and_absurd_durations_are_refused_at_start_from_the_settings_
     path.write_text(line + "\n")
     status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", "--config", str(path)])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     assert err.count("\n") == 1, err
     assert str(path) in err
     assert message in err
@@ -349,12 +350,12 @@ def test_settings_built_in_code_are_checked_the_same(field: str, seconds: float)
         Settings(node="n", **{field: seconds}).validate()  # type: ignore[arg-type]
 
 
-def test_run_nrt_without_availability_is_one_line_and_exit_1(
+def test_run_nrt_without_availability_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     status = main(["run", "--simulate", "dgx-h100", "--dry-run", "--once", "--nrt"])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     assert err.count("\n") == 1, err
     assert "--nrt needs --availability" in err
 

@@ -54,17 +54,18 @@ def test_collect_labels_use_the_prefix(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "exit_status"),
     [
-        (["collect", "--simulate", "dgx-9000"], "unknown simulated machine 'dgx-9000'"),
-        (["collect", "--sysfs-root", "/nonexistent/sys"], "is not a readable directory"),
-        (["collect", "--backend", "nvml", "--sysfs-root", str(ASUS)], "NVML did not initialise"),
+        (["collect", "--simulate", "dgx-9000"], "unknown simulated machine 'dgx-9000'", 2),
+        (["collect", "--sysfs-root", "/nonexistent/sys"], "is not a readable directory", 2),
+        (["collect", "--backend", "nvml", "--sysfs-root", str(ASUS)], "NVML did not initialise", 1),
     ],
     ids=["unknown profile", "unreadable sysfs root", "NVML unavailable with --backend nvml"],
 )
 def test_collect_errors_are_one_line_and_non_zero(
     argv: list[str],
     message: str,
+    exit_status: int,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -73,7 +74,7 @@ def test_collect_errors_are_one_line_and_non_zero(
     faults = Faults(init=fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED)
     monkeypatch.setattr(scanner, "load_pynvml", lambda: FakeNvml(machine, faults))
     status, out, err = run(argv, capsys)
-    assert status == 1
+    assert status == exit_status
     assert out == ""
     assert len(err.strip().splitlines()) == 1
     assert message in err

@@ -1,5 +1,6 @@
-"""`topo-reporter prune`'s usage errors: one line saying what is wrong and what to do, exit 1,
-before any cluster is asked (tests/test_controlplane_prune.py runs it on the real apiserver)."""
+"""`topo-reporter prune`'s errors before any cluster is asked: one line saying what is wrong and
+what to do, exit 2 for bad usage and 1 for credentials that do not load
+(tests/test_controlplane_prune.py runs it on the real apiserver)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,22 @@ from tests.test_agent_cli import CLI, env
 
 
 @pytest.mark.parametrize(
-    ("args", "said"),
+    ("args", "said", "status"),
     [
-        (["--prefix", "Bad_Prefix"], "prefix 'Bad_Prefix' is not a DNS subdomain"),
-        (["--prefix", "node.kubernetes.io"], "is in kubernetes.io, which Kubernetes reserves"),
-        (["--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a namespace name"),
-        (["--kubeconfig", "/nonexistent"], "cannot load Kubernetes credentials from /nonexistent"),
+        (["--prefix", "Bad_Prefix"], "prefix 'Bad_Prefix' is not a DNS subdomain", 2),
+        (["--prefix", "node.kubernetes.io"], "is in kubernetes.io, which Kubernetes reserves", 2),
+        (["--namespace", "Bad_NS"], "--namespace 'Bad_NS' is not a namespace name", 2),
+        (["--kubeconfig", "/nonexistent"], "cannot load Kubernetes credentials from /nonexist", 1),
     ],
     ids=["a prefix that is no DNS name", "a reserved prefix", "a bad namespace", "no kubeconfig"],
 )
-def test_a_usage_error_ends_in_one_line_and_exit_1(args: list[str], said: str) -> None:
+def test_an_error_before_the_cluster_is_asked_ends_in_one_line(
+    args: list[str], said: str, status: int
+) -> None:
     done = subprocess.run(
         [*CLI, "prune", *args], capture_output=True, text=True, timeout=60, env=env(), check=False
     )
-    assert done.returncode == 1
+    assert done.returncode == status
     (line,) = done.stderr.splitlines()
     assert line.startswith("topo-reporter: error: ")
     assert said in line

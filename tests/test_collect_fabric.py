@@ -183,7 +183,7 @@ def test_a_profile_naming_an_unknown_condition_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = profile_file(tmp_path, "gb200-nvl", fabric={"conditions": ["on-fire"]})
-    assert main(["collect", "--simulate", str(path)]) == 1
+    assert main(["collect", "--simulate", str(path)]) == 2
     assert "'on-fire' is not a fabric health condition" in capsys.readouterr().err
 
 
@@ -355,7 +355,7 @@ def test_a_15_byte_cluster_uuid_is_a_profile_error_in_one_line(
         tmp_path, "gb200-nvl", fabric={"cluster_uuid": "6b3f1c2e-9a4d-4e8b-b1c7-2f5e8d9a0c"}
     )
     for command in (["collect"], ["run", "--once", "--dry-run"]):
-        assert main([*command, "--simulate", str(path)]) == 1
+        assert main([*command, "--simulate", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
         assert "cluster_uuid: '6b3f1c2e-9a4d-4e8b-b1c7-2f5e8d9a0c' is not a UUID (16 bytes" in err

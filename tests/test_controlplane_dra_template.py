@@ -281,14 +281,15 @@ def test_nodes_left_out_or_unreadable_are_kept_from_the_cliques_by_their_slices_
     assert f"# Cliques of: {kept}.\n" in done.stdout
 
 
-def test_no_published_node_is_one_line_and_exit_2(
+def test_no_published_node_is_one_line_and_exit_1(
     real_apiserver: RealApiServer, prefix: str
 ) -> None:
+    """The cluster cannot give the template, however it was asked for: a failure, not usage."""
     done = dra_template_cli(real_apiserver, prefix)
-    assert (done.returncode, done.stdout) == (2, "")
+    assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == (
         f"topo-reporter: error: no Node publishes a {prefix}/topology annotation: run the agent "
-        "on the GPU nodes first, or pass --simulate PROFILE\n"
+        "on the GPU nodes first, or pass --machine PROFILE\n"
     )
 
 

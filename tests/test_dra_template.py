@@ -24,7 +24,7 @@ from parsers.links import SELF, Link, LinkKind
 from reporter import cli
 from reporter.collect import build_scanner, list_profiles
 from reporter.commands import dra_template as dra_template_command
-from reporter.errors import ApiPermanentError
+from reporter.errors import ApiPermanentError, ConfigError
 from reporter.publish.api import Resource
 from reporter.schema import dra_template
 from reporter.schema.codec import encode
@@ -195,16 +195,30 @@ def test_either_way_round_no_pair_of_the_down_node_shares_an_id(majority: str) -
 
 
 @pytest.mark.parametrize(
-    ("profiles", "k", "said"),
+    ("profiles", "k", "said", "error"),
     [
-        (("dgx-h100",), 9, r"^--gpus 9: no machine given has 9 GPUs .*the largest such set: 8"),
-        (("pcie-8x",), 2, r"^--gpus 2: no machine given has 2 GPUs .*the largest such set: 1"),
-        (("dgx-h100",), 1, r"^--gpus 1: one GPU is connected by itself"),
+        (
+            ("dgx-h100",),
+            9,
+            r"^--gpus 9: no machine given has 9 GPUs .*the largest such set: 8",
+            TemplateError,
+        ),
+        (
+            ("pcie-8x",),
+            2,
+            r"^--gpus 2: no machine given has 2 GPUs .*the largest such set: 1",
+            TemplateError,
+        ),
+        (("dgx-h100",), 1, r"^--gpus 1: one GPU is connected by itself", ConfigError),
     ],
     ids=["more-than-any-clique", "no-nvlink-at-all", "one-gpu"],
 )
-def test_an_impossible_k_is_refused(profiles: tuple[str, ...], k: int, said: str) -> None:
-    with pytest.raises(TemplateError, match=said):
+def test_an_impossible_k_is_refused(
+    profiles: tuple[str, ...], k: int, said: str, error: type[Exception]
+) -> None:
+    """K past the machines cannot be met (a TemplateError, exit 1); K below 2 is no request for
+    connected GPUs at all (a ConfigError, bad usage)."""
+    with pytest.raises(error, match=said):
         dra_template.build(machines(*profiles), k)
 
 
@@ -361,7 +375,7 @@ def test_the_command_prints_one_template_for_nvidias_device_class(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     status, out, err = run(
-        ["dra-template", "--gpus", "2", "--simulate", "pcie-8x-nvlink-pairs"], capsys
+        ["dra-template", "--gpus", "2", "--machine", "pcie-8x-nvlink-pairs"], capsys
     )
     assert (status, err) == (0, "")
     documents = list(yaml.safe_load_all(out))
@@ -384,7 +398,7 @@ def test_the_command_takes_its_class_name_namespace_and_fallback(
 ) -> None:
     status, out, _ = run(
         [
-            "dra-template", "--gpus", "4", "--simulate", "dgx-1-v100", "--simulate", "dgx-h100",
+            "dra-template", "--gpus", "4", "--machine", "dgx-1-v100", "--machine", "dgx-h100",
             "--fallback", "--device-class", "h100.example.com", "--name", "tp4",
             "--namespace", "ml",
         ],
@@ -402,20 +416,20 @@ def test_the_command_takes_its_class_name_namespace_and_fallback(
 
 
 @pytest.mark.parametrize(
-    ("argv", "said"),
+    ("argv", "said", "exit_status"),
     [
-        (["--gpus", "2", "--simulate", "dgx-h1000"], "unknown simulated machine 'dgx-h1000'"),
-        (["--gpus", "9", "--simulate", "dgx-h100"], "--gpus 9: no machine given has 9 GPUs"),
-        (["--gpus", "0", "--simulate", "dgx-h100"], "--gpus 0: one GPU is connected by itself"),
-        (["--gpus", "4", "--simulate", "pcie-8x-nvlink-pairs"], "the largest such set: 2"),
+        (["--gpus", "2", "--machine", "dgx-h1000"], "unknown simulated machine 'dgx-h1000'", 2),
+        (["--gpus", "9", "--machine", "dgx-h100"], "--gpus 9: no machine given has 9 GPUs", 1),
+        (["--gpus", "0", "--machine", "dgx-h100"], "--gpus 0: one GPU is connected by itself", 2),
+        (["--gpus", "4", "--machine", "pcie-8x-nvlink-pairs"], "the largest such set: 2", 1),
     ],
     ids=["unknown-profile", "k-past-the-machine", "k-zero", "k-past-the-pairs"],
 )
-def test_a_bad_request_is_one_line_on_stderr_and_exit_2(
-    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+def test_a_request_refused_is_one_line_on_stderr_exit_2_for_usage_1_for_the_machines(
+    argv: list[str], said: str, exit_status: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     status, out, err = run(["dra-template", *argv], capsys)
-    assert (status, out) == (2, "")
+    assert (status, out) == (exit_status, "")
     assert err.count("\n") == 1, err
     assert said in err
 
@@ -429,14 +443,15 @@ def test_a_bad_request_is_one_line_on_stderr_and_exit_2(
         (["--name", "a" * 300], "is not a DNS subdomain (lower-case letters, digits, '-' and '.'"),
         (["--namespace", "bad/ns"], "--namespace 'bad/ns' is not a DNS label"),
         (["--selector", "gpu=h100"], "--selector and --exclude choose among the cluster's Nodes"),
+        (["--kubeconfig", "/k"], "--machine and --kubeconfig both given"),
     ],
     ids=["prefix-not-a-domain", "prefix-reserved", "name-upper", "name-300", "namespace-slash",
-         "selector-offline"],
+         "selector-offline", "kubeconfig-offline"],
 )  # fmt: skip
 def test_a_name_the_apiserver_would_refuse_is_one_line_and_exit_2(
     argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, out, err = run(["dra-template", "--gpus", "2", "--simulate", "dgx-h100", *argv], capsys)
+    status, out, err = run(["dra-template", "--gpus", "2", "--machine", "dgx-h100", *argv], capsys)
     assert (status, out) == (2, "")
     assert err.count("\n") == 1, err
     assert err.startswith("topo-reporter: error: ")

@@ -241,7 +241,7 @@ def test_tls_files_that_do_not_load_are_one_config_error(
 def test_the_cli_needs_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pair = make_certificate(tmp_path)
     status = main(["extender", "--listen", "127.0.0.1:0", "--tls-cert-file", str(pair.cert)])
-    assert status == 1
+    assert status == 2
     assert capsys.readouterr().err == (
         "topo-reporter: error: TLS needs both --tls-cert-file and --tls-key-file\n"
     )

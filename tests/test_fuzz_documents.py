@@ -26,7 +26,7 @@ from parsers.errors import ParseError
 from parsers.kubelet import parse_kubelet_config
 from parsers.nvsmi import parse_topo
 from reporter.collect.simulate.machine import load_machine
-from reporter.errors import ConfigError, InputError, SchemaError
+from reporter.errors import ConfigError, CredentialsError, InputError, SchemaError
 from reporter.inputs import topology_from_any_text, topology_from_document_text
 from reporter.publish.rest import load_rest_config
 from reporter.schema.codec import decode
@@ -134,22 +134,24 @@ def test_text_readers_refuse_depth_aliases_and_long_integers(
     _explained(outcome(lambda: read(text), error), error)
 
 
-FILE_READERS: list[tuple[str, Callable[[str], Any]]] = [
-    ("settings file", lambda p: resolve({"config_file": p, "node": "n1"}, {})),
-    ("kubeconfig", lambda p: load_rest_config(p, environ={})),
-    ("machine profile", load_machine),
+FILE_READERS: list[tuple[str, Callable[[str], Any], type[Exception]]] = [
+    ("settings file", lambda p: resolve({"config_file": p, "node": "n1"}, {}), ConfigError),
+    ("kubeconfig", lambda p: load_rest_config(p, environ={}), CredentialsError),
+    ("machine profile", load_machine, ConfigError),
 ]
 
 
-@pytest.mark.parametrize("read", [r[1] for r in FILE_READERS], ids=[r[0] for r in FILE_READERS])
+@pytest.mark.parametrize(
+    ("read", "error"), [r[1:] for r in FILE_READERS], ids=[r[0] for r in FILE_READERS]
+)
 @fuzz(150)
 @given(text=DOCUMENTS)
 def test_file_readers_refuse_depth_aliases_and_long_integers(
-    read: Callable[[str], Any], text: str, scratch: Path
+    read: Callable[[str], Any], error: type[Exception], text: str, scratch: Path
 ) -> None:
     path = scratch / "input.yaml"
     path.write_text(text, encoding="utf-8")
-    _explained(outcome(lambda: read(str(path)), ConfigError), ConfigError)
+    _explained(outcome(lambda: read(str(path)), error), error)
 
 
 @fuzz(100)

@@ -29,7 +29,7 @@ from reporter.collect.kubelet import read_kubelet, read_kubelet_policies
 from reporter.errors import (
     ApiPermanentError,
     ApiTransientError,
-    ConfigError,
+    CredentialsError,
     InputError,
     SchemaError,
 )
@@ -138,10 +138,12 @@ def decode_golden() -> str:
 # -- items 3 and 15: every file the CLI reads ------------------------------------------------------
 
 
-def _one_line_exit_1(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    status = main(argv)
+def _one_line_exit(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 1) -> str:
+    """The error line of `argv`, which must exit `status`: 1 for input that does not read, 2 for
+    a settings file or profile (a bad value, as a flag's would be)."""
+    exited = main(argv)
     out, err = capsys.readouterr()
-    assert (status, out) == (1, "")
+    assert (exited, out) == (status, "")
     assert err.count("\n") == 1
     assert err.startswith("topo-reporter: error: ")
     assert len(err) < 400
@@ -167,7 +169,7 @@ def test_a_hostile_topology_document_is_one_line(
     path = tmp_path / "doc.yaml"
     path.write_text(text)
     extra = ["--gpus", "1"] if command == "best-set" else []
-    assert said in _one_line_exit_1([command, str(path), *extra], capsys)
+    assert said in _one_line_exit([command, str(path), *extra], capsys)
 
 
 @pytest.mark.parametrize("command", ["parse", "render", "best-set"])
@@ -175,7 +177,7 @@ def test_input_without_an_end_is_refused_at_the_size_bound(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = ["--gpus", "1"] if command == "best-set" else []
-    err = _one_line_exit_1([command, DEVICE_WITHOUT_END, *extra], capsys)
+    err = _one_line_exit([command, DEVICE_WITHOUT_END, *extra], capsys)
     assert "larger than 4 MiB" in err
 
 
@@ -198,7 +200,7 @@ def test_a_hostile_settings_file_is_one_line(
     if text is not None:
         path.write_text(text)
     config = str(path) if text is not None else DEVICE_WITHOUT_END
-    err = _one_line_exit_1(["run", "--config", config, "--dry-run", "--once"], capsys)
+    err = _one_line_exit(["run", "--config", config, "--dry-run", "--once"], capsys, 2)
     assert said in err
     assert "settings file" in err
 
@@ -220,7 +222,7 @@ def test_a_hostile_machine_profile_is_one_line(
     if text is not None:
         path.write_text(text)
     profile = str(path) if text is not None else DEVICE_WITHOUT_END
-    assert said in _one_line_exit_1(["collect", "--simulate", profile], capsys)
+    assert said in _one_line_exit(["collect", "--simulate", profile], capsys, 2)
 
 
 KUBELET_CONFIGS: list[tuple[str, str | None, str]] = [
@@ -278,27 +280,27 @@ LOADERS: dict[str, Callable[[str], object]] = {
 @pytest.mark.parametrize(
     ("text", "said"), [c[1:] for c in KUBECONFIGS], ids=[c[0] for c in KUBECONFIGS]
 )
-def test_a_hostile_kubeconfig_is_a_config_error_naming_the_file(
+def test_a_hostile_kubeconfig_is_a_credentials_error_naming_the_file(
     client: str, text: str | None, said: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "kubeconfig"
     if text is not None:
         path.write_text(text)
     where = str(path) if text is not None else DEVICE_WITHOUT_END
-    with pytest.raises(ConfigError, match=said) as e:
+    with pytest.raises(CredentialsError, match=said) as e:
         LOADERS[client](where)
     assert where in str(e.value)
     assert "\n" not in str(e.value)
 
 
-def test_a_token_file_without_an_end_is_a_config_error_not_a_hang(
+def test_a_token_file_without_an_end_is_a_credentials_error_not_a_hang(
     apiserver: ApiServerDouble, kubeconfig: Path
 ) -> None:
     text = kubeconfig.read_text().replace("token: agent-token", f"tokenFile: {DEVICE_WITHOUT_END}")
     assert text != kubeconfig.read_text()
     kubeconfig.write_text(text)
     client = RestApiClient(load_rest_config(str(kubeconfig)), request_timeout_s=(2.0, 2.0))
-    with pytest.raises(ConfigError, match="larger than 64 KiB"):
+    with pytest.raises(CredentialsError, match="larger than 64 KiB"):
         client.get(NODES, NODE)
 
 
@@ -358,24 +360,24 @@ TLS_LOADERS: dict[str, Callable[[str], object]] = {
 
 @pytest.mark.parametrize("client", sorted(TLS_LOADERS))
 @pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
-def test_a_tls_file_too_large_to_be_one_is_a_config_error_before_openssl_reads_it(
+def test_a_tls_file_too_large_to_be_one_is_a_credentials_error_before_openssl_reads_it(
     client: str, section: str, key: str, what: str, tmp_path: Path
 ) -> None:
     huge = tmp_path / "huge.pem"
     with huge.open("wb") as f:
         f.truncate(2 << 30)  # sparse: 2 GiB that OpenSSL would read to the end
     kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, str(huge))
-    with pytest.raises(ConfigError, match=f"{what} {huge} is larger than 1 MiB"):
+    with pytest.raises(CredentialsError, match=f"{what} {huge} is larger than 1 MiB"):
         TLS_LOADERS[client](str(kubeconfig))
 
 
 @pytest.mark.parametrize("client", sorted(TLS_LOADERS))
 @pytest.mark.parametrize(("section", "key", "what"), TLS_ENTRIES, ids=[e[1] for e in TLS_ENTRIES])
-def test_a_tls_file_without_an_end_is_one_config_error_not_a_hang(
+def test_a_tls_file_without_an_end_is_one_credentials_error_not_a_hang(
     client: str, section: str, key: str, what: str, tmp_path: Path
 ) -> None:
     kubeconfig = kubeconfig_naming(tmp_path / "kubeconfig", section, key, DEVICE_WITHOUT_END)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CredentialsError) as e:
         TLS_LOADERS[client](str(kubeconfig))
     # The official loader refuses a file that is not a regular one itself, in its own words.
     if client == "lean":
@@ -389,7 +391,7 @@ def test_a_fifo_named_as_the_ca_ends_in_one_error_not_a_hang(client: str, tmp_pa
     kubeconfig = kubeconfig_naming(
         tmp_path / "kubeconfig", "clusters", "certificate-authority", named
     )
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CredentialsError) as e:
         lean_client(str(kubeconfig)) if client == "lean" else official_client(str(kubeconfig))
     assert "\n" not in str(e.value)
 
@@ -408,7 +410,7 @@ def test_an_in_cluster_token_file_without_an_end_is_refused_by_the_official_load
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", DEVICE_WITHOUT_END)
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
-    with pytest.raises(ConfigError, match="token file /dev/zero is larger than 64 KiB"):
+    with pytest.raises(CredentialsError, match="token file /dev/zero is larger than 64 KiB"):
         load_configuration(None)
 
 
@@ -460,7 +462,7 @@ def test_a_paste_with_a_4400_digit_cpu_number_is_one_line(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = ["--gpus", "2"] if command == "best-set" else []
-    err = _one_line_exit_1([command, str(paste_with_long_cpu_number(tmp_path)), *extra], capsys)
+    err = _one_line_exit([command, str(paste_with_long_cpu_number(tmp_path)), *extra], capsys)
     assert "a number of 4400 digits" in err
     assert "line 10" in err
 

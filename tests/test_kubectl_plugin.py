@@ -16,6 +16,7 @@ import yaml
 from parsers.kubelet import KubeletPolicies
 from reporter.collect.kubelet import KubeletReading
 from reporter.free_sets import compute_availability
+from reporter.kubectl_plugin import build_parser
 from reporter.placement_quality import HeldSet, encode_held_sets
 from reporter.schema import keys
 from reporter.schema.availability import encode_availability
@@ -23,6 +24,7 @@ from reporter.schema.codec import encode, to_document
 from reporter.schema.matrix import describe_matrix
 from reporter.schema.model import NvlinkHealth, Topology
 from reporter.schema.pictures import to_dot, to_mermaid
+from reporter.settings import ReaderSettings, declared, help_text
 from tests.agent_support import NODE, PREFIX, FakeScanner, ok, wire_agent
 from tests.describe_machines import machines
 from tests.hostile_text import ESCAPES, agents_event, controls, foreign_event, hostile_message
@@ -74,6 +76,14 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kubectl gpu-topology: error: ")
     return lines[0]
+
+
+def test_the_plugins_kubeconfig_is_the_commands_own_setting() -> None:
+    """One declaration, one help text: `--kubeconfig` here is `doctor`'s, KUBECONFIG included."""
+    ((field, declaration),) = declared(ReaderSettings)
+    page = "".join(build_parser().format_help().split())
+    assert "".join(help_text(field.default, declaration).split()) in page
+    assert page.count("--kubeconfig") == 2  # the usage line and the help line
 
 
 def test_kubectl_lists_the_installed_plugin(plugin: Plugin) -> None:

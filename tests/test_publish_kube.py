@@ -18,7 +18,7 @@ import urllib3
 import yaml
 
 import reporter.publish
-from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, PublishError
+from reporter.errors import ApiPermanentError, ApiTransientError, CredentialsError, PublishError
 from reporter.publish.api import EVENTS, NODES, ApiClient
 from reporter.publish.client import EventType, event_body
 from reporter.publish.kube import load_configuration
@@ -280,10 +280,22 @@ def test_no_error_message_contains_the_token(
     assert secret not in repr(e.value.__cause__)
 
 
-def test_an_unreadable_kubeconfig_is_a_config_error_naming_the_path(tmp_path: Path) -> None:
+def test_an_unreadable_kubeconfig_is_a_credentials_error_naming_the_path(tmp_path: Path) -> None:
+    """The lean client's words for it, so every command says one thing (test_publish_rest.py)."""
     path = tmp_path / "absent.kubeconfig"
-    with pytest.raises(ConfigError, match=f"from {path}"):
+    with pytest.raises(CredentialsError, match=f"from {path} \\(FileNotFoundError\\): pass"):
         load_configuration(str(path))
+
+
+def test_the_kubeconfig_kubeconfig_names_is_the_one_read_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read as the command runs, not as the client module was imported."""
+    path = tmp_path / "from-the-environment.kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(CredentialsError, match=f"from {path} "):
+        load_configuration(None)
 
 
 # -- a kubeconfig user with both `token` and `tokenFile` ------------------------------------------

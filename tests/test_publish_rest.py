@@ -19,7 +19,7 @@ import pytest
 import urllib3
 import yaml
 
-from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError
+from reporter.errors import ApiPermanentError, ApiTransientError, CredentialsError
 from reporter.publish.api import EVENTS, NODES
 from reporter.publish.client import EventType, event_body
 from reporter.publish.kube import KubeApiClient, load_configuration
@@ -152,13 +152,15 @@ def test_client_certificate_files_are_loaded_as_they_are(
     assert lean(load_rest_config(str(path))).get_node(NODE).name == NODE
 
 
-def test_a_client_key_that_does_not_load_is_a_config_error_without_the_key(tmp_path: Path) -> None:
+def test_a_client_key_that_does_not_load_is_a_credentials_error_without_the_key(
+    tmp_path: Path,
+) -> None:
     path = kubeconfig_file(
         tmp_path / "kc",
         {"server": "https://127.0.0.1:1"},
         {"client-certificate-data": b64(Path(__file__)), "client-key-data": "c2VjcmV0"},
     )
-    with pytest.raises(ConfigError, match="cannot load the TLS files of") as e:
+    with pytest.raises(CredentialsError, match="cannot load the TLS files of") as e:
         lean(load_rest_config(str(path)))
     assert "secret" not in str(e.value)
 
@@ -239,7 +241,7 @@ def test_a_kubeconfig_that_cannot_work_is_one_line_naming_the_file(
     tmp_path: Path, make: Callable[[Path], Path], said: str
 ) -> None:
     path = make(tmp_path / "kc")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CredentialsError) as e:
         load_rest_config(str(path))
     assert not isinstance(e.value, LeanClientUnsupportedError)
     assert said in str(e.value)
@@ -326,11 +328,11 @@ def test_an_ipv6_service_address_is_bracketed(service_account: Path) -> None:
 
 
 @pytest.mark.parametrize("missing", ["token", "ca.crt"])
-def test_a_pod_without_its_service_account_token_is_a_config_error(
+def test_a_pod_without_its_service_account_token_is_a_credentials_error(
     apiserver: ApiServerDouble, service_account: Path, missing: str
 ) -> None:
     (service_account / missing).unlink()
-    with pytest.raises(ConfigError, match=f"{missing} is missing"):
+    with pytest.raises(CredentialsError, match=f"{missing} is missing"):
         load_rest_config(None, environ=in_pod(apiserver), service_account_dir=service_account)
 
 

@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from reporter import cli, settings
+from reporter.errors import ConfigError
 from reporter.settings import (
     COMMAND_SETTINGS,
     Declaration,
+    Kind,
     Resolvable,
     Settings,
     declared,
@@ -35,6 +37,7 @@ COMMAND_OF: dict[str, type[Resolvable]] = {
     "extender": settings.ExtenderSettings,
     "prune": settings.PruneSettings,
     "doctor": settings.ReaderSettings,
+    "dra-template": settings.TemplateSettings,
 }
 """Each subcommand whose flags are settings, and the settings it resolves."""
 EVERY_DECLARATION = [
@@ -125,6 +128,57 @@ def test_each_commands_help_shows_its_settings_derived_lines(command: str) -> No
     page = squeezed(subcommand(command).format_help())
     for field, declaration in declared(COMMAND_OF[command]):
         assert squeezed(help_text(field.default, declaration)) in page, declaration.flag
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_OF))
+def test_each_setting_is_in_its_groups_section_of_help_and_a_choice_lists_its_words(
+    command: str,
+) -> None:
+    parser = subcommand(command)
+    usage = squeezed(parser.format_usage())
+    for declaration_field, declaration in declared(COMMAND_OF[command]):
+        (section,) = (
+            g
+            for g in parser._action_groups
+            if any(a.dest == declaration_field.name for a in g._group_actions)
+        )
+        wanted = "options" if declaration.group is None else declaration.group.value
+        assert section.title == wanted, declaration.flag
+        if declaration.kind is Kind.CHOICE:
+            assert f"{declaration.flag}{{{','.join(declaration.allowed)}}}" in usage
+
+
+CHOICES = [p for p in EVERY_DECLARATION if p.values[2].kind is Kind.CHOICE]
+
+
+@pytest.mark.parametrize(("of", "field", "declaration"), CHOICES)
+def test_a_choices_default_is_one_of_its_words(
+    of: type[Resolvable], field: dataclasses.Field[Any], declaration: Declaration
+) -> None:
+    assert declaration.allowed
+    assert field.default is None or field.default in declaration.allowed
+
+
+@pytest.mark.parametrize(("of", "field", "declaration"), CHOICES)
+def test_a_bad_choice_names_where_it_came_from_flag_variable_or_file(
+    of: type[Resolvable],
+    field: dataclasses.Field[Any],
+    declaration: Declaration,
+    tmp_path: Path,
+) -> None:
+    words = ", ".join(declaration.allowed)
+    origins: list[tuple[dict[str, object], dict[str, str], str]] = [
+        ({field.name: "bogus"}, {}, declaration.flag),
+        *(({}, {variable: "bogus"}, f"from {variable}") for variable in declaration.env),
+    ]
+    if any(f.name == "config_file" for f, _ in declared(of)):
+        settings_file = tmp_path / "settings.yaml"
+        settings_file.write_text(f"{declaration.name}: bogus\n")
+        origins.append(({"config_file": str(settings_file)}, {}, f"in {settings_file}"))
+    for flags, environ, origin in origins:
+        with pytest.raises(ConfigError) as refused:
+            resolve_as(of, flags, environ)
+        assert str(refused.value) == f"{declaration.name} ({origin}) 'bogus' is not one of {words}"
 
 
 def every_action() -> list[tuple[str, argparse.Action]]:

@@ -7,6 +7,12 @@ arguments; `reporter.cli` names them, with what `--help` says of each, in its CO
 `Command`s. A handler builds what it needs from settings (reporter.settings resolves them), runs,
 and returns an exit status. The kubectl plugin (reporter.kubectl_plugin) shares the statuses and
 `run_guarded`.
+
+The exit statuses, for every command (docs/cli.md, "Exit status"): 0 success; 1 a failure the
+user did not cause by how they called us (the cluster out of reach or its credentials not loading,
+no GPU, an input that does not read, a request the topology cannot meet, doctor's error finding);
+2 bad usage, argparse's errors and every ConfigError: a bad value from a flag, an environment
+variable or a settings file alike.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from reporter import terminal
-from reporter.errors import TopoReporterError
+from reporter.errors import ConfigError, TopoReporterError
 from reporter.schema import keys
 
 PROG = "topo-reporter"
@@ -30,7 +36,9 @@ PLUGIN_PROG = "kubectl gpu-topology"
 reporter.commands.gpu_topology)."""
 EXIT_OK = 0
 EXIT_FAILURE = 1
+"""A failure the user did not cause by how they called the command."""
 EXIT_USAGE = 2
+"""Bad usage: argparse's own errors, and a ConfigError from any origin."""
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports a command ended by Ctrl-C."""
 
@@ -82,12 +90,13 @@ def _named(target: str) -> Any:
 
 
 def run_guarded(prog: str, handler: Handler, args: argparse.Namespace) -> int:
-    """`handler(args)`'s exit status; an error a user can cause is one line on stderr and 1."""
+    """`handler(args)`'s exit status; an error a user can cause is one line on stderr, and 2
+    for a ConfigError (bad usage), 1 for any other."""
     try:
         return handler(args)
     except TopoReporterError as e:
         terminal.write(sys.stderr, f"{prog}: error: {e}\n")
-        return EXIT_FAILURE
+        return EXIT_USAGE if isinstance(e, ConfigError) else EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -116,15 +125,11 @@ def add_output_arguments(
     default: str,
     prefix_help: str = "label and annotation prefix",
 ) -> None:
-    """--format and --prefix, as every command printing what it read takes them."""
+    """--format and --prefix, as every command printing what it read takes them: --prefix of the
+    keys it reads is a request of its own, not a setting (no env var)."""
     parser.add_argument(
         "--format", choices=formats, default=default, help="output format (default: %(default)s)"
     )
-    add_prefix_argument(parser, prefix_help)
-
-
-def add_prefix_argument(parser: argparse.ArgumentParser, help: str) -> None:
-    """--prefix of the keys a command reads; a request of its own, not a setting (no env var)."""
     parser.add_argument(
-        "--prefix", default=keys.DEFAULT_PREFIX, help=f"{help} (default: %(default)s)"
+        "--prefix", default=keys.DEFAULT_PREFIX, help=f"{prefix_help} (default: %(default)s)"
     )

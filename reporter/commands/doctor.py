@@ -11,7 +11,8 @@ from reporter.commands import EXIT_FAILURE, EXIT_OK, add_output_arguments
 
 
 def handle(args: argparse.Namespace) -> int:
-    """Print the findings on one node or every GPU node; 1 when one is an error."""
+    """Print the findings on one node or every GPU node; 1 when one is an error (the exit status
+    of a cluster out of reach too, as run_guarded maps it)."""
     # An operator's tool: the official client, for every kubeconfig kubectl takes.
     from reporter.publish import kube  # noqa: PLC0415  # keeps kubernetes out of the other commands
 
@@ -57,5 +58,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-selector",
         default=doctor.AGENT_POD_SELECTOR,
+        metavar="SELECTOR",
         help="label selector of the agent's pods (default: %(default)s)",
     )

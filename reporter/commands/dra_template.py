@@ -1,9 +1,10 @@
 """`topo-reporter dra-template`: a ResourceClaimTemplate for K NVLink-connected GPUs, from
-simulated machine kinds or from the Nodes' published topologies."""
+simulated machine kinds (`--machine`) or from the Nodes' published topologies."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,14 +14,14 @@ from parsers.errors import ParseError, excerpt
 from parsers.integers import parse_decimal
 from reporter import settings, terminal
 from reporter.collect import build_scanner
-from reporter.commands import (
-    EXIT_OK,
-    EXIT_USAGE,
-    PROG,
-    add_prefix_argument,
-    logs_to_stderr,
+from reporter.commands import EXIT_OK, PROG, logs_to_stderr
+from reporter.errors import (
+    ApiPermanentError,
+    ApiTransientError,
+    CollectError,
+    ConfigError,
+    InputError,
 )
-from reporter.errors import ApiPermanentError, ApiTransientError, ConfigError, InputError
 from reporter.publish.api import (
     DRA_VERSIONS,
     NODES,
@@ -48,7 +49,7 @@ def _simulated_machines(profiles: Sequence[str]) -> list[dra_template.Machine]:
     for profile in dict.fromkeys(profiles):
         topology = build_scanner("auto", Path("/"), profile).scan().topology
         if topology is None:
-            raise ConfigError(f"profile {profile!r} simulates no GPU: pick one that has GPUs")
+            raise CollectError(f"profile {profile!r} simulates no GPU: pick one that has GPUs")
         machines.append(dra_template.Machine(profile, (topology,)))
     return machines
 
@@ -139,10 +140,10 @@ def _cluster_machines(
             continue
         kinds.setdefault(dra_template.wiring_digest(topology), []).append((name, topology))
     if not kinds:
-        raise ConfigError(
+        raise dra_template.TemplateError(
             f"no Node publishes a {annotation} annotation"
             + (" among those --selector and --exclude leave" if selector or excluded else "")
-            + ": run the agent on the GPU nodes first, or pass --simulate PROFILE"
+            + ": run the agent on the GPU nodes first, or pass --machine PROFILE"
         )
     machines = [
         dra_template.Machine(
@@ -159,7 +160,8 @@ def _check_served(api: ApiClient, document: dict[str, Any], namespace: str) -> N
     """Create the template as a dry run: the apiserver answers as it would store it. With
     `DRADerivedAttributes` off it drops the derived attribute without a word (an alpha field), and
     every claim would then wait for an attribute no device carries: that is refused here, with the
-    gate named. Where the caller may not create templates, it is said and the template printed."""
+    gate named (a TemplateError: the cluster cannot serve it). Where the caller may not create
+    templates, it is said and the template printed."""
     try:
         stored = api.create(RESOURCE_CLAIM_TEMPLATES, document, namespace, dry_run=True)
     except ApiPermanentError as e:
@@ -171,28 +173,29 @@ def _check_served(api: ApiClient, document: dict[str, Any], namespace: str) -> N
             )
             return
         if e.status == 404:
-            raise ConfigError(
+            raise dra_template.TemplateError(
                 "the cluster serves no resource.k8s.io/v1 ResourceClaimTemplates in namespace "
                 f"{namespace}: the template needs Kubernetes 1.37 or newer with the "
                 f"{' and '.join(dra_template.GATES)} feature gates (or pass --namespace of one "
                 "that exists)"
             ) from None
-        raise ConfigError(f"the cluster's apiserver refuses the template: {e}") from None
+        raise dra_template.TemplateError(
+            f"the cluster's apiserver refuses the template: {e}"
+        ) from None
     except ApiTransientError as e:
         terminal.write(sys.stderr, f"{PROG}: warning: the feature gates were not checked: {e}\n")
         return
     if not dra_template.keeps_derived_attributes(stored):
-        raise ConfigError(
+        raise dra_template.TemplateError(
             "the cluster's kube-apiserver drops the template's derivedAttributes: feature gate "
             f"{dra_template.GATES[0]} is off there; turn on {' and '.join(dra_template.GATES)} on "
             "kube-apiserver and kube-scheduler, then run this again"
         )
 
 
-def _check_names(args: argparse.Namespace) -> None:
-    """Raise ConfigError for a --prefix, --name or --namespace the apiserver would refuse (or
-    that sits in a domain Kubernetes reserves): the template is printed to be applied."""
-    settings.check_prefix(args.prefix)
+def _check_request(args: argparse.Namespace) -> None:
+    """Raise ConfigError for a --name or --namespace the apiserver would refuse (the template is
+    printed to be applied; the settings check --prefix), or flags that do not go together."""
     if args.name is not None and not settings.is_subdomain(args.name):
         raise ConfigError(
             f"--name {excerpt(args.name)} is not a DNS subdomain (lower-case letters, digits, "
@@ -203,58 +206,58 @@ def _check_names(args: argparse.Namespace) -> None:
             f"--namespace {excerpt(args.namespace)} is not a DNS label (lower-case letters, "
             "digits and '-', at most 63 characters), which a namespace's name must be"
         )
-    if args.simulate and (args.selector is not None or args.exclude):
+    if args.machine and (args.selector is not None or args.exclude):
         raise ConfigError(
             "--selector and --exclude choose among the cluster's Nodes: drop them, or "
-            "--simulate, to read the cluster"
+            "--machine, to read the cluster"
+        )
+    if args.machine and args.kubeconfig:
+        raise ConfigError(
+            "--machine and --kubeconfig both given: pass profiles, or read the cluster"
         )
 
 
 def handle(args: argparse.Namespace) -> int:
-    """Print the template; 2 when none can be made (the reason on stderr)."""
+    """Print the template. Raises ConfigError for bad usage, TemplateError where the machines
+    or the cluster cannot give one, CredentialsError or PublishError where the cluster is out of
+    reach."""
     logs_to_stderr()
-    try:
-        _check_names(args)
-        if args.simulate and args.kubeconfig:
-            raise ConfigError(
-                "--simulate and --kubeconfig both given: pass profiles, or read the cluster"
-            )
-        api = None if args.simulate else _operator_client(args.kubeconfig)
-        left_out: list[dra_template.LeftOut] = []
-        if api is None:
-            machines = _simulated_machines(args.simulate)
-        else:
-            machines, left_out = _cluster_machines(
-                api, args.prefix, args.selector, args.exclude or []
-            )
-        template = dra_template.build(
-            machines,
-            args.gpus,
-            fallback=args.fallback,
-            device_class=args.device_class,
-            name=args.name,
-            namespace=args.namespace,
-            prefix=args.prefix,
-            uuids_known=not args.simulate,
-            left_out=left_out,
-            selection=[
-                *(["--selector", args.selector] if args.selector is not None else []),
-                *(a for node in args.exclude or [] for a in ("--exclude", node)),
-            ],
+    config = settings.resolve_as(settings.TemplateSettings, vars(args), os.environ)
+    _check_request(args)
+    api = None if args.machine else _operator_client(config.kubeconfig)
+    left_out: list[dra_template.LeftOut] = []
+    if api is None:
+        machines = _simulated_machines(args.machine)
+    else:
+        machines, left_out = _cluster_machines(
+            api, config.prefix, args.selector, args.exclude or []
         )
-        for note in template.notes:
-            _warn(note)
-        if api is not None:
-            _check_served(api, template.document, args.namespace or "default")
-    except ConfigError as e:
-        terminal.write(sys.stderr, f"{PROG}: error: {e}\n")
-        return EXIT_USAGE
+    template = dra_template.build(
+        machines,
+        args.gpus,
+        fallback=args.fallback,
+        device_class=args.device_class,
+        name=args.name,
+        namespace=args.namespace,
+        prefix=config.prefix,
+        uuids_known=not args.machine,
+        left_out=left_out,
+        selection=[
+            *(["--selector", args.selector] if args.selector is not None else []),
+            *(a for node in args.exclude or [] for a in ("--exclude", node)),
+        ],
+    )
+    for note in template.notes:
+        _warn(note)
+    if api is not None:
+        _check_served(api, template.document, args.namespace or "default")
     terminal.write(sys.stdout, dra_template.to_yaml(template))
     return EXIT_OK
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    """K, where the machines come from (--simulate or --kubeconfig), and the template's names."""
+    """K, where the machines come from (--machine, or the Nodes: the settings' --kubeconfig and
+    --prefix, with --selector and --exclude beside them), and the template's names."""
     parser.add_argument(
         "--gpus",
         type=_claim_gpus,
@@ -263,17 +266,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs per claim, 2 or more (one GPU needs no NVLink)",
     )
     parser.add_argument(
-        "--simulate",
+        "--machine",
         metavar="PROFILE",
         action="append",
-        help="a machine kind the cluster has: a name from `topo-reporter profiles` or a profile "
-        "YAML file; repeat it for each kind (without it, the Nodes' published topologies)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="read the Nodes with this kubeconfig (default: in-cluster, else KUBECONFIG or "
-        "~/.kube/config)",
+        help="a kind of machine the cluster has: a name from `topo-reporter profiles` or a "
+        "profile YAML file; repeat it for each kind (without it, the Nodes' published topologies)",
     )
     parser.add_argument(
         "--fallback",
@@ -286,19 +283,19 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the DeviceClass to request (default: %(default)s)",
     )
-    parser.add_argument(
+    parser.add_argument("--name", metavar="NAME", help="the template's name")
+    parser.add_argument("--namespace", metavar="NS", help="the template's namespace")
+    nodes = settings.add_arguments(parser, settings.TemplateSettings)[settings.Group.KUBERNETES]
+    nodes.add_argument(
         "--selector",
         metavar="LABELSELECTOR",
         help="take the cliques from the Nodes this label selector picks (the others' GPUs are "
         "still kept from cliques not theirs)",
     )
-    parser.add_argument(
+    nodes.add_argument(
         "--exclude",
         metavar="NODE",
         action="append",
         help="leave this Node out of the cliques (its GPUs are still kept from cliques not "
         "theirs); repeat it for each",
     )
-    parser.add_argument("--name", metavar="NAME", help="the template's name")
-    parser.add_argument("--namespace", metavar="NS", help="the template's namespace")
-    add_prefix_argument(parser, "annotation prefix")

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter as Tally
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsers.cpulist import format_cpulist
-from reporter import doctor, terminal
+from reporter import doctor, settings, terminal
 from reporter.commands import EXIT_FAILURE, EXIT_OK, PLUGIN_PROG
 from reporter.errors import ApiPermanentError, InputError, SchemaError
 from reporter.extender.cache import NodeCache
@@ -336,8 +337,9 @@ def run(args: argparse.Namespace) -> int:
     # The official client reads every kubeconfig kubectl reads (exec plugins, contexts).
     from reporter.publish import kube  # noqa: PLC0415  # kubernetes loads only for this command
 
+    config = settings.resolve_as(settings.ReaderSettings, vars(args), os.environ)
     reader = doctor.ApiClusterReader(
-        kube.operator_client(args.kubeconfig, args.context),
+        kube.operator_client(config.kubeconfig, args.context),
         agent_selector=args.agent_selector,
         namespace=args.namespace,
         tool=PLUGIN_PROG,

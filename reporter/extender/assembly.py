@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from reporter.errors import ConfigError, PublishError
+from reporter.errors import ConfigError, CredentialsError, PublishError
 from reporter.extender import cache, fresh, heartbeat, server
 from reporter.publish.lease import LeaseWatch
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
@@ -46,7 +46,7 @@ class Extender:
 
 def build_extender(config: ExtenderSettings, log: Log) -> Extender:
     """The extender's parts from `config`, nothing started. Raises ConfigError for a resource
-    name, credentials or an address it cannot use."""
+    name or an address it cannot use, CredentialsError for credentials."""
     tls = None
     if config.tls_cert_file and config.tls_key_file:
         tls = ServingCertificate(
@@ -58,7 +58,7 @@ def build_extender(config: ExtenderSettings, log: Log) -> Extender:
     try:
         rest = load_rest_config(config.kubeconfig)
     except LeanClientUnsupportedError as e:
-        raise ConfigError(
+        raise CredentialsError(
             f"the extender reads Nodes with the lean client only, which cannot use these "
             f"credentials ({e}): run it in a pod, or pass a kubeconfig with a token or a client "
             "certificate"

@@ -8,7 +8,7 @@ with a message saying what to fix. It must never log or put into a message a tok
 content.
 
 The image leaves the official client out (image/lock.py): importing this module without it raises
-ConfigError with one line saying so, which every command that needs it prints.
+CredentialsError with one line saying so, which every command that needs it prints.
 """
 
 from __future__ import annotations
@@ -20,10 +20,17 @@ from typing import Any
 
 import urllib3
 
-from reporter.errors import ConfigError
+from reporter.errors import CredentialsError
 from reporter.inputs import MAX_PEM_BYTES, read_bounded
 from reporter.publish import errors_map
-from reporter.publish.rest import MAX_TOKEN_BYTES, BearerToken, read_kubeconfig
+from reporter.publish.rest import (
+    MAX_TOKEN_BYTES,
+    BearerToken,
+    in_cluster_source,
+    kubeconfig_path,
+    read_kubeconfig,
+    unloadable,
+)
 from reporter.publish.wire import ApiRequest, WireClient
 
 OFFICIAL_CLIENT_MISSING = (
@@ -42,18 +49,26 @@ except ModuleNotFoundError as e:
     # Only the client's own absence is the user's to fix; a module missing inside it is a bug.
     if (e.name or "").partition(".")[0] != "kubernetes":
         raise
-    raise ConfigError(OFFICIAL_CLIENT_MISSING) from e
+    raise CredentialsError(OFFICIAL_CLIENT_MISSING) from e
 
 
 def load_configuration(kubeconfig: str | None, context: str | None = None) -> client.Configuration:
     """Client configuration: the named kubeconfig, else in-cluster, else KUBECONFIG or
     ~/.kube/config; `context` picks a kubeconfig context instead of its current one.
 
-    Raises ConfigError naming the kubeconfig path and context (never the file's content).
+    Raises CredentialsError naming the kubeconfig path and context (never the file's content).
     """
     configuration = client.Configuration()
+    in_cluster = (
+        kubeconfig is None and context is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    )
+    source = (
+        in_cluster_source(Path(incluster_config.SERVICE_TOKEN_FILENAME).parent)
+        if in_cluster
+        else kubeconfig_path(kubeconfig, os.environ)
+    )
     try:
-        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if in_cluster:
             _check_sizes(
                 (incluster_config.SERVICE_TOKEN_FILENAME, MAX_TOKEN_BYTES, "token file"),
                 (
@@ -63,14 +78,13 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
                 ),
             )
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the client ships no annotations for its config loaders
-            source = "in-cluster"
             token: BearerToken | None = BearerToken(None, incluster_config.SERVICE_TOKEN_FILENAME)
         else:
-            _check_kubeconfigs(kubeconfig)
-            source = kubeconfig or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+            _check_kubeconfigs(source)
             merged = kube_config.KubeConfigMerger(source)  # type: ignore[no-untyped-call]  # as above
             if merged.config is None:
-                raise ConfigException("no configuration found")
+                # No path names a file: said as the lean client says it.
+                raise FileNotFoundError(source)
             loader = kube_config.KubeConfigLoader(  # type: ignore[no-untyped-call]  # as above
                 config_dict=merged.config,
                 active_context=context,
@@ -81,14 +95,7 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
                 _check_sizes((token.path, MAX_TOKEN_BYTES, "token file"))
             loader.load_and_set(configuration)  # type: ignore[no-untyped-call]  # as above
     except (ConfigException, OSError) as e:
-        where = kubeconfig or "in-cluster service account or KUBECONFIG or ~/.kube/config"
-        if context is not None:
-            where += f" with context {context!r}"
-        raise ConfigError(
-            f"cannot load Kubernetes credentials from {where} ({type(e).__name__}): pass "
-            "--kubeconfig or set KUBECONFIG to a readable kubeconfig"
-            + (" that has that context" if context is not None else ", or run in a pod")
-        ) from e
+        raise unloadable(source, type(e).__name__, context=context) from e
     _check_sizes(
         *(
             (path, MAX_PEM_BYTES, what)
@@ -108,7 +115,7 @@ def load_configuration(kubeconfig: str | None, context: str | None = None) -> cl
 
 
 def _check_sizes(*files: tuple[str, int, str]) -> None:
-    """Each (path, limit, what) that can be read is within its limit. Raises ConfigError.
+    """Each (path, limit, what) that can be read is within its limit. Raises CredentialsError.
 
     The official client reads these files to their end, or hands them to OpenSSL, which does:
     `/dev/zero` or a FIFO named by mistake would never end. One that cannot be read at all is
@@ -116,8 +123,8 @@ def _check_sizes(*files: tuple[str, int, str]) -> None:
     """
     for path, limit, what in files:
         try:
-            read_bounded(path, limit=limit, what=what, error=ConfigError)
-        except ConfigError as e:
+            read_bounded(path, limit=limit, what=what, error=CredentialsError)
+        except CredentialsError as e:
             if not isinstance(e.__cause__, OSError):
                 raise
 
@@ -147,14 +154,13 @@ def _refresh_token(token: BearerToken, source: str) -> Callable[[client.Configur
     return refresh
 
 
-def _check_kubeconfigs(kubeconfig: str | None) -> None:
+def _check_kubeconfigs(paths: str) -> None:
     """Read each kubeconfig the official loader will read through our bounded loader first: its
     own reads with no size limit and expands YAML aliases. A missing file is left to it."""
-    paths = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     for path in filter(None, paths.split(os.pathsep)):
         try:
             read_kubeconfig(Path(path))
-        except ConfigError as e:
+        except CredentialsError as e:
             if not isinstance(e.__cause__, FileNotFoundError):
                 raise
 
@@ -226,7 +232,8 @@ reads one."""
 
 def operator_client(kubeconfig: str | None, context: str | None = None) -> KubeApiClient:
     """The official client of an operator's command (`doctor`, `dra-template`, the kubectl
-    plugin), for every kubeconfig kubectl reads. Raises ConfigError as load_configuration does."""
+    plugin), for every kubeconfig kubectl reads. Raises CredentialsError as load_configuration
+    does."""
     return KubeApiClient(
         load_configuration(kubeconfig, context), request_timeout_s=OPERATOR_TIMEOUT_S
     )

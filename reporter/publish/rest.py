@@ -37,11 +37,7 @@ import urllib3
 
 from parsers.documents import DocumentBoundError, load_yaml
 from parsers.errors import ParseError, excerpt
-from reporter.errors import (
-    ApiTransientError,
-    ConfigError,
-    InputError,
-)
+from reporter.errors import ApiTransientError, CredentialsError, InputError
 from reporter.inputs import MAX_PEM_BYTES, load_cert_chain, read_bounded
 from reporter.publish import errors_map
 from reporter.publish.client import COMPONENT
@@ -66,7 +62,7 @@ _USER_KEYS = frozenset(
 _IGNORED_KEYS = frozenset({"extensions"})
 
 
-class LeanClientUnsupportedError(ConfigError):
+class LeanClientUnsupportedError(CredentialsError):
     """The credentials need something only the official client does (a plugin, a proxy)."""
 
 
@@ -107,12 +103,12 @@ def load_rest_config(
     """The named kubeconfig, else in-cluster (KUBERNETES_SERVICE_HOST set), else ~/.kube/config.
 
     Raises LeanClientUnsupportedError when only the official client can use these credentials, and
-    ConfigError (one line, naming the path, never the content) when they cannot be loaded at all.
+    CredentialsError (one line, naming the path, never the content) when they cannot be loaded.
     """
     env = os.environ if environ is None else environ
     if kubeconfig is None and env.get("KUBERNETES_SERVICE_HOST"):
         return _in_cluster(env, service_account_dir)
-    path = kubeconfig or env.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    path = kubeconfig_path(kubeconfig, env)
     if os.pathsep in path:
         raise LeanClientUnsupportedError(f"{path} is a list of kubeconfigs to merge")
     config = _from_kubeconfig(Path(path))
@@ -120,22 +116,38 @@ def load_rest_config(
     return config
 
 
-def _unloadable(where: str, why: str) -> ConfigError:
-    return ConfigError(
+def kubeconfig_path(kubeconfig: str | None, environ: Mapping[str, str]) -> str:
+    """The kubeconfig path(s) read outside a pod: the one named, else KUBECONFIG's, else
+    ~/.kube/config. Both clients read these, and their errors name them."""
+    return kubeconfig or environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+
+
+def in_cluster_source(directory: Path = SERVICE_ACCOUNT_DIR) -> str:
+    """How an error names the pod's own credentials."""
+    return f"the in-cluster service account ({directory})"
+
+
+def unloadable(where: str, why: str, *, context: str | None = None) -> CredentialsError:
+    """The one error of credentials that do not load, for every command and both clients:
+    `where` is the path tried (or in_cluster_source()), `why` what went wrong, never content."""
+    if context is not None:
+        where += f" with context {context!r}"
+    return CredentialsError(
         f"cannot load Kubernetes credentials from {where} ({why}): pass --kubeconfig or set "
-        "KUBECONFIG to a readable kubeconfig, or run in a pod"
+        "KUBECONFIG to a readable kubeconfig"
+        + (" that has that context" if context is not None else ", or run in a pod")
     )
 
 
 def _in_cluster(env: Mapping[str, str], directory: Path) -> RestConfig:
     host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
-    where = f"the in-cluster service account ({directory})"
+    where = in_cluster_source(directory)
     if not port:
-        raise _unloadable(where, "KUBERNETES_SERVICE_PORT is not set")
+        raise unloadable(where, "KUBERNETES_SERVICE_PORT is not set")
     token, ca = directory / "token", directory / "ca.crt"
     for required in (token, ca):
         if not required.is_file():
-            raise _unloadable(where, f"{required.name} is missing")
+            raise unloadable(where, f"{required.name} is missing")
     # IPv6 service addresses go in brackets, as the official loader writes them.
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server = f"https://{netloc}"
@@ -148,7 +160,7 @@ def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
         if isinstance(entry, dict) and entry.get("name") == name:
             found = entry.get(kind)
             return found if isinstance(found, dict) else {}
-    raise _unloadable(
+    raise unloadable(
         where, f"its current-context names {kind} {excerpt(name)}, which it does not define"
     )
 
@@ -156,28 +168,29 @@ def _named(entries: Any, name: str, kind: str, where: str) -> dict[str, Any]:
 def read_kubeconfig(path: Path) -> Any:
     """The YAML document of a kubeconfig, read within MAX_KUBECONFIG_BYTES by the bounded loader.
 
-    Raises ConfigError naming the path (never the content); its `__cause__` is the OSError, if any.
+    Raises CredentialsError naming the path (never the content); its `__cause__` is the OSError,
+    if any.
     """
     where = str(path)
     try:
         return load_yaml(read_bounded(path, limit=MAX_KUBECONFIG_BYTES, what="kubeconfig"))
     except InputError as e:
         cause = e.__cause__
-        raise _unloadable(where, type(cause).__name__ if cause else str(e)) from cause
+        raise unloadable(where, type(cause).__name__ if cause else str(e)) from cause
     except DocumentBoundError as e:
-        raise _unloadable(where, str(e)) from None
+        raise unloadable(where, str(e)) from None
     except ParseError as e:
-        raise _unloadable(where, "not YAML") from e
+        raise unloadable(where, "not YAML") from e
 
 
 def _from_kubeconfig(path: Path) -> RestConfig:
     where = str(path)
     doc = read_kubeconfig(path)
     if not isinstance(doc, dict):
-        raise _unloadable(where, "not a kubeconfig")
+        raise unloadable(where, "not a kubeconfig")
     current = doc.get("current-context")
     if not current:
-        raise ConfigError(
+        raise CredentialsError(
             f"cannot load Kubernetes credentials from {where}: it sets no current-context: run "
             "`kubectl config use-context NAME` or pass a kubeconfig that sets one"
         )
@@ -194,7 +207,7 @@ def _from_kubeconfig(path: Path) -> RestConfig:
             raise LeanClientUnsupportedError(f"{where} uses {', '.join(unknown)}")
     server = str(cluster.get("server") or "").rstrip("/")
     if not server:
-        raise _unloadable(where, f"cluster {excerpt(context.get('cluster'))} has no server")
+        raise unloadable(where, f"cluster {excerpt(context.get('cluster'))} has no server")
     base = path.parent
 
     def file(section: Mapping[str, Any], key: str) -> str | None:
@@ -208,7 +221,7 @@ def _from_kubeconfig(path: Path) -> RestConfig:
         try:
             return base64.b64decode(str(value), validate=True)
         except (binascii.Error, ValueError) as e:
-            raise _unloadable(where, f"{key} is not base64") from e
+            raise unloadable(where, f"{key} is not base64") from e
 
     # Where both a file and its `-data` are given, the file wins, as in the official client: the
     # same kubeconfig means the same credentials with either. A `token` is kept beside its
@@ -266,8 +279,8 @@ class BearerToken:
         self._value: str | None = None
 
     def value(self, source: str) -> str | None:
-        """Raises ConfigError for a file too large to be a token, ApiTransientError for one that
-        cannot be read, when no earlier content or inline token can stand in.
+        """Raises CredentialsError for a file too large to be a token, ApiTransientError for one
+        that cannot be read, when no earlier content or inline token can stand in.
 
         The kubelet rewrites a projected token file atomically, and a remount can briefly hide
         it: the agent stays up, not ready, and retries like any other failed API call.
@@ -281,7 +294,7 @@ class BearerToken:
                 if self._value or self._fixed:
                     return self._value or self._fixed
                 # A file that never ends is the wrong file: no retry cures it.
-                raise ConfigError(
+                raise CredentialsError(
                     f"cannot read the bearer token file of {source} ({e}): check "
                     "the service account token mount (automountServiceAccountToken) or tokenFile"
                 ) from e
@@ -309,9 +322,9 @@ class BearerToken:
 def pem_file(path: str, what: str) -> str:
     """A TLS file named by a kubeconfig, read within MAX_PEM_BYTES before OpenSSL sees it: OpenSSL
     reads a file to its end, and `/dev/zero` or a FIFO named by mistake would never end."""
-    text = read_bounded(path, limit=MAX_PEM_BYTES, what=what, error=ConfigError)
+    text = read_bounded(path, limit=MAX_PEM_BYTES, what=what, error=CredentialsError)
     if not text.strip():
-        raise ConfigError(f"{what} {path} is empty: is it the right file?")
+        raise CredentialsError(f"{what} {path} is empty: is it the right file?")
     return text
 
 
@@ -365,13 +378,13 @@ class RestTransport:
         request_timeout_s: tuple[float, float] = (5.0, 15.0),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Raises ConfigError when the CA or the client certificate cannot be loaded."""
+        """Raises CredentialsError when the CA or the client certificate cannot be loaded."""
         self.host = config.server
         self._source = config.source
         try:
             context = _ssl_context(config)
         except (OSError, ssl.SSLError, ValueError) as e:
-            raise ConfigError(
+            raise CredentialsError(
                 f"cannot load the TLS files of {config.source} ({type(e).__name__}): check the "
                 "certificate-authority and client-certificate/client-key entries"
             ) from e
@@ -426,5 +439,5 @@ class RestApiClient(WireClient):
         request_timeout_s: tuple[float, float] = (5.0, 15.0),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Raises ConfigError when the TLS files cannot be loaded."""
+        """Raises CredentialsError when the TLS files cannot be loaded."""
         super().__init__(RestTransport(config, request_timeout_s=request_timeout_s, clock=clock))

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from reporter.errors import ConfigError, InputError
+from reporter.errors import ConfigError, InputError, PlacementError
 from reporter.schema import keys
 from reporter.schema.model import Topology
 
@@ -61,9 +61,10 @@ MAX_EXPRESSION_BYTES = 10 * 1024
 """CELSelectorExpressionMaxLength, which DeviceDerivedAttribute.Expression shares."""
 
 
-class TemplateError(ConfigError):
+class TemplateError(PlacementError):
     """A template that cannot be made: no machine has K connected GPUs, profiles the keys cannot
-    tell apart, or a map past the API's limits. The message says which and what to do."""
+    tell apart, a map past the API's limits, or a cluster that cannot serve it. The request is
+    well formed; the machines cannot meet it (exit 1). The message says which and what to do."""
 
 
 class CliqueBoundError(InputError):
@@ -329,13 +330,14 @@ def resolve(
     by UUID to none where their wiring (or, unknown, any of their GPUs) meets the map. A GPU that
     must be kept out but has no UUID takes its bus key out of the map (said in the notes).
 
-    Raises TemplateError where `gpus` < 2, where no machine taken has `gpus` connected GPUs, and,
+    Raises ConfigError where `gpus` < 2 (no claim to make connected: bad usage), TemplateError
+    where no machine taken has `gpus` connected GPUs, and,
     offline (`uuids_known` False: profiles stand for kinds of machine whose UUIDs differ node by
     node), where profiles share keys but are wired differently or a profile is past the clique
     bound.
     """
     if gpus < 2:
-        raise TemplateError(
+        raise ConfigError(
             f"--gpus {gpus}: one GPU is connected by itself, and fewer is no claim; request one "
             "with a plain claim (deviceClassName gpu.nvidia.com, count 1), or give --gpus 2 or more"
         )
@@ -522,8 +524,8 @@ def build(
 ) -> Template:
     """The ResourceClaimTemplate for `gpus` NVLink-connected GPUs on these machines.
 
-    Raises TemplateError as `resolve` does, and where the expression would pass the API's
-    10 Ki limit (the apiserver would refuse the template).
+    Raises ConfigError and TemplateError as `resolve` does, and TemplateError where the expression
+    would pass the API's 10 Ki limit (the apiserver would refuse the template).
     """
     resolution = resolve(machines, gpus, uuids_known=uuids_known, left_out=left_out)
     values = resolution.values
@@ -536,7 +538,7 @@ def build(
             f"the clique map for {len(resolution.covers)} kinds of machine{kept} is {size} bytes "
             f"of CEL, past the API's "
             f"{MAX_EXPRESSION_BYTES} for one expression: make one template per group of machine "
-            "kinds (fewer --simulate profiles, or one --selector per group of nodes), or fix the "
+            "kinds (fewer --machine profiles, or one --selector per group of nodes), or fix the "
             "nodes wired otherwise"
         )
     attribute = keys.key(prefix, keys.NVLINK_CLIQUE_ATTRIBUTE)
