@@ -1,5 +1,4 @@
-"""Reading the files a user or the node hands us, never more than a bound, and decoding the
-topologies the commands read.
+"""Reading the files a user or the node hands us, never more than a bound.
 
 Every file the program reads as a whole goes through `read_bounded`: the CLI's FILE or stdin, the
 settings file, the kubelet config, kubeconfigs and their token files, machine profiles. A path
@@ -7,8 +6,8 @@ such as `/dev/zero`, a log file passed by mistake or a hostile mount must end in
 after reading at most `limit + 1` bytes, not in a hang or an exhausted memory. (sysfs goes through
 `HostFS`, whose files are a page at most.)
 
-The commands' FILE (an annotation, a Node as kubectl prints it, `nvidia-smi topo -m` text) is
-decoded here too, so a command's handler only prints what it reads.
+What the commands' FILE holds is decoded by reporter.schema.reading, so reading the settings or a
+kubeconfig loads no schema.
 """
 
 from __future__ import annotations
@@ -19,16 +18,10 @@ import ssl
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from parsers.documents import DocumentBoundError, load_json, load_yaml
-from parsers.errors import ParseError
-from parsers.nvsmi import parse_topo
-from reporter.errors import InputError, SchemaError, TopoReporterError
-from reporter.schema.codec import MAX_DOCUMENT_DEPTH, from_document, to_document
-from reporter.schema.model import Topology
-from reporter.schema.node import node_name, topology_annotation
-from reporter.schema.normalize import topology_from_matrix
+from parsers.documents import MAX_CHARS
+from reporter.errors import InputError, TopoReporterError
 
 STDIN = "-"
 MAX_PEM_BYTES = 1024 * 1024
@@ -107,94 +100,8 @@ def load_cert_chain(context: ssl.SSLContext, certificate: bytes, key: bytes | No
 
 # What the commands read: a few kilobytes; a Node object with every annotation is at most a few
 # hundred.
-MAX_INPUT_BYTES = 4 * 1024 * 1024
 
 
 def read_input(source: str) -> str:
     """The text of FILE, or of stdin for `-`. Raises InputError with the reason."""
-    return read_bounded(source, limit=MAX_INPUT_BYTES, what="input")
-
-
-def topology_from_text(text: str, source: str) -> Topology:
-    """Parse `nvidia-smi topo -m` text. Raises InputError naming the file and line."""
-    try:
-        topology = topology_from_matrix(parse_topo(text))
-    except ParseError as e:
-        raise InputError(f"{source}: {e}") from None
-    try:
-        # What `parse` prints, `render` must read back: the schema is the one judge of both.
-        from_document(to_document(topology))
-    except SchemaError as e:
-        raise InputError(f"{source}: the matrix does not fit the schema: {e}") from None
-    return topology
-
-
-def _load_document(text: str) -> Any:
-    """JSON, else YAML. Raises DocumentBoundError (refused in any format), ParseError (neither)."""
-    try:
-        return load_json(text, max_chars=MAX_INPUT_BYTES)
-    except DocumentBoundError:
-        raise
-    except ParseError:
-        return load_yaml(text, max_chars=MAX_INPUT_BYTES)
-
-
-def _topology_from_document(doc: Any, source: str, prefix: str) -> Topology:
-    if isinstance(doc, dict) and doc.get("kind") in ("NodeList", "List"):
-        items = doc.get("items")
-        if not isinstance(items, list) or len(items) != 1:
-            count = len(items) if isinstance(items, list) else 0
-            raise InputError(
-                f"{source} holds {count} nodes: pass one (`kubectl get node NAME -o json`)"
-            )
-        doc = items[0]
-    if isinstance(doc, dict) and doc.get("kind") == "Node":
-        name = node_name(doc)
-        annotation = topology_annotation(doc, prefix)
-        try:
-            doc = load_json(annotation, max_depth=MAX_DOCUMENT_DEPTH)
-        except ParseError as e:
-            raise InputError(f"node {name}: the topology annotation does not read: {e}") from None
-    return from_document(doc)
-
-
-def topology_from_document_text(text: str, source: str, prefix: str) -> Topology:
-    """Decode an annotation value, or the annotation of a Node (JSON or YAML, as kubectl prints).
-
-    Raises InputError (SchemaError for a document that does not validate) naming the field.
-    """
-    if len(text) > MAX_INPUT_BYTES:
-        raise InputError(f"{source} is larger than {MAX_INPUT_BYTES} bytes: not a topology")
-    try:
-        doc = _load_document(text)
-    except DocumentBoundError as e:
-        raise InputError(f"{source}: {e}") from None
-    except ParseError:
-        raise InputError(
-            f"{source} is neither JSON nor YAML: expected a topology annotation or a Node "
-            "object (`kubectl get node NAME -o json`)"
-        ) from None
-    return _topology_from_document(doc, source, prefix)
-
-
-def topology_from_any_text(text: str, source: str, prefix: str) -> Topology:
-    """A topology from whatever a user holds: an annotation, a Node (JSON or YAML), or the text of
-    `nvidia-smi topo -m`. A JSON or YAML mapping with `v` or `kind` is a document; the rest is text.
-    """
-    doc: Any = None
-    refused: DocumentBoundError | None = None
-    try:
-        doc = _load_document(text)
-    except DocumentBoundError as e:
-        refused = e
-    except ParseError:
-        doc = None
-    if isinstance(doc, dict) and ("v" in doc or "kind" in doc):
-        return _topology_from_document(doc, source, prefix)
-    try:
-        return topology_from_text(text, source)
-    except InputError:
-        if refused is not None:
-            # A document refused for its size, depth or aliases, not a paste: say why.
-            raise InputError(f"{source}: {refused}") from None
-        raise
+    return read_bounded(source, limit=MAX_CHARS, what="input")

@@ -13,7 +13,7 @@ import yaml
 
 from reporter.cli import main
 from reporter.errors import InputError
-from reporter.inputs import topology_from_document_text
+from reporter.schema.reading import topology_from_document_text
 from tests.golden import FIXTURES, body
 
 DGX_A100 = FIXTURES / "03-dgx-a100-nv12-mlx5.txt"

@@ -18,6 +18,10 @@ from reporter.commands import Command
 MOST_MODULES = 20
 """`reporter` and `parsers` modules an entry point's `--help` may load (89 did when every
 subcommand's module was imported)."""
+PLUGIN_MOST_MODULES = 32
+"""The plugin's `--help` reads reporter.settings too: its --kubeconfig is the one declaration every
+command shares, and settings loads the constants its declarations name (placement's policies, the
+availability defaults)."""
 PROBE = textwrap.dedent(
     """
     import contextlib, io, sys
@@ -61,7 +65,7 @@ def test_kubectl_plugin_help_imports_nothing_that_reads_the_cluster() -> None:
     ours = loaded("reporter.kubectl_plugin", "--help")
     assert not commands_of(ours)
     assert not {m for m in ours if m.split(".")[1:2] in (["doctor"], ["extender"], ["publish"])}
-    assert len(ours) < MOST_MODULES, sorted(ours)
+    assert len(ours) < PLUGIN_MOST_MODULES, sorted(ours)
 
 
 def test_kubectl_plugin_loads_its_reading_once_the_arguments_parse() -> None:

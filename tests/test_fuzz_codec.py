@@ -2,11 +2,11 @@
 
 The `topology` annotation is read back from the API server, where anyone who can edit a Node can
 change it, so `decode`, `from_document` and the commands' `topology_from_document_text`
-(reporter.inputs) are fed arbitrary bytes and text, and valid documents (from the real fixtures'
-goldens and from random topologies) with fields changed, removed, added or nested, with and
-without the hash recomputed (without it nearly every change stops at the hash check and the
-checks behind it go untested). What is accepted must round-trip. Budgets come from tests/fuzz.py;
-no test asserts a time.
+(reporter.schema.reading) are fed arbitrary bytes and text, and valid documents (from the real
+fixtures' goldens and from random topologies) with fields changed, removed, added or nested, with
+and without the hash recomputed (without it nearly every change stops at the hash check and the
+checks behind it go untested). What is accepted must round-trip. Budgets come from tests/fuzz.py; no
+test asserts a time.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from reporter.errors import InputError, SchemaError
-from reporter.inputs import topology_from_document_text
 from reporter.schema import keys
 from reporter.schema.codec import decode, encode, from_document
 from reporter.schema.model import Topology
+from reporter.schema.reading import topology_from_document_text
 from tests.fuzz import HUGE, fuzz, outcome
 from tests.strategies import topologies
 

@@ -27,9 +27,9 @@ from parsers.kubelet import parse_kubelet_config
 from parsers.nvsmi import parse_topo
 from reporter.collect.simulate.machine import load_machine
 from reporter.errors import ConfigError, CredentialsError, InputError, SchemaError
-from reporter.inputs import topology_from_any_text, topology_from_document_text
 from reporter.publish.rest import load_rest_config
 from reporter.schema.codec import decode
+from reporter.schema.reading import topology_from_any_text, topology_from_document_text
 from reporter.settings import resolve
 from tests.fuzz import fuzz, outcome
 

@@ -24,10 +24,10 @@ from parsers.nvsmi import NIC_NAME, TopoMatrix, parse_topo
 from parsers.pci import normalize_pci_address
 from parsers.sysfs import parse_distance_row, parse_hex, parse_int, parse_numa_node
 from reporter.errors import InputError
-from reporter.inputs import topology_from_document_text, topology_from_text
 from reporter.schema.formats import format_topology
 from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
+from reporter.schema.reading import topology_from_document_text, topology_from_text
 from tests.fuzz import ANSI_CODES, CELLS, HUGE, fuzz, outcome
 from tests.strategies import text_topologies
 

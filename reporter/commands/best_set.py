@@ -12,8 +12,9 @@ from parsers.integers import parse_decimal
 from reporter import terminal
 from reporter.commands import EXIT_OK, add_output_arguments
 from reporter.gpuallocator import GO_GPUALLOCATOR_VERSION
-from reporter.inputs import read_input, topology_from_any_text
+from reporter.inputs import read_input
 from reporter.placement import DEFAULT_BUDGET, Policy, best_gpu_set
+from reporter.schema.reading import topology_from_any_text
 
 
 def _count(flag: str, units: str, too_few: str) -> Callable[[str], int]:

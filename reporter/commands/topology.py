@@ -18,8 +18,9 @@ from reporter.commands import (
     logs_to_stderr,
 )
 from reporter.errors import CollectError
-from reporter.inputs import read_input, topology_from_document_text, topology_from_text
+from reporter.inputs import read_input
 from reporter.schema.formats import FORMATS, format_topology
+from reporter.schema.reading import topology_from_document_text, topology_from_text
 
 
 def handle_parse(args: argparse.Namespace) -> int:
