@@ -110,3 +110,28 @@ def test_a_continuation_line_and_a_generated_directory_are_read_as_such() -> Non
     assert "reporter/collect/podresources_v1/" in dirs
     assert covered("reporter/collect/podresources_v1/api_pb2.py", files, dirs)
     assert not covered("reporter/collect/other.py", files, dirs)
+
+
+TESTS = ROOT / "tests"
+TOP_LEVEL = {"__init__.py", "conftest.py", "golden.py"}
+"""The only Python files at the top of tests/: every test and helper lives in a folder."""
+FOLDER_ROW = re.compile(r"\| `tests/(?P<name>[a-z_]+)/` \|")
+
+
+def test_tests_are_laid_out_in_the_folders_the_docs_list() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("<!-- test folders -->") :].split("\n\n", 1)[0]
+    listed = {m["name"] for m in FOLDER_ROW.finditer(table)}
+    top = {p.name for p in TESTS.glob("*.py")}
+    assert top <= TOP_LEVEL, f"move these into a folder of tests/: {sorted(top - TOP_LEVEL)}"
+    folders = {
+        p.parent.relative_to(TESTS).parts[0]
+        for p in TESTS.rglob("*.py")
+        if p.parent != TESTS and "node_modules" not in p.parts
+    }
+    assert folders <= listed, (
+        f"docs/development.md's test folder table leaves out: {sorted(folders - listed)}"
+    )
+    assert listed <= folders, f"the table names folders with no tests: {sorted(listed - folders)}"
+    for folder in listed:
+        assert (TESTS / folder / "__init__.py").is_file(), f"tests/{folder}/ needs an __init__.py"
