@@ -1,6 +1,6 @@
 """API cost at cluster scale: 200 agents against the Kubernetes API server double.
 
-Method. One process: the API server double from tests/kube_double (HTTPS on 127.0.0.1, the
+Method. One process: the API server double from tests/support/kube_double (HTTPS on 127.0.0.1, the
 agent's token and RBAC), 200 Nodes, and 200 agents, each in its own thread, each with its own API
 client (`--client lean`, the default, as `topo-reporter run` picks for a token kubeconfig or a
 pod; `--client official` for the `kubernetes` one), each agent built as `run` builds it
@@ -19,8 +19,8 @@ are counted by the double. Phases:
 
 Availability (`--availability`): one agent with `run --availability`'s live loop (Agent.run with
 its AvailabilityLoop and AvailabilitySink, the real API client over HTTPS to the double), on a
-simulated clock: every wait of the loop passes at once (tests.agent_support.ClockedStop), so a
-simulated day takes seconds and nothing is compressed. Defaults: scan every 60 s, availability
+simulated clock: every wait of the loop passes at once (tests.support.agent_support.ClockedStop), so
+a simulated day takes seconds and nothing is compressed. Defaults: scan every 60 s, availability
 every 10 s, resync 5 min. The free source is a simulated kubelet: pod starts and stops arrive as a
 Poisson process at the stated churn (events per node-hour, starts and stops together, seeded), a
 starting pod takes k free GPUs (k of 1, 2, 4, 8 in the Philly mix: 70/10/15/5%; a stop when too few
@@ -94,9 +94,14 @@ from reporter.schema.codec import encode
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
-from tests.agent_support import ClockedStop, FakeClock
-from tests.controlplane_fixtures import build_harness, start_harness, stop_process, wait_for_file
-from tests.kube_double import (
+from tests.support.agent_support import ClockedStop, FakeClock
+from tests.support.controlplane_fixtures import (
+    build_harness,
+    start_harness,
+    stop_process,
+    wait_for_file,
+)
+from tests.support.kube_double import (
     AGENT_PERMISSIONS,
     ApiServerDouble,
     make_certificate,

@@ -13,7 +13,7 @@ from bench.common import median_seconds, quiet_logs, table
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import ExtenderMetrics
 from reporter.publish.watch import node_annotation
-from tests.test_extender_capacity import PREFIX, node_objects
+from tests.extender.test_capacity import PREFIX, node_objects
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from bench.common import table
 from bench.dra_template import nodes_of, scanned
 from reporter.schema import dra_template
 from reporter.schema.dra_template import CliqueBoundError, Machine
-from tests.test_dra_template import moon_moser
+from tests.cli.test_dra_template import moon_moser
 
 BEFORE_WALL_S = 60
 BEFORE_MEMORY = 2 << 30

@@ -22,7 +22,7 @@ import yaml
 
 from parsers.cpulist import format_cpulist
 from reporter.schema.model import Topology
-from tests.kube_double import ApiServerDouble, Fault, Recorded
+from tests.support.kube_double import ApiServerDouble, Fault, Recorded
 
 # `nvidia-smi topo -m` prints this legend under every matrix (drivers 470 and later).
 LEGEND = """Legend:

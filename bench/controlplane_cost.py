@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.controlplane_fixtures import HARNESS, go_binary
+from tests.support.controlplane_fixtures import HARNESS, go_binary
 
 
 def timed_build(out: Path) -> float:

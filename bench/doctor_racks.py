@@ -34,7 +34,7 @@ from reporter.doctor.node import node_findings
 from reporter.doctor.racks import fabric_cluster_findings
 from reporter.schema.codec import decode, encode
 from reporter.schema.labels import labels
-from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.support.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
 PREFIX = "gpu.topology.io"
 AGENT = {"app.kubernetes.io/name": "topo-reporter"}

@@ -7,12 +7,12 @@ without the template.
 Method. The real kube-apiserver and kube-scheduler of the tests (tests/controlplane, default
 plugins, DRA on); per wiring and size, `--claims` trials at once, each one Node with its
 ResourceSlice shaped as NVIDIA's driver publishes it (held GPUs left out) and one plain claim of
-k GPUs with a pod pinned to the node (tests/dra_allocator.py). Every allocation is read back and
-judged: connected (every pair NVLink-joined), and whether the node had a connected set free at
-all; a template claim that no connected set can meet must stay Pending with the scheduler's
-reason. The trials are drawn from `--seed`. Latency: `--latency` pods one at a time (nothing
-queued behind another), on trials with a connected set free, from the pod's create until its
-claim shows the allocation (polled every 2 ms).
+k GPUs with a pod pinned to the node (tests/support/dra_allocator.py). Every allocation is read back
+and judged: connected (every pair NVLink-joined), and whether the node had a connected set free at
+all; a template claim that no connected set can meet must stay Pending with the scheduler's reason.
+The trials are drawn from `--seed`. Latency: `--latency` pods one at a time (nothing queued behind
+another), on trials with a connected set free, from the pod's create until its claim shows the
+allocation (polled every 2 ms).
 
     python bench/dra_allocator.py [--claims 200] [--seed 30] [--latency 50]
 """
@@ -31,8 +31,8 @@ from kubernetes import client as k8s
 
 from bench.common import quiet_logs
 from reporter.schema import dra_template
-from tests import dra_allocator as alloc
-from tests.controlplane_fixtures import (
+from tests.support import dra_allocator as alloc
+from tests.support.controlplane_fixtures import (
     RealApiServer,
     build_harness,
     create_node,

@@ -27,8 +27,8 @@ from reporter.collect import build_scanner
 from reporter.schema import dra_template
 from reporter.schema.dra_template import Machine, TemplateError
 from reporter.schema.model import Topology
-from tests.controlplane_fixtures import DRACEL_PROGRAM
-from tests.dra_cel import evaluate, nvidia_attributes
+from tests.support.controlplane_fixtures import DRACEL_PROGRAM
+from tests.support.dra_cel import evaluate, nvidia_attributes
 
 NV12, SYS = Link(LinkKind.NV, 12), Link(LinkKind.SYS)
 

@@ -46,7 +46,7 @@ from reporter.collect import build_scanner
 from reporter.free_sets import compute_availability
 from reporter.schema.availability import encode_availability
 from reporter.schema.model import Topology
-from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.support.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
 
 KEY = "gpu.topology.io/availability"
 PROFILES = ("dgx-a100", "dgx-h100", "dgx-1-v100", "pcie-8x")

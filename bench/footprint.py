@@ -16,9 +16,9 @@ interval. Import time: `python -X importtime` of the CLI.
 With `--availability`, the same measure of `run --availability --availability-interval 1s` (one
 scan and one availability tick a second): (a) `--dry-run --simulate-used 0,1`, (b) against the API
 server double with the lean client, reading the free GPUs from the PodResources double
-(tests/podresources_double.py: a real gRPC server on a unix socket, GPUs 0 and 1 held by a pod),
-first publish being the moment the double holds the availability annotation, and (c) the same on
-a DRA node: no device plugin offers a GPU, two ResourceClaims of NVIDIA's DRA driver hold GPUs 0
+(tests/support/podresources_double.py: a real gRPC server on a unix socket, GPUs 0 and 1 held by a
+pod), first publish being the moment the double holds the availability annotation, and (c) the same
+on a DRA node: no device plugin offers a GPU, two ResourceClaims of NVIDIA's DRA driver hold GPUs 0
 and 1 (`dynamic_resources` in List), which the agent counts with its default `--dra-drivers`.
 
     python bench/footprint.py --availability
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import quiet_logs, table
 from reporter.collect import build_scanner
 from reporter.schema import keys
-from tests.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
-from tests.podresources_double import (
+from tests.support.kube_double import ApiServerDouble, make_certificate, write_kubeconfig
+from tests.support.podresources_double import (
     PodResourcesDouble,
     claim_pod_state,
     claim_state,

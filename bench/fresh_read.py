@@ -33,7 +33,7 @@ from reporter.free_sets import compute_availability
 from reporter.publish.rest import RestApiClient, load_rest_config
 from reporter.publish.watch import NodeWatch
 from reporter.schema.availability import encode_availability
-from tests.controlplane_fixtures import build_harness, create_node, running_apiserver
+from tests.support.controlplane_fixtures import build_harness, create_node, running_apiserver
 
 KEY = "gpu.topology.io/availability"
 

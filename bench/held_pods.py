@@ -34,11 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import quiet_logs, table
-from tests.controlplane_fixtures import (
+from tests.controlplane.test_scheduler import Cluster
+from tests.support.controlplane_fixtures import (
     build_harness,
     running_apiserver,
 )
-from tests.test_controlplane_scheduler import Cluster
 
 POLL_S = 0.01
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import quiet_logs, table
 from reporter.extender.eligibility import MAX_PLACEMENT_CHECKS
 from reporter.schema.availability import encode_availability
-from tests.test_extender_eligibility import affinity, expr, repro_affinity
-from tests.test_extender_protocol import availability, pod
+from tests.extender.test_eligibility import affinity, expr, repro_affinity
+from tests.extender.test_protocol import availability, pod
 
 CHILD = """
 import json, statistics, sys, time

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.image_support import IMAGE, PODMAN_RUN  # noqa: E402  # the path above first
+from tests.support.image_support import IMAGE, PODMAN_RUN  # noqa: E402  # the path above first
 
 
 def podman(*args: str) -> str:

@@ -58,7 +58,7 @@ On-node choice (the device plugin's GetPreferredAllocation), and the policy the 
 declares for its annotation:
 - `lowest-index`: the first k free GPUs (no agent policy describes it: the agent says `best`);
   also the DRA allocator's own choice for a plain claim, which takes the slice's first k free
-  devices (tests/test_controlplane_dra_allocator.py, on the real kube-scheduler);
+  devices (tests/controlplane/test_dra_allocator.py, on the real kube-scheduler);
 - `best`: `best_gpu_set`, the best single set;
 - `packing`: `Policy.PACKING`, which keeps the largest connected sets whole;
 - `nvidia-besteffort`: NVIDIA's device plugin, go-gpuallocator's best-effort policy

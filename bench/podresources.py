@@ -1,14 +1,14 @@
 """PodResources read cost: one `PodResourcesReader.allocated` (two gRPC calls and the mapping), and
 what loading gRPC adds to the process.
 
-Method. The server is the Python double of the kubelet (tests/podresources_double.py) on a unix
-socket in this machine's /tmp, serving the simulated DGX H100's 8 GPUs in three shapes: whole
-GPUs with one pod per GPU; time-slicing with 16 replicas per GPU and 110 pods (the kubelet's
-default pod limit) holding one replica each; and 110 pods of which only 8 hold GPUs. Time is the
-median and minimum of N reads after one warm-up, over one kept connection, wall clock; the double
-answers in Python, so the kubelet's Go server answers faster and the numbers are an upper bound of
-the client side. Memory is the peak RSS of a fresh interpreter before and after importing the
-reader and opening a channel (`VmHWM`).
+Method. The server is the Python double of the kubelet (tests/support/podresources_double.py) on a
+unix socket in this machine's /tmp, serving the simulated DGX H100's 8 GPUs in three shapes: whole
+GPUs with one pod per GPU; time-slicing with 16 replicas per GPU and 110 pods (the kubelet's default
+pod limit) holding one replica each; and 110 pods of which only 8 hold GPUs. Time is the median and
+minimum of N reads after one warm-up, over one kept connection, wall clock; the double answers in
+Python, so the kubelet's Go server answers faster and the numbers are an upper bound of the client
+side. Memory is the peak RSS of a fresh interpreter before and after importing the reader and
+opening a channel (`VmHWM`).
 
     python bench/podresources.py
 """
@@ -30,7 +30,7 @@ from reporter.collect.podresources import PodResourcesReader
 from reporter.collect.simulate.fake_nvml import FakeNvml
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
-from tests.podresources_double import PodResourcesDouble, devices_state, pod_state
+from tests.support.podresources_double import PodResourcesDouble, devices_state, pod_state
 
 REPEAT = 200
 GPU = "nvidia.com/gpu"

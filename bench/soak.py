@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import RandomFaultDouble, table
 from reporter.publish.patch import under_prefix
 from reporter.schema import keys
-from tests.kube_double import Fault, make_certificate, write_kubeconfig
+from tests.support.kube_double import Fault, make_certificate, write_kubeconfig
 
 NODE = "gpu-soak"
 PREFIX = keys.DEFAULT_PREFIX

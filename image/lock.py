@@ -7,7 +7,7 @@ The set is the package's own dependencies (pyproject.toml) resolved for CPython 
 (manylinux2014, as Debian 12's Python is), wheels only, less what the image leaves out on purpose
 (EXCLUDED), plus pip, which the build runs from its wheel and does not install. Both architectures
 must resolve to the same versions: one lock serves both images. Run it after a dependency changes;
-tests/test_image_lock.py says when the lock and pyproject.toml disagree.
+tests/image/test_lock.py says when the lock and pyproject.toml disagree.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 library, the shared libraries these and the wheels' extension modules load, the agent's virtual
 environment, CA certificates, and the few files of /etc they read. Nothing else: no shell, no
 coreutils, no package manager, no perl, no setuid or setgid file (docs/image.md, "What the image
-holds"; tests/test_image.py lists the image's files and checks).
+holds"; tests/image/test_build.py lists the image's files and checks).
 
 The Dockerfile runs it in its build stage, as root, with the base's python3 (standard library
 only), then copies the result onto an empty image:

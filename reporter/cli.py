@@ -122,8 +122,8 @@ COMMANDS: tuple[Command, ...] = (
 """Every subcommand, in the order `--help` lists them: what it says of each, and the handler and
 arguments in reporter/commands/, named. A new subcommand is a row here and a module in
 reporter/commands/ (its handler and arguments); then its line in docs/development.md's map (which
-tests/test_layout_map.py requires) and its place in docs/cli.md; and where it reads settings, its
-Settings class in reporter/settings.py, listed in COMMAND_SETTINGS."""
+tests/project/test_layout_map.py requires) and its place in docs/cli.md; and where it reads
+settings, its Settings class in reporter/settings.py, listed in COMMAND_SETTINGS."""
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ NVIDIA's k8s-device-plugin answers it with go-gpuallocator's best-effort policy
 (`gpuallocator/besteffort_policy.go` of go-gpuallocator v0.6.0, the version the plugin pins). The
 cluster simulation and the availability annotation need to know what that policy will take, so it
 is re-implemented here decision for decision, and checked against go-gpuallocator's own test cases
-and its own code (`tests/test_placement_gpuallocator.py`).
+and its own code (`tests/placement/test_gpuallocator.py`).
 
 How it decides:
 - Pair points, as go-gpuallocator sees the machine through NVML: 100 per NVLink joining the two

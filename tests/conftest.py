@@ -7,15 +7,15 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from tests.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
-from tests.consumer_fixtures import (
+from tests.support.agent_support import API_CLIENTS, ApiClientFactory, WireAgent, wire_agent
+from tests.support.consumer_fixtures import (
     rack_cluster,
     rack_scheduler,
     real_controller_manager,
     real_kueue,
     real_yunikorn,
 )
-from tests.controlplane_fixtures import (
+from tests.support.controlplane_fixtures import (
     build_before_tests,
     consumers_bin,
     controlplane_bin,
@@ -32,8 +32,8 @@ from tests.controlplane_fixtures import (
     real_nrt_crd,
     yunikorn_bin,
 )
-from tests.fuzz import PROFILE
-from tests.kube_double.fixtures import (
+from tests.support.fuzz import PROFILE
+from tests.support.kube_double.fixtures import (
     admin_kubeconfig,
     apiserver,
     apiserver_certificate,

@@ -1,5 +1,5 @@
 """Every label, annotation, taint and DRA attribute name topo-reporter writes or reads under its
-prefix, in one place (docs/schema.md lists each; tests/test_docs_catalogues.py checks it).
+prefix, in one place (docs/schema.md lists each; tests/docs/test_catalogues.py checks it).
 
 A full key is `<prefix>/<name>`; the prefix is configurable (default `gpu.topology.io`). Labels are
 stable derivations of the topology (counts and classes), never timestamps.

@@ -5,7 +5,7 @@
 //
 // Each expression E is checked as the selector `(E) == W`, with W the list our Python model says
 // the device must get (the claims made from the templates run on the real 1.37 scheduler in
-// tests/test_controlplane_dra_connected.py): that compiles E in the DRA environment (its device
+// tests/controlplane/test_dra_connected.py): that compiles E in the DRA environment (its device
 // type, cel.bind, optional lookups), and
 // evaluating it on a device built from its attributes, as the allocator builds it, shows both
 // that E runs without a runtime error and that its value is W.

@@ -1,0 +1,1 @@
+"""The agent's loop (`run`) against the API server double: what it publishes, serves and tells."""

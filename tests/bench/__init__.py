@@ -1,0 +1,1 @@
+"""The bench scripts on small inputs, so they cannot rot."""

@@ -1,0 +1,1 @@
+"""The Helm chart: rendered, linted and validated, its policies, alerts and dashboard."""

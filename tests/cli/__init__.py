@@ -1,0 +1,2 @@
+"""The commands as a user runs them: flags, environment, settings files, exit statuses, the kubectl
+plugin."""

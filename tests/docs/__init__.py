@@ -1,0 +1,1 @@
+"""The documentation: every command it shows runs, and its catalogues are complete."""

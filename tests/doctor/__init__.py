@@ -1,0 +1,1 @@
+"""The doctor's findings, pure and through the command."""

@@ -1,0 +1,1 @@
+"""The scheduler extender: its protocol, cache, holds, HTTP server and metrics."""

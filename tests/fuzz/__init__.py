@@ -1,0 +1,1 @@
+"""Hypothesis over every reader; HYPOTHESIS_PROFILE=fuzz-long for a randomized run."""

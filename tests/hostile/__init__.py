@@ -1,0 +1,1 @@
+"""Input past every bound, and values and shapes others can write, end to end."""

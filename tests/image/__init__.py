@@ -1,0 +1,1 @@
+"""The image: the Dockerfile, build.sh, its lock, and the image run as the chart runs it."""

@@ -1,0 +1,1 @@
+"""The pure parsers: text in, frozen values or ParseError out."""

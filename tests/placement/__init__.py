@@ -1,0 +1,1 @@
+"""GPU-set math: the best set, availability, go-gpuallocator's policy."""

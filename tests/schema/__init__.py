@@ -1,0 +1,1 @@
+"""The schema and its pure projections: the codec, labels, the matrix, NRT, pictures."""

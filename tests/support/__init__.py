@@ -1,0 +1,1 @@
+"""Helpers of the tests, not tests: doubles, fixtures, strategies, the Go harness's driver."""
