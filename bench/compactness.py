@@ -41,6 +41,7 @@ from reporter.agent import SchemaProjection
 from reporter.collect import build_scanner, list_profiles
 from reporter.schema import keys
 from reporter.schema.codec import encode
+from reporter.schema.labels import kubelet_labels
 from reporter.schema.matrix import render_matrix
 from reporter.schema.model import Topology
 from reporter.schema.normalize import topology_from_matrix
@@ -135,7 +136,7 @@ NODE_HEADERS = [
 def node_row(name: str, topology: Topology) -> list[Any]:
     """Bytes the agent adds to a Node: labels, each annotation, all keys included."""
     projection = SchemaProjection(keys.DEFAULT_PREFIX, NODE_NAME)
-    want = projection.desired(topology, LONGEST_POLICIES)
+    want = projection.desired(topology, kubelet_labels(LONGEST_POLICIES, keys.DEFAULT_PREFIX))
 
     def size(items: dict[str, str]) -> int:
         return sum(len(k.encode()) + len(v.encode()) for k, v in items.items())

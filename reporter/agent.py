@@ -1,5 +1,9 @@
 """The agent's loop: scan → choose what to publish → publish when it changed → record state.
 
+Beside the scan, each node source (reporter.collect.NodeSource: the kubelet's policies) is read on
+its own cadence, and its labels join the topology's; a source that fails takes only its own labels
+away, and never the topology or the loop.
+
 What it must never do: publish an emptier topology over a good one because a source failed (a
 failing NVML keeps the last published data and marks the agent degraded), write when nothing
 changed, or retry a permanent API refusal in a loop (it waits for a change or the next resync).
@@ -12,15 +16,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
-from parsers.kubelet import KubeletPolicies
-from reporter.collect import Scanner, ScanResult
-from reporter.collect.kubelet import KubeletReading
+from reporter.collect import NodeReading, NodeSource, Scanner, ScanResult, SourceState
+from reporter.collect.kubelet_policies import KubeletSource
 from reporter.doctor.node import local_findings
 from reporter.doctor.report import event_text
 from reporter.errors import ApiPermanentError, InputError, PublishError
@@ -55,23 +58,12 @@ REASON_FINDING = "GPUTopologyFinding"
 REASON_FABRIC = "NVLinkFabricProblem"
 """Warning Event: the node's NVLink partition is withheld, or its GPUs answered fabric or rack
 values that cannot be taken (reporter.schema.fabric.NodeFabric.problems)."""
-NOTE_KUBELET = "kubelet"
-"""The /readyz note saying the kubelet config cannot be read (ready still: the topology is)."""
-
-
-class Projection(Protocol):
-    """Topology to desired metadata, and published metadata back to a topology."""
-
-    def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired: ...
-
-    def topology(self, published: Desired) -> Topology | None:
-        """The topology the metadata carries; None when absent or unreadable."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
 class SchemaProjection:
-    """The schema's projection: docs/schema.md's labels, `topology`, `matrix` and `owned`."""
+    """Topology to desired metadata, and published metadata back to a topology: docs/schema.md's
+    labels, `topology`, `matrix` and `owned`."""
 
     prefix: str
     node: str | None = None
@@ -81,20 +73,21 @@ class SchemaProjection:
     """Keep the `<prefix>/fabric-health` NoSchedule taint on the Node while its fabric is
     degraded or unhealthy, and off otherwise; False leaves taints alone."""
 
-    def desired(self, topology: Topology, policies: KubeletPolicies | None = None) -> Desired:
-        kubelet = {} if policies is None else projections.kubelet_labels(policies, self.prefix)
+    def desired(self, topology: Topology, node_labels: Mapping[str, str] | None = None) -> Desired:
+        """The metadata for `topology`, with the node sources' `node_labels` beside its own."""
         taint = None
         if self.taint_unhealthy_fabric:
             value = taint_value(node_fabric(topology))
             taint = patch.OwnTaint(keys.key(self.prefix, keys.FABRIC_TAINT), value)
         return patch.desired(
-            projections.labels(topology, self.prefix, self.node) | kubelet,
+            projections.labels(topology, self.prefix, self.node) | dict(node_labels or {}),
             annotation_values(topology, self.prefix),
             self.prefix,
             taint,
         )
 
     def topology(self, published: Desired) -> Topology | None:
+        """The topology the metadata carries; None when absent or unreadable."""
         text = published.annotations.get(keys.key(self.prefix, keys.TOPOLOGY))
         if text is None:
             return None
@@ -103,6 +96,19 @@ class SchemaProjection:
         except InputError:
             # Hand-edited or from an incompatible version: it will be overwritten, not trusted.
             return None
+
+
+@dataclass(slots=True)
+class _Polled:
+    """A node source, when it is next due, and its last reading."""
+
+    source: NodeSource[Any]
+    due: float = -math.inf
+    reading: NodeReading[Any] = field(
+        default_factory=lambda: NodeReading(None, SourceState.NO_DATA)
+    )
+    problem: Told[str | None] = field(default_factory=lambda: Told(None))
+    """The problem last told: said when it starts, changes or clears."""
 
 
 def _worse(old: Topology, new: Topology) -> bool:
@@ -134,7 +140,7 @@ class Agent:
         *,
         scanner: Scanner,
         sink: Sink,
-        projection: Projection,
+        projection: SchemaProjection,
         state: AgentState,
         metrics: Metrics,
         log: structlog.typing.FilteringBoundLogger,
@@ -143,7 +149,7 @@ class Agent:
         resync_s: float,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        kubelet: Callable[[], KubeletReading] = lambda: KubeletReading(None),
+        sources: Sequence[NodeSource[Any]] = (),
         outputs: Sequence[ScanOutput] = (),
         live: AvailabilityLoop | None = None,
     ) -> None:
@@ -167,13 +173,12 @@ class Agent:
         self._refusal = ""
         self._degraded: Told[bool] = Told(False)
         self._read_refusal: Told[str | None] = Told(None)
-        self._kubelet = kubelet
         self._outputs = tuple(outputs)
         """Outputs beside the sink (files for other schedulers, DeviceTaintRules)."""
-        self._policies: KubeletPolicies | None = None
-        self._kubelet_problem: Told[str | None] = Told(None)
-        self._kubelet_changed = False
-        """The kubelet problem changed since the findings were last reported."""
+        self._sources = tuple(_Polled(s) for s in sources)
+        """The node sources (reporter.assembly.config_node_sources), each with its last reading."""
+        self._sources_changed = False
+        """A node source's problem changed since the findings were last reported."""
         self._findings_told: set[tuple[str, str]] | None = None
         """Node-local findings already reported as Events; None until the first publish."""
         self._live = live
@@ -201,7 +206,7 @@ class Agent:
     def _step(self) -> bool:
         self._state.beat()
         result = self._scan()
-        self._policies = self._read_kubelet()
+        self._read_sources()
         try:
             if not self._started:
                 # The one read at start: after a restart with an unchanged topology nothing is
@@ -270,28 +275,62 @@ class Agent:
             self._event(EventType.WARNING, DEGRADED_REASON, message)
         return self._topology if keep else result.topology
 
-    def _read_kubelet(self) -> KubeletPolicies | None:
-        reading = self._kubelet()
-        if self._kubelet_problem.changed(reading.problem):
-            # The file is read every interval: said when the problem starts, changes or clears.
-            if reading.problem is not None:
-                self._log.warning("kubelet_config_unreadable", error=reading.problem)
-            else:
-                self._log.info("kubelet_config_read")
-            self._kubelet_changed = True
-            self._state.note(
-                NOTE_KUBELET,
-                None
-                if reading.problem is None
-                else f"Topology Manager policy unknown: {reading.problem}",
+    def _read_sources(self) -> None:
+        """Read each node source that is due; its labels stand until its next read."""
+        for polled in self._sources:
+            source = polled.source
+            if self._clock() < polled.due:
+                continue
+            started = self._clock()
+            try:
+                reading = source.read()
+            except Exception as e:
+                # A source that breaks its promise not to raise still must not stop the loop.
+                reading = NodeReading(None, SourceState.FAILED, f"{type(e).__name__}: {e}")
+            duration = self._clock() - started
+            self._state.beat()
+            polled.due = self._clock() + (source.interval_s or 0.0)
+            polled.reading = reading
+            self._metrics.source_read(source.name, reading.state, duration)
+            self._log.debug(
+                "source_read",
+                source=source.name,
+                state=reading.state.value,
+                duration_s=round(duration, 4),
             )
-        return reading.policies
+            if polled.problem.changed(reading.problem):
+                # Read again and again: said when the problem starts, changes or clears.
+                if reading.problem is not None:
+                    self._log.warning(f"{source.name}_unreadable", error=reading.problem)
+                else:
+                    self._log.info(f"{source.name}_read")
+                self._sources_changed = True
+                self._state.note(
+                    source.name,
+                    None if reading.problem is None else f"{source.lacking}: {reading.problem}",
+                )
+
+    def _node_labels(self) -> dict[str, str]:
+        """The node sources' labels, from each one's last reading that has a value."""
+        labels: dict[str, str] = {}
+        for polled in self._sources:
+            if polled.reading.value is not None:
+                labels |= polled.source.labels(polled.reading.value, self._projection.prefix)
+        return labels
+
+    def _kubelet(self) -> NodeReading[Any]:
+        """The kubelet source's last reading, which the node-local findings judge."""
+        for polled in self._sources:
+            if isinstance(polled.source, KubeletSource):
+                return polled.reading
+        return NodeReading(None, SourceState.NO_DATA)
 
     def _report_findings(self, topology: Topology, changed: bool) -> None:
         """Warning Events for node-local findings: at start, then on changes, once each."""
         if self._findings_told is not None and not changed:
             return
-        found = local_findings(topology, self._policies, self._kubelet_problem.last)
+        kubelet = self._kubelet()
+        found = local_findings(topology, kubelet.value, kubelet.problem)
         current = {(f.code, f.summary): f for f in found}
         for key, finding in current.items():
             if key not in (self._findings_told or set()):
@@ -317,7 +356,7 @@ class Agent:
             self._log.info("fabric_problem_gone", was=list(was))
 
     def _publish(self, topology: Topology) -> bool:
-        want = self._projection.desired(topology, self._policies)
+        want = self._projection.desired(topology, self._node_labels())
         resync = self._clock() - self._last_read >= self._resync_s
         if resync:
             self._log.debug("resync")
@@ -351,8 +390,8 @@ class Agent:
         self._metrics.last_publish.set(self._wall())
         if wrote:
             self._tell_change(previous, topology)
-        self._report_findings(topology, changed=wrote or self._kubelet_changed)
-        self._kubelet_changed = False
+        self._report_findings(topology, changed=wrote or self._sources_changed)
+        self._sources_changed = False
         self._report_fabric(topology)
         return True
 

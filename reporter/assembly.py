@@ -1,12 +1,12 @@
 """The agent's parts, built from Settings in one place.
 
 `topo-reporter run`, the agent tests and the benchmarks all build the agent here, so that what
-they exercise is what ships: the API client, the Node or NodeFeature sink, the scanner, the live
-availability loop with its outputs (NodeResourceTopology), the per-scan outputs (Koordinator's
-device file, DRA DeviceTaintRules), the state,
-the metrics and the health server. A test or a benchmark hands in its doubles (a scanner, an API
-client, a free source, a clock, a stop signal) through the parameters; everything else comes from
-the Settings exactly as `run` resolves them.
+they exercise is what ships: the API client, the Node or NodeFeature sink, the scanner, the node
+sources (one tuple: `config_node_sources`), the live availability loop with its outputs
+(NodeResourceTopology), the per-scan outputs (Koordinator's device file, DRA DeviceTaintRules),
+the state, the metrics and the health server. A test or a benchmark hands in its doubles (a
+scanner, an API client, a free source, node sources, a clock, a stop signal) through the
+parameters; everything else comes from the Settings exactly as `run` resolves them.
 
 What it must never do: talk to the cluster. Building reads no object; the agent's first step does.
 """
@@ -21,15 +21,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from parsers.kubelet import KubeletPolicies
 from reporter import settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
-from reporter.collect import Scanner, build_scanner
+from reporter.collect import NodeSource, Scanner, build_scanner
 from reporter.collect.kubelet import KubeletReading, nrt_policies, read_kubelet
+from reporter.collect.kubelet_policies import KubeletSource
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.collect.sysfs import numa_memory, pcie_root
@@ -206,6 +207,21 @@ def scan_outputs(
     return tuple(outputs)
 
 
+def config_node_sources(
+    config: settings.Settings, kubelet: Callable[[], KubeletReading] | None = None
+) -> tuple[NodeSource[Any], ...]:
+    """Every node source the agent reads beside the topology, each with its labels; a new one
+    is added here, and only here (a setting of its own turns it on). `kubelet`: a test's double
+    of the kubelet config's reader."""
+    return (
+        KubeletSource(
+            kubelet
+            if kubelet is not None
+            else functools.partial(read_kubelet, Path(config.kubelet_config))
+        ),
+    )
+
+
 def config_live_outputs(
     config: settings.Settings,
     api: ApiClient,
@@ -264,6 +280,7 @@ def build_agent(
     source: FreeSource | None = None,
     live_outputs: Sequence[LiveOutput] | None = None,
     kubelet: Callable[[], KubeletReading] | None = None,
+    node_sources: Sequence[NodeSource[Any]] | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     backoff: Backoff | None = None,
@@ -272,8 +289,9 @@ def build_agent(
 ) -> AgentParts:
     """The agent `run` runs for `config`. Each parameter left None is built from `config`:
     `api` (api_client), `scanner` (its backend, sysfs root or simulated profile), `source` (with
-    availability on: free_source), `live_outputs` (`--nrt`), `kubelet` (the kubelet's config
-    file), `stop`, `backoff`, `log` (bound to the node).
+    availability on: free_source), `live_outputs` (`--nrt`), `node_sources`
+    (config_node_sources, whose kubelet config is read by `kubelet` where given), `stop`,
+    `backoff`, `log` (bound to the node).
 
     Raises ConfigError (a profile, a NodeFeature name), CredentialsError (a kubeconfig that
     cannot be used).
@@ -369,9 +387,7 @@ def build_agent(
         interval_s=config.interval_s,
         resync_s=config.resync_s,
         clock=clock,
-        kubelet=kubelet
-        if kubelet is not None
-        else functools.partial(read_kubelet, Path(config.kubelet_config)),
+        sources=node_sources if node_sources is not None else config_node_sources(config, kubelet),
         outputs=scan_outputs(config, api, sink, log, clock),
         live=live,
     )

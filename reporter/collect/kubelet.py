@@ -44,6 +44,8 @@ class KubeletReading:
     problem: str | None = None
     """Why the config did not give the policies (absent, unreadable, not a KubeletConfiguration);
     None when it did, or when no config is read at all."""
+    absent: bool = False
+    """There is no config file: the policies are unknown, but nothing failed."""
 
 
 def read_kubelet(path: Path) -> KubeletReading:
@@ -54,7 +56,7 @@ def read_kubelet(path: Path) -> KubeletReading:
     except InputError as e:
         return KubeletReading(None, str(e))
     if policies is None:
-        return KubeletReading(None, f"no kubelet config at {path}")
+        return KubeletReading(None, f"no kubelet config at {path}", absent=True)
     return KubeletReading(policies)
 
 

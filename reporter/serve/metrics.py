@@ -164,6 +164,12 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.source_duration = Gauge(
+            "topo_reporter_source_duration_seconds",
+            "Time the source's last read took.",
+            ["source"],
+            registry=r,
+        )
 
         self.podresources_reads = Counter(
             "topo_reporter_podresources_reads",
@@ -260,11 +266,14 @@ class Metrics:
             outcome = "degraded"
         self.scans.labels(result=outcome).inc()
         for source in result.sources:
-            self.source_success.labels(source=source.name).set(
-                0 if source.state is SourceState.FAILED else 1
-            )
+            self.source_read(source.name, source.state, source.duration_s)
         for errors in result.link_errors:
             self.nvlink_errors.labels(counter=errors.counter).inc(errors.delta)
+
+    def source_read(self, name: str, state: SourceState, duration_s: float) -> None:
+        """One read of source `name` (a topology source in a scan, or a node source)."""
+        self.source_success.labels(source=name).set(0 if state is SourceState.FAILED else 1)
+        self.source_duration.labels(source=name).set(duration_s)
 
     def topology(self, t: Topology) -> None:
         self.gpus.set(len(t.gpus))

@@ -35,6 +35,7 @@ from reporter.publish import availability
 from reporter.publish.lease import heartbeat_label
 from reporter.schema import dra, dra_template, keys, nrt
 from reporter.schema.availability import Allocation
+from reporter.schema.labels import kubelet_labels
 from reporter.schema.model import Topology
 from reporter.serve.metrics import Metrics
 
@@ -119,7 +120,8 @@ def scanned(profile: str) -> Topology:
 def written_keys(topology: Topology) -> Iterator[str]:
     """Every key the agent and `dra-template` write for `topology`, everything turned on."""
     policies = KubeletPolicies("single-numa-node", "pod", "static")
-    node = SchemaProjection(PREFIX, "n1", taint_unhealthy_fabric=True).desired(topology, policies)
+    projection = SchemaProjection(PREFIX, "n1", taint_unhealthy_fabric=True)
+    node = projection.desired(topology, kubelet_labels(policies, PREFIX))
     yield from node.labels
     yield from node.annotations
     assert node.taint is not None

@@ -30,6 +30,7 @@ from reporter.collect.kubelet import KubeletReading
 from reporter.free_sets import compute_availability
 from reporter.schema import keys
 from reporter.schema.availability import encode_availability
+from reporter.schema.labels import kubelet_labels
 from tests.golden import FIXTURES
 from tests.support.agent_support import NODE, FakeScanner, ok, wire_agent
 from tests.support.describe_machines import machines
@@ -253,7 +254,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         # The other nodes carry what the same agent would publish on them.
         for node in NODES:
             if node != NODE:
-                want = SchemaProjection(PREFIX, node).desired(dgx, policies)
+                want = SchemaProjection(PREFIX, node).desired(dgx, kubelet_labels(policies, PREFIX))
                 metadata = {"labels": dict(want.labels), "annotations": dict(want.annotations)}
                 double.edit_node(node, {"metadata": metadata})
             double.add_pod("gpu-system", f"topo-reporter-{node}", node=node, labels=AGENT)

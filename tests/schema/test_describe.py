@@ -10,7 +10,7 @@ from parsers.kubelet import KubeletPolicies
 from parsers.links import SELF
 from reporter.agent import SchemaProjection
 from reporter.schema.keys import DEFAULT_PREFIX
-from reporter.schema.labels import summary
+from reporter.schema.labels import kubelet_labels, summary
 from reporter.schema.matrix import DESCRIBE_WIDTH, describe_matrix
 from reporter.schema.model import Gpu, Nic, Source, Topology
 from tests.support.describe_machines import NODE, NV12, SYS, generated_16_gpus_12_nics, machines
@@ -188,7 +188,9 @@ def test_a_dgx_h100_node_carries_at_most_6_kib_of_ours_keys_included() -> None:
     longest = KubeletPolicies("single-numa-node", "container", "static")
     node = "ip-10-0-123-234.us-west-2.compute.internal"  # a long name: its own NVLink domain
     projection = SchemaProjection(DEFAULT_PREFIX, node)
-    want = projection.desired(machines()["profile dgx-h100"], longest)
+    want = projection.desired(
+        machines()["profile dgx-h100"], kubelet_labels(longest, DEFAULT_PREFIX)
+    )
     items = {**want.labels, **want.annotations}
     assert sum(len(k.encode()) + len(v.encode()) for k, v in items.items()) <= 6 * 1024
 

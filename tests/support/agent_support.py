@@ -8,10 +8,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from reporter.agent import Agent
 from reporter.assembly import build_agent
-from reporter.collect import ScanResult, SourceState, SourceStatus
+from reporter.collect import NodeSource, ScanResult, SourceState, SourceStatus
 from reporter.collect.kubelet import KubeletReading
 from reporter.publish.api import ApiClient
 from reporter.publish.kube import KubeApiClient, load_configuration
@@ -179,6 +180,7 @@ def wire_agent(
     request_timeout_s: tuple[float, float] = (2.0, 2.0),
     stop: threading.Event | None = None,
     kubelet: Callable[[], KubeletReading] = lambda: KubeletReading(None),
+    node_sources: Sequence[NodeSource[Any]] | None = None,
     backoff: Backoff = FAST,
     stall_after_s: float = 180,
     node: str = NODE,
@@ -198,6 +200,7 @@ def wire_agent(
         api=client(kubeconfig, request_timeout_s),
         scanner=scanner,
         kubelet=kubelet,
+        node_sources=node_sources,
         stop=stop,
         clock=clock,
         backoff=backoff,
