@@ -56,11 +56,15 @@ class FatTree:
     """A SHARP Aggregation Node CA on the last port of every switch, as Quantum switches carry."""
     missing_link: tuple[int, int, int, int] | None = None
     """(subnet, unit, rail, spine): the leaf-spine link left out."""
+    switch_ports: int = 0
+    """Ports per switch, the unused ones down; 0: just enough."""
 
     @property
     def radix(self) -> int:
         """Ports per switch: enough for hosts, spines and leaves, plus the Aggregation Node."""
-        return max(self.hosts_per_unit + self.spines_per_rail, self.units) + 1
+        return (
+            max(self.hosts_per_unit + self.spines_per_rail, self.units, self.switch_ports - 1) + 1
+        )
 
     def hosts(self) -> dict[str, tuple[str, ...]]:
         """Every host, and the node ids (SIM_HOST) of its HCAs, rail by rail."""
