@@ -31,6 +31,8 @@ PERMISSIVE_LID = 0xFFFF
 DIRECTION_BIT = 0x8000
 """Status bit 15 of a directed-route SMP: set on the way back."""
 STATUS_CODE_MASK = 0x7FFF
+TID_MASK = 0xFFFFFFFF
+"""The TID bits a sender owns: the kernel's umad writes its agent's own into the high 32."""
 
 
 class Attribute(enum.IntEnum):
@@ -89,7 +91,7 @@ def encode_get(path: tuple[int, ...], attribute: Attribute, modifier: int, tid: 
         raise ValueError(f"a directed path starts with 0 and has at most 63 hops, not {path}")
     if any(not 1 <= port <= 254 for port in path[1:]):
         raise ValueError(f"a directed path's ports are 1-254, not {path}")
-    if not 0 <= modifier <= 0xFFFFFFFF or not 0 <= tid <= 0xFFFFFFFFFFFFFFFF:
+    if not 0 <= modifier <= 0xFFFFFFFF or not 0 <= tid <= TID_MASK:
         raise ValueError(f"modifier {modifier} or TID {tid} out of range")
     mad = bytearray(MAD_BYTES)
     hop_count = len(path) - 1
@@ -114,11 +116,15 @@ def encode_get(path: tuple[int, ...], attribute: Attribute, modifier: int, tid: 
     return bytes(mad)
 
 
+def request_tid(mad: bytes) -> int:
+    """The sender's part of a MAD's TID (the low 32 bits): how a reply names its Get."""
+    return int(struct.unpack_from(">Q", mad, 8)[0]) & TID_MASK
+
+
 @dataclass(frozen=True, slots=True)
 class SmpReply:
-    """A GetResp judged: its TID, attribute, status code (0: success) and attribute data."""
+    """A GetResp judged: its attribute, status code (0: success) and attribute data."""
 
-    tid: int
     attribute: int
     status: int
     data: bytes
@@ -128,7 +134,7 @@ def decode_reply(mad: bytes) -> SmpReply:
     """The GetResp in `mad`. Raises ParseError for a short MAD or one that is not a DR GetResp."""
     if len(mad) < MAD_BYTES:
         raise ParseError(f"{len(mad)} bytes, a MAD has {MAD_BYTES}", field="smp")
-    base, mgmt_class, _, method, status, _, _, tid, attribute = struct.unpack_from(
+    base, mgmt_class, _, method, status, _, _, _, attribute = struct.unpack_from(
         ">BBBBHBBQH", mad, 0
     )
     if base != BASE_VERSION or mgmt_class != CLASS_DIRECTED_ROUTE or method != METHOD_GET_RESP:
@@ -139,7 +145,7 @@ def decode_reply(mad: bytes) -> SmpReply:
     if not status & DIRECTION_BIT:
         raise ParseError("a GetResp without the direction bit set", field="smp")
     data = bytes(mad[SMP_DATA_OFFSET : SMP_DATA_OFFSET + SMP_DATA_BYTES])
-    return SmpReply(tid, attribute, status & STATUS_CODE_MASK, data)
+    return SmpReply(attribute, status & STATUS_CODE_MASK, data)
 
 
 def decode_node_info(data: bytes) -> NodeInfo:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from parsers.errors import ParseError
 from parsers.smp import (
+    MAD_BYTES,
+    TID_MASK,
     Attribute,
     NodeInfo,
     NodeType,
@@ -34,6 +36,7 @@ from parsers.smp import (
     decode_port_info,
     decode_reply,
     encode_get,
+    request_tid,
 )
 from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, summarize
 from reporter.errors import CollectError
@@ -179,7 +182,7 @@ class _SmpChannel:
         """The attribute's data, or None where no good answer came within the timeout."""
         self.counter.charge(attribute)
         tid = self.next_tid
-        self.next_tid += 1
+        self.next_tid = self.next_tid % TID_MASK + 1
         header = bytearray(UMAD_HDR_BYTES)
         struct.pack_into("=IIIII", header, 0, self.agent, 0, int(self.timeout_s * 1000), 0, 0)
         struct.pack_into(">IIH", header, 20, 0, 0, 0xFFFF)
@@ -191,15 +194,18 @@ class _SmpChannel:
             if not poller.poll(left * 1000):
                 break
             packet = os.read(self.fd, UMAD_HDR_BYTES + 256)
-            status = struct.unpack_from("=I", packet, 4)[0]
+            mad = packet[UMAD_HDR_BYTES:]
+            # A late answer to an earlier SMP that timed out is not ours: keep waiting.
+            if len(mad) < MAD_BYTES or request_tid(mad) != tid:
+                continue
+            # A non-zero umad status is the kernel handing back our Get unanswered (ETIMEDOUT).
+            if struct.unpack_from("=I", packet, 4)[0] != 0:
+                break
             try:
-                reply = decode_reply(packet[UMAD_HDR_BYTES:])
+                reply = decode_reply(mad)
             except ParseError:
-                continue
-            # A late answer to an earlier SMP that timed out: not ours, keep waiting.
-            if reply.tid != tid:
-                continue
-            if status == 0 and reply.status == 0:
+                break
+            if reply.status == 0:
                 return reply.data
             break
         self.counter.unanswered += 1

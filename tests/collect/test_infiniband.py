@@ -150,3 +150,13 @@ def test_an_hca_named_is_walked() -> None:
     assert [(view.name, view.port, view.leaf) for view in views] == [
         ("ibsim0", 1, fabric.switch_guids()["leaf-s0u0r0"])
     ]
+
+
+def test_a_port_cabled_to_another_host_has_no_leaf_and_no_tiers() -> None:
+    netlist = 'Hca\t1 "a-hca0"\n[1]\t"b-hca0"[1]\n\nHca\t1 "b-hca0"\n[1]\t"a-hca0"[1]\n'
+    with IbSim(netlist) as sim:
+        discovery = sim.walk_host(("a-hca0",))
+    assert discovery.tiers == ()
+    assert [view.leaf for view in discovery.views] == [None]
+    assert (discovery.smps.node_info, discovery.smps.port_info) == (2, 0)
+    assert discovery_json(discovery)["hcas"][0]["leaf"] is None

@@ -18,6 +18,7 @@ from parsers.smp import (
     decode_port_info,
     decode_reply,
     encode_get,
+    request_tid,
 )
 
 
@@ -68,16 +69,33 @@ def test_a_path_that_is_no_directed_route_is_refused(path: tuple[int, ...]) -> N
         encode_get(path, Attribute.NODE_INFO, 0, 1)
 
 
+@pytest.mark.parametrize(
+    ("modifier", "tid"),
+    [
+        pytest.param(2**32, 1, id="a modifier past 32 bits"),
+        pytest.param(0, 2**32, id="a TID past the sender's 32 bits: the kernel owns the rest"),
+        pytest.param(-1, 1, id="a negative modifier"),
+    ],
+)
+def test_a_modifier_or_tid_out_of_range_is_refused(modifier: int, tid: int) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        encode_get((0, 1), Attribute.PORT_INFO, modifier, tid)
+
+
 @given(
     path=st.lists(st.integers(1, 254), max_size=63).map(lambda ports: (0, *ports)),
-    tid=st.integers(0, 2**64 - 1),
+    tid=st.integers(0, 2**32 - 1),
+    kernel=st.integers(0, 2**32 - 1),
     attribute=st.sampled_from(Attribute),
 )
-def test_a_reply_to_a_get_reads_back_its_tid_and_attribute(
-    path: tuple[int, ...], tid: int, attribute: Attribute
+def test_a_reply_names_its_get_whatever_the_kernel_put_in_the_tids_high_half(
+    path: tuple[int, ...], tid: int, kernel: int, attribute: Attribute
 ) -> None:
-    reply = decode_reply(_as_reply(encode_get(path, attribute, 0, tid)))
-    assert (reply.tid, reply.attribute, reply.status) == (tid, attribute, 0)
+    mad = bytearray(_as_reply(encode_get(path, attribute, 0, tid)))
+    mad[8:12] = kernel.to_bytes(4, "big")
+    assert request_tid(bytes(mad)) == tid
+    reply = decode_reply(bytes(mad))
+    assert (reply.attribute, reply.status) == (attribute, 0)
 
 
 @pytest.mark.parametrize(
