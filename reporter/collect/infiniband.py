@@ -47,6 +47,8 @@ DEFAULT_BUDGET = 4096
 """SMPs a discovery may send. A 64-port leaf under 32 64-port spines costs about 4,300 per
 HCA port when every port is live; a leaf already walked from another port is not walked again."""
 DEFAULT_TIMEOUT_S = 0.5
+MAX_LEVELS = 2
+"""The tiers a walk can find: the leaf group and the spine group (2-tier fabrics)."""
 
 UMAD_HDR_BYTES = 56
 """struct ib_user_mad_hdr_old: the layout of a file that never enabled P_Key indexes."""
@@ -250,7 +252,7 @@ class _Seen:
     spine_neighbours: dict[int, frozenset[int]] = field(default_factory=dict)
 
 
-def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen) -> PortView:
+def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
     own = channel.node_info((0,))
     if own is None:
         raise CollectError(
@@ -261,6 +263,8 @@ def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen) -> PortView:
     leaf = channel.node_info(leaf_path)
     if leaf is None or leaf.node_type is not NodeType.SWITCH:
         return PortView(port.name, port.port, own.port_guid, None, frozenset())
+    if levels == 1:
+        return PortView(port.name, port.port, own.port_guid, leaf.node_guid, frozenset())
     if leaf.node_guid not in seen.under_leaf:
         under: set[int] = set()
         for guid, (spine_path, spine) in _neighbour_switches(channel, leaf_path, leaf).items():
@@ -277,14 +281,19 @@ def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen) -> PortView:
 def walk_ports(
     ports: Sequence[UmadPort],
     *,
+    levels: int = MAX_LEVELS,
     budget: int = DEFAULT_BUDGET,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> tuple[tuple[PortView, ...], SmpCounts]:
-    """What each of `ports` sees of its neighbourhood, and the SMPs that cost.
+    """What each of `ports` sees of its neighbourhood, and the SMPs that cost. `levels` bounds
+    the hops: 1 asks only the port's leaf (1 hop, 2 SMPs a port); 2 also the ports of the leaf
+    and of its spines, and who is behind them (3 hops).
 
-    Raises CollectError when a device does not open, a port does not answer for itself, or
-    the walk reaches its SMP budget.
+    Raises ValueError for `levels` other than 1 or 2; CollectError when a device does not
+    open, a port does not answer for itself, or the walk reaches its SMP budget.
     """
+    if levels not in range(1, MAX_LEVELS + 1):
+        raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
     libc = _Libc()
     counter = _Counter(budget)
     seen = _Seen()
@@ -292,7 +301,7 @@ def walk_ports(
     for port in ports:
         channel = _SmpChannel(libc, port.device, counter, timeout_s)
         try:
-            views.append(_walk_port(channel, port, seen))
+            views.append(_walk_port(channel, port, seen, levels))
         finally:
             channel.close()
     return tuple(views), counter.counts()
@@ -301,13 +310,14 @@ def walk_ports(
 def discover(
     names: Sequence[str] | None = None,
     *,
+    levels: int = MAX_LEVELS,
     budget: int = DEFAULT_BUDGET,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Discovery:
     """The node's InfiniBand tiers from its HCA ports: all it can use, or those of `names`.
 
-    No HCA port is no data: a Discovery with no tiers. Raises CollectError as walk_ports does,
-    and for a name with no umad device.
+    No HCA port is no data: a Discovery with no tiers. Raises ValueError and CollectError as
+    walk_ports does, and CollectError for a name with no umad device.
     """
-    views, smps = walk_ports(list_ports(names), budget=budget, timeout_s=timeout_s)
+    views, smps = walk_ports(list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s)
     return summarize(views, smps)

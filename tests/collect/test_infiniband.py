@@ -7,7 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-from reporter.collect.infiniband_tiers import Discovery, discovery_json
+from reporter.collect.infiniband import walk_ports
+from reporter.collect.infiniband_tiers import Discovery, discovery_json, summarize
 from reporter.schema.fabric import is_label_value
 from tests.support.ibsim import FatTree, IbSim, WalkError, have_ibsim
 
@@ -98,6 +99,15 @@ def test_an_hca_asks_only_its_leaf_and_spines_ports(fabric: FatTree) -> None:
     assert discovery_json(discovery)["mads"] == node_info + port_info
 
 
+def test_one_level_asks_only_the_leaf() -> None:
+    fabric = FatTree(units=2, rails=2)
+    with IbSim(fabric.netlist()) as sim:
+        views, smps = sim.walk("s0u1h0-hca1", "--levels", "1")
+    assert [view.leaf for view in views] == [fabric.switch_guids()["leaf-s0u1r1"]]
+    assert (smps.node_info, smps.port_info) == (2, 0)
+    assert len(summarize(views, smps).tiers) == 1
+
+
 def test_the_json_names_the_hcas_leaves_and_the_mads_sent() -> None:
     fabric = FatTree(units=1, hosts_per_unit=1, spines_per_rail=1)
     with IbSim(fabric.netlist()) as sim:
@@ -117,7 +127,7 @@ def test_the_json_names_the_hcas_leaves_and_the_mads_sent() -> None:
         ],
         "mads": discovery.smps.total,
     }
-    assert document["hcas"][0]["guid"] != document["hcas"][0]["leaf"]
+    assert discovery.views[0].port_guid not in (0, leaf)
 
 
 @pytest.mark.parametrize(
@@ -159,4 +169,19 @@ def test_a_port_cabled_to_another_host_has_no_leaf_and_no_tiers() -> None:
     assert discovery.tiers == ()
     assert [view.leaf for view in discovery.views] == [None]
     assert (discovery.smps.node_info, discovery.smps.port_info) == (2, 0)
-    assert discovery_json(discovery)["hcas"][0]["leaf"] is None
+    assert discovery_json(discovery)["hcas"] == [
+        {
+            "name": "a-hca0",
+            "port": 1,
+            "guid": f"0x{discovery.views[0].port_guid:016x}",
+            "leaf": None,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "levels", [0, 3], ids=["no level", "a third level (cores): not walked yet"]
+)
+def test_levels_other_than_the_leaf_and_spine_groups_are_refused(levels: int) -> None:
+    with pytest.raises(ValueError, match=f"not {levels}"):
+        walk_ports((), levels=levels)

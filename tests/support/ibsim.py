@@ -4,7 +4,7 @@
 Aggregation Node CAs on every switch, one leaf-spine link removed, one or more separate subnets)
 and knows their truth: each host's HCAs, its leaf group and its spine group. `IbSim` runs the real
 `ibsim` on one such netlist under its own socket name, and `walk_host` runs the product's walk
-(reporter.collect.infiniband.walk_ports) as that host: one process per HCA, since umad2sim makes a
+(reporter.collect.infiniband.discover) as that host: one process per HCA, since umad2sim makes a
 process one CA, each with the preload, in a scratch directory and under a timeout. Run as
 `python -m tests.support.ibsim`, this module is that child: it prints its ports' views as JSON.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from reporter.collect.infiniband import DEFAULT_BUDGET, list_ports, walk_ports
+from reporter.collect.infiniband import DEFAULT_BUDGET, MAX_LEVELS, discover
 from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, summarize
 from reporter.errors import CollectError
 
@@ -216,7 +216,7 @@ class IbSim:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def walk(self, hca: str, *arguments: str) -> tuple[tuple[PortView, ...], SmpCounts]:
-        """walk_ports as the CA `hca`, in a child process of its own (`arguments`: main's).
+        """discover as the CA `hca`, in a child process of its own (`arguments`: main's).
 
         Raises WalkError with the child's last line when it exits non-zero."""
         scratch = Path(tempfile.mkdtemp(prefix="walk-", dir=self.workdir))
@@ -284,9 +284,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.support.ibsim")
     parser.add_argument("names", nargs="*")
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
+    parser.add_argument("--levels", type=int, default=MAX_LEVELS)
     arguments = parser.parse_args()
     try:
-        print(_encode(*walk_ports(list_ports(arguments.names or None), budget=arguments.budget)))
+        found = discover(arguments.names or None, levels=arguments.levels, budget=arguments.budget)
+        print(_encode(found.views, found.smps))
     except CollectError as error:
         sys.exit(f"topo-reporter: {error}")
 
