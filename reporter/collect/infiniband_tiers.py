@@ -15,6 +15,12 @@ the node's ports:
 A value is a hash of its set, so every node that shares the set gets the same value, and tier 1
 is a function of tier 0's leaves (every node of a leaf group walks the same leaves), so tiers
 nest. This module never sends an SMP.
+
+2-tier fabrics only. In a 3-tier fabric the spines' neighbours are the pod's leaves and the
+cores above, and nothing cheap tells them apart (a SHARP Aggregation Node CA hangs on every
+switch, so "has a CA" does not make a leaf): tier 1 there still names the pod while every
+leaf keeps all its spine links, but a leaf that lost one misses the cores of that spine, and
+its nodes get a value of their own. No tier 2 (the cores) yet.
 """
 
 from __future__ import annotations
