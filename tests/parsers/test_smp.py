@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import pytest
@@ -179,3 +180,10 @@ def test_port_info_says_whether_a_peer_is_there(
     info = decode_port_info(bytes(data))
     assert info == PortInfo(state_byte & 0xF, phys_byte >> 4)
     assert info.link_up is link_up
+
+
+@given(mad=st.binary(max_size=300))
+def test_any_bytes_decode_or_raise_parse_error(mad: bytes) -> None:
+    for decode in (decode_reply, decode_node_info, decode_port_info):
+        with contextlib.suppress(ParseError):
+            decode(mad)
