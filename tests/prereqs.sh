@@ -11,6 +11,8 @@
 #   openssl                   the API server double's throwaway certificates
 #   podman, runc, mmdebstrap  the image tests build and run the image (image/build.sh): podman
 #                             with runc (crun 1.8 fails on hybrid cgroups), the base by mmdebstrap
+#   ibsim-utils               ibsim, the simulated InfiniBand fabric the node's discovery walks
+#                             (tests/collect/test_infiniband.py), and its umad2sim preload
 #
 # Idempotent: where everything is there it changes nothing and needs neither network nor sudo.
 # `sudo` only where not root. Node.js: NodeSource's `nodejs` package carries its own npm and
@@ -81,6 +83,7 @@ installed libpfm4-dev || want libpfm4-dev
 command -v podman >/dev/null 2>&1 || want podman
 command -v runc >/dev/null 2>&1 || want runc
 command -v mmdebstrap >/dev/null 2>&1 || want mmdebstrap
+command -v ibsim >/dev/null 2>&1 || want ibsim-utils
 command -v node >/dev/null 2>&1 || want nodejs
 need_go=""
 if ! go_found; then

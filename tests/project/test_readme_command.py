@@ -71,6 +71,7 @@ for p in $packages; do
             ;;
         graphviz) tool dot ;;
         npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
+        ibsim-utils) tool ibsim ;;
     esac
     echo "$p" >> "$MACHINE/installed"
 done
@@ -189,7 +190,7 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 
 
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
-EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS)
+EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim")
 BUILD = ("libc6-dev", "libpfm4-dev")
 
 
@@ -201,7 +202,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
             ],
         ),
@@ -210,7 +211,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils",
             ],
         ),
         (
@@ -218,12 +219,15 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils nodejs",
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
         (
-            {"commands": ("dot", "jq", "openssl", "gcc", "node", *IMAGE_TOOLS), "packages": BUILD},
+            {
+                "commands": ("dot", "jq", "openssl", "gcc", "node", *IMAGE_TOOLS, "ibsim"),
+                "packages": BUILD,
+            },
             ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends npm"],
         ),
     ],
@@ -250,7 +254,9 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
-        tmp_path, commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS), root=False
+        tmp_path,
+        commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim"),
+        root=False,
     )
     done = fresh.run(prerequisites())
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,323 @@
+"""InfiniBand discovery from the node: directed-route SMPs from each compute HCA port, through umad.
+
+The node asks only its own neighbourhood (research/network-tiers.md §1a): its leaf (NodeInfo at
+`0,<port>`), the leaf's ports (PortInfo on each), the node behind each live leaf port (NodeInfo),
+and the same two steps once more from every spine found. What it sends is bounded by the radix of
+its leaves and spines, never by the fabric's size, and capped by a budget; each SMP waits at most
+a timeout. reporter.collect.infiniband_tiers turns what it saw into tiers.
+
+It speaks the kernel's umad interface (`/dev/infiniband/umad<N>`, `/sys/class/infiniband_mad`)
+with the standard library only. Every open goes through libc's `open` by ctypes, not `os.open`:
+CPython calls `open64`, which ibsim's umad2sim preload (the tests' simulated fabric) does not
+wrap, while the kernel serves both alike. It never writes to a device beyond its own SMPs, and
+never sends a Set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import select
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from parsers.errors import ParseError
+from parsers.smp import (
+    MAD_BYTES,
+    TID_MASK,
+    Attribute,
+    NodeInfo,
+    NodeType,
+    PortInfo,
+    decode_node_info,
+    decode_port_info,
+    decode_reply,
+    encode_get,
+    request_tid,
+)
+from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, summarize
+from reporter.errors import CollectError
+
+MAX_UMAD_DEVICES = 64
+"""umad<N> probed, 0 to 63: a node has a few HCAs, each with a port or two."""
+DEFAULT_BUDGET = 4096
+"""SMPs a discovery may send. A 64-port leaf under 32 64-port spines costs about 4,300 per
+HCA port when every port is live; a leaf already walked from another port is not walked again."""
+DEFAULT_TIMEOUT_S = 0.5
+MAX_LEVELS = 2
+"""The tiers a walk can find: the leaf group and the spine group (2-tier fabrics)."""
+
+UMAD_HDR_BYTES = 56
+"""struct ib_user_mad_hdr_old: the layout of a file that never enabled P_Key indexes."""
+IB_USER_MAD_REGISTER_AGENT = 0xC01C1B01
+"""_IOWR(0x1b, 1, struct ib_user_mad_reg_req), a 28-byte struct."""
+SYSFS_MAD = "/sys/class/infiniband_mad"
+SYSFS_IB = "/sys/class/infiniband"
+DEV_UMAD = "/dev/infiniband"
+
+
+@dataclass(frozen=True, slots=True)
+class UmadPort:
+    """One HCA port and the umad device that sends SMPs from it."""
+
+    name: str
+    port: int
+    device: str
+
+
+class _Libc:
+    """libc's open/read/close by ctypes: the calls an LD_PRELOAD (umad2sim) can see."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def open(self, path: str, flags: int) -> int:
+        """The fd, or raises OSError with the errno."""
+        fd = int(self.lib.open(path.encode(), flags))
+        if fd < 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno), path)
+        return fd
+
+    def read_text(self, path: str) -> str | None:
+        """A small sysfs file's text, stripped; None where it cannot be read."""
+        try:
+            fd = self.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            buffer = ctypes.create_string_buffer(256)
+            count = int(self.lib.read(fd, buffer, 256))
+        finally:
+            self.lib.close(fd)
+        return buffer.raw[:count].decode("ascii", "replace").strip() if count > 0 else None
+
+
+def list_ports(
+    names: Sequence[str] | None = None, libc: _Libc | None = None
+) -> tuple[UmadPort, ...]:
+    """The InfiniBand HCA ports this process can send SMPs from: all, or those of `names`.
+
+    Raises CollectError when a name in `names` has no umad device here.
+    """
+    libc = libc or _Libc()
+    found: list[UmadPort] = []
+    for index in range(MAX_UMAD_DEVICES):
+        name = libc.read_text(f"{SYSFS_MAD}/umad{index}/ibdev")
+        port_text = libc.read_text(f"{SYSFS_MAD}/umad{index}/port")
+        if name is None or port_text is None or not port_text.isdigit():
+            continue
+        # RoCE ports have umad devices too, but no QP0: an SMP from them only times out.
+        layer = libc.read_text(f"{SYSFS_IB}/{name}/ports/{port_text}/link_layer")
+        if layer is not None and layer != "InfiniBand":
+            continue
+        found.append(UmadPort(name, int(port_text), f"{DEV_UMAD}/umad{index}"))
+    if names is None:
+        return tuple(found)
+    missing = sorted(set(names) - {port.name for port in found})
+    if missing:
+        have = ", ".join(sorted({port.name for port in found})) or "none"
+        raise CollectError(
+            f"no InfiniBand umad device for HCA {', '.join(missing)} (found: {have}); "
+            "name HCAs from /sys/class/infiniband_mad/umad*/ibdev"
+        )
+    return tuple(port for port in found if port.name in names)
+
+
+@dataclass
+class _Counter:
+    """The SMPs sent so far, against the budget: shared by every port of one discovery."""
+
+    budget: int
+    node_info: int = 0
+    port_info: int = 0
+    unanswered: int = 0
+
+    def charge(self, attribute: Attribute) -> None:
+        if self.node_info + self.port_info >= self.budget:
+            raise CollectError(
+                f"the InfiniBand scan stopped at its budget of {self.budget} SMPs before it had "
+                "seen its leaves' and spines' ports; the fabric's switches have more ports than "
+                "expected: raise the budget"
+            )
+        if attribute is Attribute.NODE_INFO:
+            self.node_info += 1
+        else:
+            self.port_info += 1
+
+    def counts(self) -> SmpCounts:
+        return SmpCounts(self.node_info, self.port_info, self.unanswered)
+
+
+class _SmpChannel:
+    """One umad device with an agent for directed-route SMPs: Get, then wait for its GetResp."""
+
+    def __init__(self, libc: _Libc, device: str, counter: _Counter, timeout_s: float) -> None:
+        self.counter = counter
+        self.timeout_s = timeout_s
+        self.next_tid = 1
+        try:
+            self.fd = libc.open(device, os.O_RDWR)
+        except OSError as error:
+            raise CollectError(
+                f"cannot open {device}: {error.strerror}; the container needs the device "
+                "(and a device-cgroup rule for c 231:* rw)"
+            ) from error
+        self.libc = libc
+        request = bytearray(
+            struct.pack("=I4IBBB3sB", 0, 0, 0, 0, 0, 0, 0x81, 1, b"\0\0\0", 0).ljust(28, b"\0")
+        )
+        try:
+            fcntl.ioctl(self.fd, IB_USER_MAD_REGISTER_AGENT, request, True)
+        except OSError as error:
+            self.close()
+            raise CollectError(f"{device} refused an SMP agent: {error.strerror}") from error
+        self.agent = struct.unpack_from("=I", request)[0]
+
+    def close(self) -> None:
+        self.libc.lib.close(self.fd)
+
+    def get(self, path: tuple[int, ...], attribute: Attribute, modifier: int = 0) -> bytes | None:
+        """The attribute's data, or None where no good answer came within the timeout."""
+        self.counter.charge(attribute)
+        tid = self.next_tid
+        self.next_tid = self.next_tid % TID_MASK + 1
+        header = bytearray(UMAD_HDR_BYTES)
+        struct.pack_into("=IIIII", header, 0, self.agent, 0, int(self.timeout_s * 1000), 0, 0)
+        struct.pack_into(">IIH", header, 20, 0, 0, 0xFFFF)
+        os.write(self.fd, bytes(header) + encode_get(path, attribute, modifier, tid))
+        deadline = time.monotonic() + self.timeout_s
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while (left := deadline - time.monotonic()) > 0:
+            if not poller.poll(left * 1000):
+                break
+            packet = os.read(self.fd, UMAD_HDR_BYTES + 256)
+            mad = packet[UMAD_HDR_BYTES:]
+            # A late answer to an earlier SMP that timed out is not ours: keep waiting.
+            if len(mad) < MAD_BYTES or request_tid(mad) != tid:
+                continue
+            # A non-zero umad status is the kernel handing back our Get unanswered (ETIMEDOUT).
+            if struct.unpack_from("=I", packet, 4)[0] != 0:
+                break
+            try:
+                reply = decode_reply(mad)
+            except ParseError:
+                break
+            if reply.status == 0:
+                return reply.data
+            break
+        self.counter.unanswered += 1
+        return None
+
+    def node_info(self, path: tuple[int, ...]) -> NodeInfo | None:
+        data = self.get(path, Attribute.NODE_INFO)
+        try:
+            return None if data is None else decode_node_info(data)
+        except ParseError:
+            self.counter.unanswered += 1
+            return None
+
+    def port_info(self, path: tuple[int, ...], port: int) -> PortInfo | None:
+        data = self.get(path, Attribute.PORT_INFO, port)
+        return None if data is None else decode_port_info(data)
+
+
+def _neighbour_switches(
+    channel: _SmpChannel, path: tuple[int, ...], switch: NodeInfo
+) -> dict[int, tuple[tuple[int, ...], NodeInfo]]:
+    """The switches on `switch`'s live ports, but the one `path` came in by: GUID -> path, info."""
+    found: dict[int, tuple[tuple[int, ...], NodeInfo]] = {}
+    for port in range(1, switch.num_ports + 1):
+        if port == switch.local_port:
+            continue
+        state = channel.port_info(path, port)
+        if state is None or not state.link_up:
+            continue
+        peer = channel.node_info((*path, port))
+        if peer is not None and peer.node_type is NodeType.SWITCH:
+            found.setdefault(peer.node_guid, ((*path, port), peer))
+    return found
+
+
+@dataclass
+class _Seen:
+    """What one discovery already asked, by GUID, so a second port under the same leaf or
+    spines sends nothing more for them."""
+
+    under_leaf: dict[int, frozenset[int]] = field(default_factory=dict)
+    spine_neighbours: dict[int, frozenset[int]] = field(default_factory=dict)
+
+
+def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
+    own = channel.node_info((0,))
+    if own is None:
+        raise CollectError(
+            f"{port.name} port {port.port} did not answer its own NodeInfo within the timeout; "
+            "check that the port is up (ibstat)"
+        )
+    leaf_path = (0, port.port)
+    leaf = channel.node_info(leaf_path)
+    if leaf is None or leaf.node_type is not NodeType.SWITCH:
+        return PortView(port.name, port.port, own.port_guid, None, frozenset())
+    if levels == 1:
+        return PortView(port.name, port.port, own.port_guid, leaf.node_guid, frozenset())
+    if leaf.node_guid not in seen.under_leaf:
+        under: set[int] = set()
+        for guid, (spine_path, spine) in _neighbour_switches(channel, leaf_path, leaf).items():
+            if guid not in seen.spine_neighbours:
+                beyond = _neighbour_switches(channel, spine_path, spine)
+                seen.spine_neighbours[guid] = frozenset(beyond) | {leaf.node_guid}
+            under |= seen.spine_neighbours[guid]
+        seen.under_leaf[leaf.node_guid] = frozenset(under)
+    return PortView(
+        port.name, port.port, own.port_guid, leaf.node_guid, seen.under_leaf[leaf.node_guid]
+    )
+
+
+def walk_ports(
+    ports: Sequence[UmadPort],
+    *,
+    levels: int = MAX_LEVELS,
+    budget: int = DEFAULT_BUDGET,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[tuple[PortView, ...], SmpCounts]:
+    """What each of `ports` sees of its neighbourhood, and the SMPs that cost. `levels` bounds
+    the hops: 1 asks only the port's leaf (1 hop, 2 SMPs a port); 2 also the ports of the leaf
+    and of its spines, and who is behind them (3 hops).
+
+    Raises ValueError for `levels` other than 1 or 2; CollectError when a device does not
+    open, a port does not answer for itself, or the walk reaches its SMP budget.
+    """
+    if levels not in range(1, MAX_LEVELS + 1):
+        raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
+    libc = _Libc()
+    counter = _Counter(budget)
+    seen = _Seen()
+    views = []
+    for port in ports:
+        channel = _SmpChannel(libc, port.device, counter, timeout_s)
+        try:
+            views.append(_walk_port(channel, port, seen, levels))
+        finally:
+            channel.close()
+    return tuple(views), counter.counts()
+
+
+def discover(
+    names: Sequence[str] | None = None,
+    *,
+    levels: int = MAX_LEVELS,
+    budget: int = DEFAULT_BUDGET,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Discovery:
+    """The node's InfiniBand tiers from its HCA ports: all it can use, or those of `names`.
+
+    No HCA port is no data: a Discovery with no tiers. Raises ValueError and CollectError as
+    walk_ports does, and CollectError for a name with no umad device.
+    """
+    views, smps = walk_ports(list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s)
+    return summarize(views, smps)

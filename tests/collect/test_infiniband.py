@@ -1,0 +1,187 @@
+"""InfiniBand discovery from the node against the real ibsim: every host of each generated fabric
+walked in turn, its tiers checked against the fabric's true leaf groups and spine groups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from reporter.collect.infiniband import walk_ports
+from reporter.collect.infiniband_tiers import Discovery, discovery_json, summarize
+from reporter.schema.fabric import is_label_value
+from tests.support.ibsim import FatTree, IbSim, WalkError, have_ibsim
+
+pytestmark = pytest.mark.skipif(
+    not have_ibsim(), reason="ibsim-utils not installed (sh tests/prereqs.sh installs it)"
+)
+
+FABRICS = [
+    pytest.param(FatTree(units=3, hosts_per_unit=2), id="2-tier, three leaf groups, one rail"),
+    pytest.param(
+        FatTree(units=2, rails=4), id="rail-optimized, 4 rails: a host's HCAs on four leaves"
+    ),
+    pytest.param(
+        FatTree(units=2, rails=2, aggregation_nodes=True),
+        id="an Aggregation Node CA on every switch makes no switch a leaf",
+    ),
+    pytest.param(
+        FatTree(units=3, rails=2, missing_link=(0, 1, 1, 0)),
+        id="one leaf-spine link missing: the spine group does not split",
+    ),
+    pytest.param(
+        FatTree(subnets=2, units=2, rails=2, aggregation_nodes=True),
+        id="two subnets: two spine groups",
+    ),
+]
+
+
+def _partition(values: dict[str, str]) -> set[frozenset[str]]:
+    groups: dict[str, set[str]] = defaultdict(set)
+    for host, value in values.items():
+        groups[value].add(host)
+    return {frozenset(group) for group in groups.values()}
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_every_host_gets_its_fabrics_true_tiers(fabric: FatTree) -> None:
+    with IbSim(fabric.netlist()) as sim:
+        found = {host: sim.walk_host(hcas) for host, hcas in fabric.hosts().items()}
+    guids = fabric.switch_guids()
+    for host, hcas in fabric.hosts().items():
+        discovery = found[host]
+        assert len(discovery.tiers) == 2, host
+        assert all(is_label_value(value) and len(value) <= 63 for value in discovery.tiers)
+        assert [view.leaf for view in discovery.views] == [
+            guids[fabric.leaf_of(hca)] for hca in hcas
+        ]
+        assert discovery.smps.unanswered == 0
+    hosts = fabric.hosts()
+    assert _partition({host: found[host].tiers[0] for host in hosts}) == _partition(
+        {host: fabric.leaf_group(host) for host in hosts}
+    )
+    assert _partition({host: found[host].tiers[1] for host in hosts}) == _partition(
+        {host: fabric.spine_group(host) for host in hosts}
+    )
+    spine_of_leaf_group: dict[str, set[str]] = defaultdict(set)
+    for discovery in found.values():
+        spine_of_leaf_group[discovery.tiers[0]].add(discovery.tiers[1])
+    assert all(len(spines) == 1 for spines in spine_of_leaf_group.values())
+
+
+def _expected_smps(fabric: FatTree) -> tuple[int, int]:
+    """NodeInfo and PortInfo one HCA's walk sends in `fabric` with every link there: its own
+    node and its leaf; each port of the leaf and of every spine, but the one it came in by; the
+    node behind each of those ports that has a link."""
+    spines = fabric.spines_per_rail
+    agg = int(fabric.aggregation_nodes)
+    leaf_live = fabric.hosts_per_unit - 1 + spines + agg
+    spine_live = fabric.units - 1 + agg
+    port_info = (fabric.radix - 1) * (1 + spines)
+    return 2 + leaf_live + spines * spine_live, port_info
+
+
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        pytest.param(FatTree(units=2, hosts_per_unit=2), id="2 leaf groups"),
+        pytest.param(
+            FatTree(units=4, hosts_per_unit=3, aggregation_nodes=True),
+            id="4 leaf groups, SHARP CAs",
+        ),
+    ],
+)
+def test_an_hca_asks_only_its_leaf_and_spines_ports(fabric: FatTree) -> None:
+    node_info, port_info = _expected_smps(fabric)
+    with IbSim(fabric.netlist()) as sim:
+        discovery = sim.walk_host(fabric.hosts()["s0u1h1"])
+    assert (discovery.smps.node_info, discovery.smps.port_info) == (node_info, port_info)
+    assert discovery_json(discovery)["mads"] == node_info + port_info
+
+
+def test_one_level_asks_only_the_leaf() -> None:
+    fabric = FatTree(units=2, rails=2)
+    with IbSim(fabric.netlist()) as sim:
+        views, smps = sim.walk("s0u1h0-hca1", "--levels", "1")
+    assert [view.leaf for view in views] == [fabric.switch_guids()["leaf-s0u1r1"]]
+    assert (smps.node_info, smps.port_info) == (2, 0)
+    assert len(summarize(views, smps).tiers) == 1
+
+
+def test_the_json_names_the_hcas_leaves_and_the_mads_sent() -> None:
+    fabric = FatTree(units=1, hosts_per_unit=1, spines_per_rail=1)
+    with IbSim(fabric.netlist()) as sim:
+        discovery: Discovery = sim.walk_host(fabric.hosts()["s0u0h0"])
+    leaf = fabric.switch_guids()["leaf-s0u0r0"]
+    document = discovery_json(discovery)
+    assert document == {
+        "source": "infiniband",
+        "tiers": list(discovery.tiers),
+        "hcas": [
+            {
+                "name": "s0u0h0-hca0",
+                "port": 1,
+                "guid": f"0x{discovery.views[0].port_guid:016x}",
+                "leaf": f"0x{leaf:016x}",
+            }
+        ],
+        "mads": discovery.smps.total,
+    }
+    assert discovery.views[0].port_guid not in (0, leaf)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        pytest.param(
+            ("mlx5_9",),
+            "no InfiniBand umad device for HCA mlx5_9 (found: ibsim0)",
+            id="an HCA not here",
+        ),
+        pytest.param(
+            ("--budget", "5"), "stopped at its budget of 5 SMPs", id="the SMP budget reached"
+        ),
+    ],
+)
+def test_a_walk_that_cannot_finish_says_why_in_one_line(
+    arguments: tuple[str, ...], message: str
+) -> None:
+    fabric = FatTree(units=2)
+    with IbSim(fabric.netlist()) as sim, pytest.raises(WalkError) as raised:
+        sim.walk("s0u0h0-hca0", *arguments)
+    assert raised.value.status == 1
+    assert message in raised.value.line
+
+
+def test_an_hca_named_is_walked() -> None:
+    fabric = FatTree(units=2)
+    with IbSim(fabric.netlist()) as sim:
+        views, _ = sim.walk("s0u0h0-hca0", "ibsim0")
+    assert [(view.name, view.port, view.leaf) for view in views] == [
+        ("ibsim0", 1, fabric.switch_guids()["leaf-s0u0r0"])
+    ]
+
+
+def test_a_port_cabled_to_another_host_has_no_leaf_and_no_tiers() -> None:
+    netlist = 'Hca\t1 "a-hca0"\n[1]\t"b-hca0"[1]\n\nHca\t1 "b-hca0"\n[1]\t"a-hca0"[1]\n'
+    with IbSim(netlist) as sim:
+        discovery = sim.walk_host(("a-hca0",))
+    assert discovery.tiers == ()
+    assert [view.leaf for view in discovery.views] == [None]
+    assert (discovery.smps.node_info, discovery.smps.port_info) == (2, 0)
+    assert discovery_json(discovery)["hcas"] == [
+        {
+            "name": "a-hca0",
+            "port": 1,
+            "guid": f"0x{discovery.views[0].port_guid:016x}",
+            "leaf": None,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "levels", [0, 3], ids=["no level", "a third level (cores): not walked yet"]
+)
+def test_levels_other_than_the_leaf_and_spine_groups_are_refused(levels: int) -> None:
+    with pytest.raises(ValueError, match=f"not {levels}"):
+        walk_ports((), levels=levels)
