@@ -13,10 +13,12 @@ netdev from `ports/<n>/gid_attrs/ndevs/0`, else the device's `device/net/`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -92,19 +94,24 @@ def lldpd_neighbours(socket_path: str, interfaces: Sequence[str]) -> list[LldpNe
     command = [lldpcli, "-u", socket_path, "-f", "json0", "show", "neighbors"]
     try:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
     except OSError:
         return None
-    # Killed at the deadline, the reader below sees the end of its output at once.
-    timer = threading.Timer(LLDPCLI_TIMEOUT_S, process.kill)
+    # Killed at the deadline with anything it started (which could hold its output open), the
+    # reader below sees the end of its output at once.
+    timer = threading.Timer(LLDPCLI_TIMEOUT_S, _kill_group, (process,))
     timer.start()
     with process:
         try:
             assert process.stdout is not None
             answer = process.stdout.read(MAX_LLDPCLI_CHARS + 1)
             if len(answer) > MAX_LLDPCLI_CHARS:
-                process.kill()
+                _kill_group(process)
             status = process.wait()
         finally:
             timer.cancel()
@@ -116,6 +123,11 @@ def lldpd_neighbours(socket_path: str, interfaces: Sequence[str]) -> list[LldpNe
         return None
     wanted = set(interfaces)
     return [n for n in heard if n.interface in wanted]
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def listen(interfaces: Sequence[str], wait_s: float) -> list[LldpNeighbour]:
