@@ -140,7 +140,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         type=_wait,
         default=DEFAULT_WAIT_S,
         metavar="SECONDS",
-        help="how long to listen for LLDP where lldpd does not answer (default: %(default)g)",
+        help="how long to listen for LLDP where lldpd does not answer (default: %(default)s)",
     )
     parser.add_argument(
         "--format", choices=FORMATS, default="json", help="output format (default: %(default)s)"
