@@ -405,6 +405,17 @@ class Settings:
         metavar="FILE",
     )
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    network_lldp: bool = setting(
+        False,
+        flag="--network-lldp",
+        env="TOPO_REPORTER_NETWORK_LLDP",
+        help="publish network-tier-0, the group of top-of-rack switches the RDMA Ethernet NICs "
+        "hear by LLDP, read every 10 minutes (needs hostNetwork and CAP_NET_RAW, or the host's "
+        "lldpd socket)",
+        kind=Kind.SWITCH,
+        group=Group.SOURCES,
+    )
+    """Publish the Ethernet/RoCE tier 0 heard by LLDP (reporter.collect.lldp.LldpTierSource)."""
     topology_manager_policy: str | None = setting(
         None,
         flag="--topology-manager-policy",

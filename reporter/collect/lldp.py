@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from parsers.errors import ParseError
 from parsers.lldp import (
@@ -35,8 +36,11 @@ from parsers.lldp import (
     parse_frame,
     parse_lldpcli,
 )
+from reporter.collect import NodeReading, SourceState
 from reporter.errors import CollectError
 from reporter.hostfs import HostFS
+from reporter.schema import keys
+from reporter.schema.network import ethernet_tier_0
 
 LLDPCLI_TIMEOUT_S = 5.0
 """lldpcli answers from lldpd's memory in milliseconds; a hung daemon must not hang us."""
@@ -48,6 +52,20 @@ _PACKET_MR_MULTICAST = 0
 _PACKET_OUTGOING = 4
 _NETDEV_NAME = re.compile(r"[^\s/:]{1,15}")
 """A Linux interface name: at most 15 bytes (IFNAMSIZ - 1), no whitespace, slash or colon."""
+
+
+def hear(interfaces: Sequence[str], lldpd_socket: str, wait_s: float) -> list[LldpNeighbour]:
+    """The switch each of `interfaces` hears: lldpd's neighbours where it runs and hears them,
+    else LLDP frames heard within `wait_s`. Raises CollectError when none hears a switch, an
+    interface does not exist, or the socket is not allowed."""
+    heard = lldpd_neighbours(lldpd_socket, interfaces) or listen(interfaces, wait_s)
+    if not heard:
+        raise CollectError(
+            f"no LLDP neighbour heard on {', '.join(interfaces)} within {wait_s:g}s: is LLDP on "
+            "at the switch, and does the NIC's own LLDP agent keep the frames from the host "
+            "(docs/network.md)?"
+        )
+    return heard
 
 
 def rdma_ethernet_netdevs(fs: HostFS) -> list[str]:
@@ -203,3 +221,42 @@ def _received(listener: socket.socket, interface: str) -> LldpNeighbour | None:
     except ParseError:
         return None
     return neighbour if neighbour.ttl_s else None
+
+
+AGENT_INTERVAL_S = 600.0
+"""How often the agent reads tier 0: a re-cabled rack is rare, and each read may listen."""
+AGENT_WAIT_S = 35.0
+"""How long the agent listens where lldpd does not answer: one default LLDP interval and some,
+well below the loop's stall bound (reporter.agent.STALL_AFTER_S)."""
+AGENT_LLDPD_SOCKET = "/run/lldpd.socket"
+
+
+@dataclass(frozen=True, slots=True)
+class LldpTierSource:
+    """Tier 0 of the Ethernet/RoCE fabric as a node source (`--network-lldp`), every
+    AGENT_INTERVAL_S: the RDMA Ethernet ports `fs` shows, heard as `topo-reporter network
+    --lldp` hears them. A host without such a port is no data; ports that hear no switch, a
+    failure. A simulated machine hears no switch: its `fs` is None, and it reads no data."""
+
+    fs: HostFS | None
+    lldpd_socket: str = AGENT_LLDPD_SOCKET
+    wait_s: float = AGENT_WAIT_S
+
+    name = "lldp"
+    interval_s = AGENT_INTERVAL_S
+    lacking = "network tier 0 unknown"
+
+    def read(self) -> NodeReading[str]:
+        if self.fs is None:
+            return NodeReading(None, SourceState.NO_DATA, "a simulated machine hears no switch")
+        interfaces = rdma_ethernet_netdevs(self.fs)
+        if not interfaces:
+            return NodeReading(None, SourceState.NO_DATA, "no RDMA NIC with an Ethernet link layer")
+        try:
+            heard = hear(interfaces, self.lldpd_socket, self.wait_s)
+        except CollectError as e:
+            return NodeReading(None, SourceState.FAILED, str(e))
+        return NodeReading(ethernet_tier_0(n.chassis_id for n in heard))
+
+    def labels(self, value: str, prefix: str) -> dict[str, str]:
+        return {f"{prefix}/{keys.NETWORK_TIER_0}": value}

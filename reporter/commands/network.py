@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reporter import settings, terminal
-from reporter.collect.lldp import listen, lldpd_neighbours, rdma_ethernet_netdevs
+from reporter.collect.lldp import hear, rdma_ethernet_netdevs
 from reporter.commands import EXIT_OK, PROG
 from reporter.errors import CollectError
 from reporter.hostfs import DirHostFS
@@ -68,13 +68,7 @@ def read_lldp(config: settings.NetworkSettings, named: list[str], wait_s: float)
             f"no RDMA NIC with an Ethernet link layer under {config.sysfs_root}/class/infiniband: "
             "name the compute NICs with --interface"
         )
-    heard = lldpd_neighbours(config.lldpd_socket, interfaces) or listen(interfaces, wait_s)
-    if not heard:
-        raise CollectError(
-            f"no LLDP neighbour heard on {', '.join(interfaces)} within {wait_s:g}s: is LLDP on "
-            "at the switch, and does the NIC's own LLDP agent keep the frames from the host "
-            "(docs/network.md)?"
-        )
+    heard = hear(interfaces, config.lldpd_socket, wait_s)
     silent = [name for name in interfaces if name not in {n.interface for n in heard}]
     for name in silent:
         terminal.write(sys.stderr, f"{PROG}: warning: {name}: no LLDP neighbour heard\n")

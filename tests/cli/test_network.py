@@ -31,8 +31,8 @@ def heard(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Sequence[str]]]:
         calls.append(("listen", list(interfaces)))
         return [n for n in (TOR_A, TOR_B) if n.interface in interfaces]
 
-    monkeypatch.setattr("reporter.commands.network.lldpd_neighbours", lldpd)
-    monkeypatch.setattr("reporter.commands.network.listen", listen)
+    monkeypatch.setattr("reporter.collect.lldp.lldpd_neighbours", lldpd)
+    monkeypatch.setattr("reporter.collect.lldp.listen", listen)
     return calls
 
 
@@ -111,7 +111,7 @@ def test_lldpds_answer_is_used_without_listening(
     def listen(interfaces: Sequence[str], wait_s: float) -> list[LldpNeighbour]:
         raise AssertionError("listened although lldpd answered")
 
-    monkeypatch.setattr("reporter.commands.network.lldpd_neighbours", lambda *_: [TOR_B])
-    monkeypatch.setattr("reporter.commands.network.listen", listen)
+    monkeypatch.setattr("reporter.collect.lldp.lldpd_neighbours", lambda *_: [TOR_B])
+    monkeypatch.setattr("reporter.collect.lldp.listen", listen)
     assert cli.main(["network", "--lldp", "--interface", "ens1f1"]) == 0
     assert json.loads(capsys.readouterr().out)["interfaces"][0]["port_id"] == "swp7"

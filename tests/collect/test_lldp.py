@@ -1,6 +1,7 @@
-"""Which NICs `network --lldp` reads by default (the RDMA devices' Ethernet ports, from sysfs), and
-how it asks lldpd: bounded in time and output, and None wherever lldpd cannot answer, so the
-command listens itself. The real lldpd is in test_lldp_namespaces.py."""
+"""Which NICs `network --lldp` reads by default (the RDMA devices' Ethernet ports, from sysfs), how
+it asks lldpd (bounded in time and output, and None wherever lldpd cannot answer, so the command
+listens itself), and the agent's LLDP source (`--network-lldp`): each way it reads, as a reading
+and as its label. The real lldpd is in test_lldp_namespaces.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from parsers.lldp import LldpNeighbour
-from reporter.collect import lldp
-from reporter.collect.lldp import lldpd_neighbours, rdma_ethernet_netdevs
+from reporter.collect import SourceState, lldp
+from reporter.collect.lldp import LldpTierSource, lldpd_neighbours, rdma_ethernet_netdevs
 from reporter.hostfs import MemoryHostFS
+from reporter.schema import keys
+from reporter.schema.network import ethernet_tier_0
 
 IB = "class/infiniband"
 SLEEP, HEAD, TR = (shutil.which(tool) for tool in ("sleep", "head", "tr"))
@@ -134,3 +137,45 @@ def test_lldpd_is_asked_within_bounds(
 def test_no_lldpcli_installed_is_no_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert lldpd_neighbours("/run/lldpd.socket", ["c0"]) is None
+
+
+ROCE_PORT = port("mlx5_0", 1, "Ethernet", "ens1f0")
+HEARD = LldpNeighbour("ens1f0", "aa:bb:cc:dd:ee:01", "swp1", "tor-a", 120)
+
+
+@pytest.mark.parametrize(
+    ("files", "lldpd", "listened", "state", "said"),
+    [
+        (ROCE_PORT, [HEARD], [], SourceState.OK, None),
+        (ROCE_PORT, None, [HEARD], SourceState.OK, None),
+        (None, None, [], SourceState.NO_DATA, "a simulated machine hears no switch"),
+        ({}, None, [], SourceState.NO_DATA, "no RDMA NIC with an Ethernet link layer"),
+        (ROCE_PORT, None, [], SourceState.FAILED, "no LLDP neighbour heard on ens1f0 within 35s"),
+    ],
+    ids=[
+        "lldpd hears the ToR: its tier 0",
+        "no lldpd: the frames heard give the same tier 0",
+        "a simulated machine is no data",
+        "a host without a RoCE port is no data",
+        "a RoCE port that hears no switch is a failure, saying what to check",
+    ],
+)
+def test_the_agents_lldp_source_reads_tier_0(
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, str] | None,
+    lldpd: list[LldpNeighbour] | None,
+    listened: list[LldpNeighbour],
+    state: SourceState,
+    said: str | None,
+) -> None:
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: lldpd)
+    monkeypatch.setattr(lldp, "listen", lambda *_: listened)
+    source = LldpTierSource(None if files is None else MemoryHostFS(files, {}))
+    reading = source.read()
+    assert reading.state is state
+    assert reading.problem is None if said is None else said in (reading.problem or "")
+    if state is SourceState.OK:
+        assert reading.value == ethernet_tier_0(["aa:bb:cc:dd:ee:01"])
+        assert source.labels(reading.value, "example.com") == {
+            f"example.com/{keys.NETWORK_TIER_0}": reading.value
+        }
