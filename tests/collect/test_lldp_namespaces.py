@@ -50,7 +50,18 @@ def _needs() -> None:
     """Skip where this machine cannot make namespaces; fail where a prerequisite is missing."""
     if os.geteuid() != 0:
         pytest.skip("needs root (CAP_NET_ADMIN) to make network namespaces and veth pairs")
-    missing = [tool for tool in ("ip", "lldpd", "lldpcli") if shutil.which(tool) is None]
+    if shutil.which("ip") is None:
+        pytest.fail("ip (iproute2) not installed: run tests/prereqs.sh", pytrace=False)
+    probe = PREFIX + "probe"
+    made = subprocess.run(
+        ["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30, check=False
+    )
+    if made.returncode != 0:
+        if "not permitted" in made.stderr:
+            pytest.skip(f"cannot make network namespaces here (no CAP_NET_ADMIN): {made.stderr}")
+        pytest.fail(f"ip netns add: {made.stderr}", pytrace=False)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30, check=True)
+    missing = [tool for tool in ("lldpd", "lldpcli") if shutil.which(tool) is None]
     if missing:
         pytest.fail(f"{', '.join(missing)} not installed: run tests/prereqs.sh", pytrace=False)
 
