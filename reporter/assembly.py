@@ -31,6 +31,7 @@ from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.collect import NodeSource, Scanner, build_scanner
 from reporter.collect.kubelet import KubeletReading, nrt_policies, read_kubelet
 from reporter.collect.kubelet_policies import KubeletSource
+from reporter.collect.lldp import LldpTierSource
 from reporter.collect.simulate.machine import load_machine
 from reporter.collect.simulate.sysfs_tree import memory_hostfs
 from reporter.collect.sysfs import numa_memory, pcie_root
@@ -213,13 +214,15 @@ def config_node_sources(
     """Every node source the agent reads beside the topology, each with its labels; a new one
     is added here, and only here (a setting of its own turns it on). `kubelet`: a test's double
     of the kubelet config's reader."""
-    return (
-        KubeletSource(
-            kubelet
-            if kubelet is not None
-            else functools.partial(read_kubelet, Path(config.kubelet_config))
-        ),
+    kubelet_source = KubeletSource(
+        kubelet
+        if kubelet is not None
+        else functools.partial(read_kubelet, Path(config.kubelet_config))
     )
+    if not config.network_lldp:
+        return (kubelet_source,)
+    sysfs = None if config.simulate else DirHostFS(Path(config.sysfs_root))
+    return (kubelet_source, LldpTierSource(sysfs))
 
 
 def config_live_outputs(

@@ -64,6 +64,17 @@ COMMANDS: tuple[Command, ...] = (
         arguments="reporter.commands.run:arguments",
     ),
     Command(
+        "network",
+        help="the network tiers above this node: its top-of-rack switches by LLDP",
+        description="Read the network tiers above this node and print them: with --lldp, tier 0 "
+        "is the group of top-of-rack switches its compute NICs hear by LLDP, a value equal on "
+        "every node hearing the same switches. It asks lldpd where it runs, else listens on the "
+        "interfaces for at most --wait seconds (CAP_NET_RAW, the host's network namespace). Exit "
+        "status 1 when no interface hears a switch, 2 on bad usage.",
+        handler="reporter.commands.network:handle",
+        arguments="reporter.commands.network:arguments",
+    ),
+    Command(
         "doctor",
         help="explain why GPU pods stay Pending or run slow, node by node",
         description="Read Nodes (and, where allowed, the agent's pods and the Nodes' Events) and "

@@ -405,6 +405,17 @@ class Settings:
         metavar="FILE",
     )
     """The kubelet's config file, read for its topology manager policy; absent means unknown."""
+    network_lldp: bool = setting(
+        False,
+        flag="--network-lldp",
+        env="TOPO_REPORTER_NETWORK_LLDP",
+        help="publish network-tier-0, the group of top-of-rack switches the RDMA Ethernet NICs "
+        "hear by LLDP, read every 10 minutes (needs hostNetwork and CAP_NET_RAW, or the host's "
+        "lldpd socket)",
+        kind=Kind.SWITCH,
+        group=Group.SOURCES,
+    )
+    """Publish the Ethernet/RoCE tier 0 heard by LLDP (reporter.collect.lldp.LldpTierSource)."""
     topology_manager_policy: str | None = setting(
         None,
         flag="--topology-manager-policy",
@@ -695,6 +706,28 @@ class CollectSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkSettings:
+    """Where `topo-reporter network` finds the compute NICs and lldpd."""
+
+    sysfs_root: str = _sysfs_root()
+    """Where the host's sysfs is mounted: its RDMA devices name the compute NICs."""
+    lldpd_socket: str = setting(
+        "/run/lldpd.socket",
+        flag="--lldpd-socket",
+        env="TOPO_REPORTER_LLDPD_SOCKET",
+        help="lldpd's control socket, asked first (where no lldpd answers, the command listens "
+        "for LLDP frames itself)",
+        group=Group.SOURCES,
+        metavar="PATH",
+    )
+    """lldpd's control socket, which lldpcli asks."""
+
+    def validate(self) -> Self:
+        """Return self: any path may name either; reading them says what is wrong."""
+        return self
+
+
+@dataclass(frozen=True, slots=True)
 class ExtenderSettings:
     """Everything `topo-reporter extender` needs to know, resolved and validated."""
 
@@ -905,6 +938,7 @@ class TemplateSettings:
 COMMAND_SETTINGS: tuple[type[Resolvable], ...] = (
     Settings,
     CollectSettings,
+    NetworkSettings,
     ExtenderSettings,
     PruneSettings,
     ReaderSettings,

@@ -13,6 +13,9 @@
 #                             with runc (crun 1.8 fails on hybrid cgroups), the base by mmdebstrap
 #   ibsim-utils               ibsim, the simulated InfiniBand fabric the node's discovery walks
 #                             (tests/collect/test_infiniband.py), and its umad2sim preload
+#   iproute2, lldpd           tests/collect/test_lldp_namespaces.py runs the real lldpd in network
+#                             namespaces it makes; lldpd is installed with its service kept from
+#                             starting (below), so it never sends LLDP on this machine's interfaces
 #
 # Idempotent: where everything is there it changes nothing and needs neither network nor sudo.
 # `sudo` only where not root. Node.js: NodeSource's `nodejs` package carries its own npm and
@@ -27,6 +30,8 @@ GO_VERSION=1.26.8
 GO_SHA256_AMD64=30c2b1bf7dcc88d3eb0a1364e47ddd9128edb3110a30e8a0ef61cd5856b31de7
 GO_SHA256_ARM64=02b36b6787b3ac767668f630e2998df45a3b1f9ffee08d1bf3ef6487cd658d99
 GO_ROOT=/usr/local/go
+# Where invoke-rc.d and deb-systemd-invoke ask whether a package may start its service.
+POLICY_RC_D=${POLICY_RC_D:-/usr/sbin/policy-rc.d}
 NODE_MIN=20.19
 
 say() { printf 'tests/prereqs.sh: %s\n' "$*" >&2; }
@@ -72,6 +77,36 @@ apt_install() {
 }
 apt_updated=""
 
+# apt-get install "$@" with no service started: Debian's lldpd starts lldpd host-wide on install
+# otherwise. A policy-rc.d denying every start (101) stands in for the machine's own, if any,
+# while apt-get runs; the service is disabled and stopped after, where systemd manages it.
+install_without_starting() {
+    saved=""
+    if [ -e "$POLICY_RC_D" ]; then
+        saved="$POLICY_RC_D.prereqs-saved"
+        as_root cp -p "$POLICY_RC_D" "$saved"
+    fi
+    deny=$(mktemp)
+    printf '#!/bin/sh\n# tests/prereqs.sh: no service starts while it installs %s\nexit 101\n' "$*" > "$deny"
+    as_root cp "$deny" "$POLICY_RC_D"
+    rm -f "$deny"
+    as_root chmod 755 "$POLICY_RC_D"
+    status=0
+    apt_install "$@" || status=$?
+    if [ -n "$saved" ]; then
+        as_root cp -p "$saved" "$POLICY_RC_D"
+        as_root rm -f "$saved"
+    else
+        as_root rm -f "$POLICY_RC_D"
+    fi
+    [ "$status" = 0 ] || fail "apt-get install $* failed (exit $status)"
+    if command -v systemctl >/dev/null 2>&1; then
+        for unit in "$@"; do
+            as_root systemctl disable --now "$unit" >/dev/null 2>&1 || true
+        done
+    fi
+}
+
 command -v python3 >/dev/null 2>&1 || want python3
 python3 -c 'import ensurepip' 2>/dev/null || want python3-venv
 command -v dot >/dev/null 2>&1 || want graphviz
@@ -84,6 +119,7 @@ command -v podman >/dev/null 2>&1 || want podman
 command -v runc >/dev/null 2>&1 || want runc
 command -v mmdebstrap >/dev/null 2>&1 || want mmdebstrap
 command -v ibsim >/dev/null 2>&1 || want ibsim-utils
+command -v ip >/dev/null 2>&1 || want iproute2
 command -v node >/dev/null 2>&1 || want nodejs
 need_go=""
 if ! go_found; then
@@ -101,6 +137,10 @@ fi
 if ! command -v npm >/dev/null 2>&1; then
     say "installing: npm"
     apt_install npm
+fi
+if ! command -v lldpd >/dev/null 2>&1 || ! command -v lldpcli >/dev/null 2>&1; then
+    say "installing: lldpd (its service kept from starting: the tests run it in namespaces only)"
+    install_without_starting lldpd
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||

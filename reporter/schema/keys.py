@@ -44,6 +44,9 @@ RACK_SERIAL = "rack-serial"
 RACK_SLOT = "rack-slot"
 RACK_TRAY = "rack-tray"
 RACK_HOST = "rack-host"
+# The network tiers above the node (reporter.schema.network), closest first: tier 0 the group of
+# top-of-rack switches its compute NICs hear by LLDP (`--network-lldp`).
+NETWORK_TIER_0 = "network-tier-0"
 # The GPUs' NVLinks against their own link counts: ok, degraded, down.
 NVLINK_HEALTH = "nvlink-health"
 

@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from parsers.lldp import LldpNeighbour
 from reporter.assembly import config_node_sources
 from reporter.collect import NodeReading, NodeSource, SourceState
 from reporter.collect.kubelet import KubeletReading, read_kubelet
 from reporter.schema import keys
 from reporter.schema.labels import kubelet_labels
 from reporter.schema.labels import labels as topology_labels
+from reporter.schema.network import ethernet_tier_0
 from reporter.serve.metrics import Metrics
 from reporter.settings import Settings
 from tests.support.agent_support import (
@@ -193,3 +195,38 @@ def test_the_kubelet_source_is_read_at_every_step_and_an_absent_config_is_no_fai
         w.clock.advance(60)
     assert len(calls) == 3
     assert _success(w.metrics, "kubelet_config") == 1
+
+
+@pytest.mark.parametrize(
+    ("on", "published"),
+    [(False, False), (True, True)],
+    ids=["off by default: no LLDP source, no tier label", "--network-lldp: tier 0 on the Node"],
+)
+def test_network_lldp_publishes_tier_0_from_the_roce_ports_switch(
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    tmp_path: Path,
+    wire: WireAgent,
+    monkeypatch: pytest.MonkeyPatch,
+    on: bool,
+    published: bool,
+) -> None:
+    roce = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (roce / "gid_attrs" / "ndevs").mkdir(parents=True)
+    (roce / "link_layer").write_text("Ethernet\n")
+    (roce / "gid_attrs" / "ndevs" / "0").write_text("ens1f0\n")
+    tor = LldpNeighbour("ens1f0", "aa:bb:cc:dd:ee:01", "swp1", "tor-a", 120)
+    monkeypatch.setattr("reporter.collect.lldp.lldpd_neighbours", lambda *_: [tor])
+    config = Settings(
+        node=NODE,
+        prefix=PREFIX,
+        kubelet_config=str(KUBELET_CONFIG),
+        sysfs_root=str(tmp_path / "sys"),
+        network_lldp=on,
+    )
+    sources = config_node_sources(config)
+    w = wire(kubeconfig, FakeScanner([ok(topology())]), node_sources=sources)
+    assert w.agent.step()
+    tier = apiserver.labels(NODE).get(f"{PREFIX}/{keys.NETWORK_TIER_0}")
+    assert tier == (ethernet_tier_0(["aa:bb:cc:dd:ee:01"]) if published else None)
+    assert (_success(w.metrics, "lldp") == 1) is published

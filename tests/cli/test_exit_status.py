@@ -133,6 +133,22 @@ CASES: dict[str, Case] = {
         1,
         cluster=a_node_without_its_device_plugin,
     ),
+    "network: no compute NIC in sysfs": Case(
+        ["network", "--lldp", "--sysfs-root", "{tmp}/sys"],
+        1,
+        "no RDMA NIC with an Ethernet link layer under {tmp}/sys/class/infiniband",
+    ),
+    "network: an interface this host has not": Case(
+        ["network", "--lldp", "--interface", "absent0", "--lldpd-socket", "{tmp}/no.socket"],
+        1,
+        "no network interface 'absent0' here",
+    ),
+    "network: no switch heard on the loopback": Case(
+        ["network", "--lldp", "--interface", "lo", "--wait", "0.2", "--lldpd-socket", "{tmp}/s"],
+        1,
+        # Where this runs as root the socket opens and hears nothing; elsewhere it may not open.
+        "topo-reporter: error: ",
+    ),
     "plugin: no such node": Case(
         ["gpu-node-9", "--kubeconfig", "{admin}"],
         1,
@@ -152,6 +168,10 @@ CASES: dict[str, Case] = {
     "doctor: neither --node nor --all": Case(["doctor"], 2, "one of the arguments"),
     "dra-template: --gpus that is no number": Case(
         ["dra-template", "--gpus", "four"], 2, "'four' is not a number of GPUs"
+    ),
+    "network: no discovery mode": Case(["network"], 2, "one of the arguments --lldp is required"),
+    "network: --wait 0": Case(
+        ["network", "--lldp", "--wait", "0"], 2, "'0' is not a number of seconds above 0"
     ),
     "plugin: a picture of no node": Case(
         ["--format", "dot"], 2, "--format dot draws one node", plugin=True

@@ -34,6 +34,7 @@ ENV_NAME = re.compile(r"TOPO_REPORTER_[A-Z0-9_]+|NODE_NAME|POD_NAMESPACE|KUBECON
 COMMAND_OF: dict[str, type[Resolvable]] = {
     "run": settings.Settings,
     "collect": settings.CollectSettings,
+    "network": settings.NetworkSettings,
     "extender": settings.ExtenderSettings,
     "prune": settings.PruneSettings,
     "doctor": settings.ReaderSettings,

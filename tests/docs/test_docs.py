@@ -90,6 +90,10 @@ NOT_RUN = {
         "removes what the agents wrote from the nodes the other pages' commands read; "
         "tests/controlplane/test_prune.py runs it on the real apiserver"
     ),
+    "topo-reporter network --lldp --format json": (
+        "needs a switch sending LLDP; tests/collect/test_lldp_namespaces.py runs it against the "
+        "real lldpd in network namespaces"
+    ),
     "topo-reporter extender --listen 0.0.0.0:8888 --kubeconfig ~/.kube/config": (
         "serves until stopped; tests/extender/test_cli.py starts it on loopback"
     ),

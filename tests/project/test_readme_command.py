@@ -70,6 +70,16 @@ for p in $packages; do
             tool node
             ;;
         graphviz) tool dot ;;
+        iproute2) tool ip ;;
+        lldpd)
+            tool lldpd
+            tool lldpcli
+            # As the real package's postinst: invoke-rc.d starts the service unless policy-rc.d
+            # answers 101.
+            policy=0
+            [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" lldpd start; policy=$?; }
+            [ "$policy" = 101 ] || echo 'lldpd started' >> "$MACHINE/log"
+            ;;
         npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
         ibsim-utils) tool ibsim ;;
     esac
@@ -110,7 +120,12 @@ class Machine:
             capture_output=True,
             text=True,
             timeout=60,
-            env={"PATH": str(self.root / "bin"), "MACHINE": str(self.root), "HOME": str(self.root)},
+            env={
+                "PATH": str(self.root / "bin"),
+                "MACHINE": str(self.root),
+                "HOME": str(self.root),
+                "POLICY_RC_D": str(self.root / "policy-rc.d"),
+            },
             check=False,
         )
 
@@ -190,7 +205,9 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 
 
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
-EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim")
+LLDP_TOOLS = ("ip", "lldpd", "lldpcli")
+EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS)
+LLDPD = "apt-get install -y -qq --no-install-recommends lldpd"
 BUILD = ("libc6-dev", "libpfm4-dev")
 
 
@@ -202,8 +219,9 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
+                LLDPD,
             ],
         ),
         (
@@ -211,7 +229,8 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2",
+                LLDPD,
             ],
         ),
         (
@@ -219,13 +238,23 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
+                LLDPD,
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
         (
             {
-                "commands": ("dot", "jq", "openssl", "gcc", "node", *IMAGE_TOOLS, "ibsim"),
+                "commands": (
+                    "dot",
+                    "jq",
+                    "openssl",
+                    "gcc",
+                    "node",
+                    *IMAGE_TOOLS,
+                    "ibsim",
+                    *LLDP_TOOLS,
+                ),
                 "packages": BUILD,
             },
             ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends npm"],
@@ -255,7 +284,7 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
         tmp_path,
-        commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim"),
+        commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS),
         root=False,
     )
     done = fresh.run(prerequisites())
@@ -291,3 +320,40 @@ def test_the_script_is_posix_sh() -> None:
             check=False,
         )
         assert parsed.returncode == 0, parsed.stderr
+
+
+@pytest.mark.parametrize(
+    ("own_policy", "systemd"),
+    [(None, False), ("#!/bin/sh\nexit 0\n", False), (None, True)],
+    ids=[
+        "no policy-rc.d: one denies while lldpd installs, and is gone after",
+        "the machine's own policy-rc.d (allowing starts) is back after",
+        "under systemd the service is also disabled and stopped",
+    ],
+)
+def test_lldpd_is_installed_without_its_service_starting(
+    tmp_path: Path, own_policy: str | None, systemd: bool
+) -> None:
+    everything_but_lldpd = tuple(c for c in EVERYTHING if c not in ("lldpd", "lldpcli"))
+    fresh = machine(tmp_path, commands=everything_but_lldpd, packages=BUILD)
+    policy = tmp_path / "policy-rc.d"
+    if own_policy is not None:
+        policy.write_text(own_policy)
+        policy.chmod(0o755)
+    if systemd:
+        systemctl = tmp_path / "bin" / "systemctl"
+        systemctl.write_text('#!/bin/sh\necho "systemctl $*" >> "$MACHINE/log"\n')
+        systemctl.chmod(0o755)
+    done = fresh.run(prerequisites())
+    assert done.returncode == 0, done.stderr
+    # The double logs "lldpd started ..." where policy-rc.d let the package start it.
+    assert [line.strip() for line in fresh.log()] == [
+        "apt-get update -qq",
+        LLDPD,
+        *(["systemctl disable --now lldpd"] if systemd else []),
+    ]
+    if own_policy is None:
+        assert not policy.exists()
+    else:
+        assert policy.read_text() == own_policy
+    assert not (tmp_path / "policy-rc.d.prereqs-saved").exists()
