@@ -65,12 +65,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "network",
-        help="the network tiers above this node: its top-of-rack switches by LLDP",
+        help="the network tiers above this node: top-of-rack by LLDP, InfiniBand leaf and spine",
         description="Read the network tiers above this node and print them: with --lldp, tier 0 "
         "is the group of top-of-rack switches its compute NICs hear by LLDP, a value equal on "
         "every node hearing the same switches. It asks lldpd where it runs, else listens on the "
-        "interfaces for at most --wait seconds (CAP_NET_RAW, the host's network namespace). Exit "
-        "status 1 when no interface hears a switch, 2 on bad usage.",
+        "interfaces for at most --wait seconds (CAP_NET_RAW, the host's network namespace). With "
+        "--infiniband, tier 0 is the leaf group and tier 1 the spine group over the HCA ports, "
+        "found by directed-route SMPs through /dev/infiniband/umad* within --timeout. Exit status "
+        "1 when nothing answers, 2 on bad usage.",
         handler="reporter.commands.network:handle",
         arguments="reporter.commands.network:arguments",
     ),

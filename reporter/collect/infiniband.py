@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import math
 import os
 import select
 import struct
@@ -132,11 +133,28 @@ class _Counter:
     """The SMPs sent so far, against the budget: shared by every port of one discovery."""
 
     budget: int
+    total_s: float | None = None
+    """The whole discovery's time, from the first SMP; None: only each SMP's timeout bounds it."""
     node_info: int = 0
     port_info: int = 0
     unanswered: int = 0
+    deadline: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.total_s is not None:
+            self.deadline = time.monotonic() + self.total_s
+
+    def left_s(self) -> float:
+        """What is left of the discovery's time (inf without a total)."""
+        return self.deadline - time.monotonic()
 
     def charge(self, attribute: Attribute) -> None:
+        if self.left_s() <= 0:
+            raise CollectError(
+                f"the InfiniBand scan ran out of its {self.total_s:g} s before it had seen its "
+                "leaves' and spines' ports: the fabric answers slowly or not at all; check the "
+                "ports' state (ibstat) or give it more time"
+            )
         if self.node_info + self.port_info >= self.budget:
             raise CollectError(
                 f"the InfiniBand scan stopped at its budget of {self.budget} SMPs before it had "
@@ -189,7 +207,7 @@ class _SmpChannel:
         struct.pack_into("=IIIII", header, 0, self.agent, 0, int(self.timeout_s * 1000), 0, 0)
         struct.pack_into(">IIH", header, 20, 0, 0, 0xFFFF)
         os.write(self.fd, bytes(header) + encode_get(path, attribute, modifier, tid))
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + min(self.timeout_s, self.counter.left_s())
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         while (left := deadline - time.monotonic()) > 0:
@@ -284,18 +302,20 @@ def walk_ports(
     levels: int = MAX_LEVELS,
     budget: int = DEFAULT_BUDGET,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    total_s: float | None = None,
 ) -> tuple[tuple[PortView, ...], SmpCounts]:
     """What each of `ports` sees of its neighbourhood, and the SMPs that cost. `levels` bounds
     the hops: 1 asks only the port's leaf (1 hop, 2 SMPs a port); 2 also the ports of the leaf
-    and of its spines, and who is behind them (3 hops).
+    and of its spines, and who is behind them (3 hops). Each SMP waits at most `timeout_s`, and
+    the whole walk at most `total_s` where given.
 
     Raises ValueError for `levels` other than 1 or 2; CollectError when a device does not
-    open, a port does not answer for itself, or the walk reaches its SMP budget.
+    open, a port does not answer for itself, or the walk reaches its SMP budget or its time.
     """
     if levels not in range(1, MAX_LEVELS + 1):
         raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
     libc = _Libc()
-    counter = _Counter(budget)
+    counter = _Counter(budget, total_s)
     seen = _Seen()
     views = []
     for port in ports:
@@ -313,11 +333,14 @@ def discover(
     levels: int = MAX_LEVELS,
     budget: int = DEFAULT_BUDGET,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    total_s: float | None = None,
 ) -> Discovery:
     """The node's InfiniBand tiers from its HCA ports: all it can use, or those of `names`.
 
     No HCA port is no data: a Discovery with no tiers. Raises ValueError and CollectError as
     walk_ports does, and CollectError for a name with no umad device.
     """
-    views, smps = walk_ports(list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s)
+    views, smps = walk_ports(
+        list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s, total_s=total_s
+    )
     return summarize(views, smps)

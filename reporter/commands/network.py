@@ -1,6 +1,7 @@
 """`topo-reporter network`: the network tiers above this node, read by one discovery mode.
 
-Each mode (`--lldp`: the Ethernet/RoCE top-of-rack switches by LLDP) is a flag of one required
+Each mode (`--lldp`: the Ethernet/RoCE top-of-rack switches by LLDP; `--infiniband`: the leaf
+group and the spine group by directed-route SMPs from the HCA ports) is a flag of one required
 group and a function reading its tiers into a `TierReading`; printing, in JSON or as a table, is
 the same for every mode.
 """
@@ -16,15 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reporter import settings, terminal
+from reporter.collect import infiniband
+from reporter.collect.infiniband_tiers import discovery_json
 from reporter.collect.lldp import hear, rdma_ethernet_netdevs
 from reporter.commands import EXIT_OK, PROG
-from reporter.errors import CollectError
+from reporter.errors import CollectError, ConfigError
 from reporter.hostfs import DirHostFS
 from reporter.schema.network import ethernet_tier_0
 
 DEFAULT_WAIT_S = 35.0
 """A switch sends LLDP every 30 s unless configured otherwise: one interval and some."""
 MAX_WAIT_S = 3600.0
+DEFAULT_TIMEOUT_S = 30.0
+"""The whole InfiniBand scan: a few hundred SMPs, each answered in milliseconds on a live fabric."""
 FORMATS = ("json", "text")
 
 
@@ -35,20 +40,32 @@ class TierReading:
     source: str
     tiers: tuple[str, ...]
     evidence_key: str
-    """What the evidence rows are, as the JSON document names their list (`interfaces`)."""
-    evidence: tuple[dict[str, str | None], ...]
+    """What the evidence rows are, as the JSON document names their list (`interfaces`, `hcas`)."""
+    evidence: tuple[dict[str, object], ...]
+    totals: tuple[tuple[str, int], ...] = ()
+    """Counts after the evidence, as the JSON document names them (`mads`: the SMPs sent)."""
 
 
 def handle(args: argparse.Namespace) -> int:
     """Print the tiers the chosen mode reads, or exit 1 with one line where it reads none."""
     config = settings.resolve_as(settings.NetworkSettings, vars(args), os.environ)
-    # The mode the required group chose: one branch each (only --lldp so far).
-    reading = read_lldp(config, args.interface or [], args.wait)
+    # The mode the required group chose: one branch each.
+    if args.infiniband:
+        if args.interface:
+            raise ConfigError(
+                "--interface names LLDP's NICs: with --infiniband, name HCAs by --hca"
+            )
+        reading = read_infiniband(args.hca or [], args.timeout)
+    else:
+        if args.hca:
+            raise ConfigError("--hca names InfiniBand HCAs: with --lldp, name NICs by --interface")
+        reading = read_lldp(config, args.interface or [], args.wait)
     if args.format == "json":
         document = {
             "source": reading.source,
             "tiers": list(reading.tiers),
             reading.evidence_key: list(reading.evidence),
+            **dict(reading.totals),
         }
         terminal.write(sys.stdout, json.dumps(document, indent=2) + "\n")
     else:
@@ -88,12 +105,43 @@ def read_lldp(config: settings.NetworkSettings, named: list[str], wait_s: float)
     )
 
 
+def read_infiniband(named: list[str], timeout_s: float) -> TierReading:
+    """The leaf group and the spine group over the HCA ports (`named`, else every InfiniBand port
+    this process can use), by directed-route SMPs, within `timeout_s` in all. Raises
+    CollectError when there is no port, no switch answers, or the scan runs out of time."""
+    discovery = infiniband.discover(list(dict.fromkeys(named)) or None, total_s=timeout_s)
+    if not discovery.views:
+        raise CollectError(
+            "no InfiniBand HCA port this process can use (/sys/class/infiniband_mad/umad*): run "
+            "where the HCAs' /dev/infiniband/umad* devices are, or name one with --hca"
+        )
+    if not discovery.tiers:
+        raise CollectError(
+            "no InfiniBand switch answered behind "
+            + ", ".join(f"{view.name} port {view.port}" for view in discovery.views)
+            + ": the links are down or cabled back to back; check them with ibstat"
+        )
+    document = discovery_json(discovery)
+    hcas = document["hcas"]
+    assert isinstance(hcas, list)
+    return TierReading(
+        source="infiniband",
+        tiers=discovery.tiers,
+        evidence_key="hcas",
+        evidence=tuple(hcas),
+        totals=(("mads", discovery.smps.total),),
+    )
+
+
 def _table(reading: TierReading) -> str:
     lines = [f"tier {i}: {tier}" for i, tier in enumerate(reading.tiers)]
+    lines += [f"{name}: {count}" for name, count in reading.totals]
     if reading.evidence:
         columns = list(reading.evidence[0])
         rows = [[c.upper().replace("_", " ") for c in columns]]
-        rows += [[row[c] or "-" for c in columns] for row in reading.evidence]
+        rows += [
+            ["-" if row[c] is None else str(row[c]) for c in columns] for row in reading.evidence
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
         for row in rows:
             cells = zip(row, widths, strict=True)
@@ -101,7 +149,7 @@ def _table(reading: TierReading) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
@@ -123,18 +171,40 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tier 0: the top-of-rack switches the compute NICs hear by LLDP (Ethernet, RoCE)",
     )
+    mode.add_argument(
+        "--infiniband",
+        action="store_true",
+        help="tiers 0 and 1: the leaf group and the spine group over the HCA ports, by "
+        "directed-route SMPs through /dev/infiniband/umad*",
+    )
+    parser.add_argument(
+        "--hca",
+        action="append",
+        metavar="NAME",
+        help="with --infiniband: an HCA to scan from (repeat for each; default: every "
+        "InfiniBand port this process can use)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="with --infiniband: the whole scan's time (default: %(default)s)",
+    )
     parser.add_argument(
         "--interface",
         action="append",
         metavar="NAME",
-        help="a compute NIC to read (repeat for each; default: the RDMA devices' Ethernet ports)",
+        help="with --lldp: a compute NIC to read (repeat for each; default: the RDMA devices' "
+        "Ethernet ports)",
     )
     parser.add_argument(
         "--wait",
-        type=_wait,
+        type=_seconds,
         default=DEFAULT_WAIT_S,
         metavar="SECONDS",
-        help="how long to listen for LLDP where lldpd does not answer (default: %(default)s)",
+        help="with --lldp: how long to listen for LLDP where lldpd does not answer "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--format", choices=FORMATS, default="json", help="output format (default: %(default)s)"

@@ -12,9 +12,12 @@ from reporter.collect.infiniband_tiers import Discovery, discovery_json, summari
 from reporter.schema.fabric import is_label_value
 from tests.support.ibsim import FatTree, IbSim, WalkError, have_ibsim
 
-pytestmark = pytest.mark.skipif(
-    not have_ibsim(), reason="ibsim-utils not installed (sh tests/prereqs.sh installs it)"
-)
+
+@pytest.fixture(autouse=True)
+def _ibsim_installed() -> None:
+    if not have_ibsim():
+        pytest.fail("ibsim is missing: run `sh tests/prereqs.sh`, which installs it", pytrace=False)
+
 
 FABRICS = [
     pytest.param(FatTree(units=3, hosts_per_unit=2), id="2-tier, three leaf groups, one rail"),

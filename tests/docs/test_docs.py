@@ -94,6 +94,10 @@ NOT_RUN = {
         "needs a switch sending LLDP; tests/collect/test_lldp_namespaces.py runs it against the "
         "real lldpd in network namespaces"
     ),
+    "topo-reporter network --infiniband --format json": (
+        "needs an InfiniBand fabric; tests/cli/test_network_infiniband.py runs it as a host of the "
+        "real ibsim"
+    ),
     "topo-reporter extender --listen 0.0.0.0:8888 --kubeconfig ~/.kube/config": (
         "serves until stopped; tests/extender/test_cli.py starts it on loopback"
     ),
