@@ -453,6 +453,7 @@ class NodeCache:
         fresh = {n.name: n.value for n in listed}
         wholes = {n.name: connected_whole(_labels(n), self.prefix) for n in listed}
         facts = {n.name: node_facts(n.node) for n in listed}
+        places = {n.name: place_of(n, self.prefix) for n in listed}
         with self._lock:
             old = self._table
             table = RankTable(self._resource, self._lock)
@@ -464,7 +465,7 @@ class NodeCache:
             for k in old.sizes():
                 table.verdicts(k)
             self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
-            self._place = {n.name: place_of(n, self.prefix) for n in listed}
+            self._place = places
             self._version = {n.name: v for n in listed if (v := revision(n.version)) is not None}
             # The watch restarts from this list, which it brings up to date.
             self._taken = {}

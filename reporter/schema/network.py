@@ -57,8 +57,12 @@ def tier_of_key(full_key: str, prefix: str) -> int | None:
 def network_tiers(labels: Mapping[str, object], prefix: str) -> dict[int, str]:
     """A Node's network groups by tier (`{0: leaf group, 1: spine group}`) from its labels: every
     `<prefix>/network-tier-<N>` with a non-empty value, whichever tiers its agent wrote."""
+    head = f"{prefix}/{NETWORK_TIER_NAME}"
     found: dict[int, str] = {}
     for label, value in labels.items():
+        # The extender reads every label of every Node on a relist: most fail this at once.
+        if not label.startswith(head):
+            continue
         tier = tier_of_key(label, prefix)
         if tier is not None and isinstance(value, str) and value:
             found[tier] = value

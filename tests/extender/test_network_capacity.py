@@ -5,13 +5,17 @@ from scratch; kept as nodes move and go; bounded in series whatever the labels s
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from reporter.extender.cache import NodeCache
 from reporter.extender.server import MAX_NETWORK_SERIES, ExtenderMetrics
 from reporter.publish.watch import NodeAnnotation, WatchEvent, node_annotation
+from tests.extender.test_metrics import FREE as FREE_GPUS
 from tests.extender.test_metrics import text
 from tests.support.leaf_groups import GPUS, GROUP_SIZES, PREFIX, SPINE, leaf, leaf_cluster
 
@@ -100,3 +104,57 @@ def test_labels_of_one_value_per_node_make_at_most_the_capped_series() -> None:
     assert unlisted == extra
     assert ("0", f"g{MAX_NETWORK_SERIES - 1:05d}") in free
     assert ("0", f"g{MAX_NETWORK_SERIES:05d}") not in free
+
+
+NAMES = ["a", "b", "c"]
+STATES = st.tuples(
+    st.sampled_from([*FREE_GPUS, None]),
+    st.sampled_from([None, "leaf-1", "leaf-2"]),
+    st.sampled_from([None, "spine-1"]),
+)
+EVENTS = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(NAMES), STATES),
+    st.tuples(st.just("drop"), st.sampled_from(NAMES), st.none()),
+    st.tuples(st.just("relist"), st.dictionaries(st.sampled_from(NAMES), STATES), st.none()),
+    st.tuples(st.just("vouch"), st.sampled_from(NAMES), st.none()),
+)
+State = tuple[str | None, str | None, str | None]
+
+
+def watched(name: str, state: State) -> NodeAnnotation:
+    free, leaf_group, spine = state
+    labels = {f"{PREFIX}/network-tier-{t}": v for t, v in enumerate([leaf_group, spine]) if v}
+    return NodeAnnotation(
+        name, None if free is None else text(free), {"metadata": {"labels": labels}}, None, 8
+    )
+
+
+@given(st.lists(EVENTS, max_size=24))
+def test_the_group_counts_kept_as_nodes_change_equal_a_count_from_scratch(
+    events: list[Any],
+) -> None:
+    vouched = set(NAMES)
+    cache = NodeCache(PREFIX, vouched=vouched.__contains__)
+    cache.replace([])
+    nodes: dict[str, State] = {}
+    for kind, name, state in events:
+        if kind == "set":
+            nodes[name] = state
+            cache.apply(WatchEvent("MODIFIED", watched(name, state), "1"))
+        elif kind == "drop":
+            nodes.pop(name, None)
+            cache.apply(WatchEvent("DELETED", NodeAnnotation(name, None), "1"))
+        elif kind == "relist":
+            nodes = dict(name)
+            cache.replace([watched(n, s) for n, s in nodes.items()])
+        else:  # the node's heartbeat turns stale or fresh again
+            vouched.symmetric_difference_update({name})
+            cache.revise(name)
+        want: dict[tuple[int, str], tuple[int, int]] = {}
+        for n, (free, *groups) in nodes.items():
+            whole = free == "whole" and n in vouched
+            for tier, group in enumerate(groups):
+                if group is not None:
+                    count, wholes = want.get((tier, group), (0, 0))
+                    want[tier, group] = (count + 1, wholes + whole)
+        assert cache.network_capacity() == want
