@@ -169,7 +169,9 @@ CASES: dict[str, Case] = {
     "dra-template: --gpus that is no number": Case(
         ["dra-template", "--gpus", "four"], 2, "'four' is not a number of GPUs"
     ),
-    "network: no discovery mode": Case(["network"], 2, "one of the arguments --lldp --infiniband is required"),
+    "network: no discovery mode": Case(
+        ["network"], 2, "one of the arguments --lldp --infiniband is required"
+    ),
     "network: --wait 0": Case(
         ["network", "--lldp", "--wait", "0"], 2, "'0' is not a number of seconds above 0"
     ),
