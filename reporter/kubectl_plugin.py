@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         "free nodes, and the nodes that can host a connected set of 2, 4 and 8 GPUs now (what "
         "the extender's capacity gauges count)",
     )
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="the cluster's free capacity per network group instead: for each value of each "
+        "network-tier-<N> label (tier 0 the leaf group) its nodes and its whole free nodes (what "
+        "the extender's network gauges count)",
+    )
     # kubectl's connection flags: --kubeconfig is topo-reporter's own setting, said the same way.
     kubernetes = settings.add_arguments(parser, settings.ReaderSettings)[settings.Group.KUBERNETES]
     kubernetes.add_argument(
@@ -77,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.partitions and (args.node is not None or args.format in ("dot", "mermaid")):
         parser.error("--partitions counts every node: give no NODE, and --format text or json")
+    if args.network and (
+        args.partitions or args.node is not None or args.format in ("dot", "mermaid")
+    ):
+        parser.error(
+            "--network counts every node: give no NODE nor --partitions, and --format text or json"
+        )
     if args.node is None and args.format in ("dot", "mermaid"):
         parser.error(f"--format {args.format} draws one node: name it")
     # What reads the cluster and prints loads once the arguments parse: `--help` does without it.

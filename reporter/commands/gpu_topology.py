@@ -1,5 +1,6 @@
 """`kubectl gpu-topology`'s reading and printing: a node's wiring, free GPUs, pod GPU sets and the
-doctor's findings, one line per GPU node, or the cluster's free capacity per NVLink partition.
+doctor's findings, one line per GPU node, or the cluster's free capacity per NVLink partition or
+per network group.
 
 It only reads: Nodes, and where the credentials allow, the agent's pods and Events for the
 doctor's findings, through the official client (exec plugins, contexts: every kubeconfig kubectl
@@ -68,6 +69,31 @@ def capacity_text(found: Mapping[str, Any]) -> str:
         out = "No node carries an NVLink partition label.\n"
     sizes = ", ".join(f"{k} GPUs: {n}" for k, n in found["connected_capable_nodes"].items())
     return out + f"Nodes that can host an NVLink-connected set now: {sizes}\n"
+
+
+def network_capacity(nodes: Sequence[Mapping[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """Per network group (each value of each `network-tier-<N>` label, tier 0 the leaf group) its
+    nodes and those whose GPUs are all free, counted by the extender's own cache; by tier, then
+    group."""
+    cache = NodeCache(prefix)
+    cache.replace(node_annotation(n, keys.key(prefix, keys.AVAILABILITY)) for n in nodes)
+    return [
+        {"tier": tier, "group": group, "nodes": n, "free_nodes": free}
+        for (tier, group), (n, free) in sorted(cache.network_capacity().items())
+    ]
+
+
+def network_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`network_capacity` as `kubectl get` lays out a table, or why there is none."""
+    if not rows:
+        return (
+            "No node carries a network-tier-<N> label (docs/network.md says which of the "
+            "agent's sources write them).\n"
+        )
+    return _table(
+        ("TIER", "GROUP", "NODES", "WHOLE-FREE"),
+        [[str(r["tier"]), r["group"], str(r["nodes"]), str(r["free_nodes"])] for r in rows],
+    )
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -347,6 +373,11 @@ def run(args: argparse.Namespace) -> int:
     if args.partitions:
         found = capacity(reader.list_nodes(), args.prefix)
         text = json.dumps(found, indent=2) + "\n" if args.format == "json" else capacity_text(found)
+        terminal.write(sys.stdout, text)
+        return EXIT_OK
+    if args.network:
+        rows = network_capacity(reader.list_nodes(), args.prefix)
+        text = json.dumps(rows, indent=2) + "\n" if args.format == "json" else network_text(rows)
         terminal.write(sys.stdout, text)
         return EXIT_OK
     if args.node is None:

@@ -53,6 +53,7 @@ class Code(enum.StrEnum):
     CLIQUE_ID_SHARED = "clique-id-shared"
     # Pod groups (reporter.doctor.groups)
     POD_GROUP_EXCEEDS_PARTITIONS = "pod-group-exceeds-partitions"
+    POD_GROUP_EXCEEDS_NETWORK_GROUPS = "pod-group-exceeds-network-groups"
     # dra-template's templates (reporter.doctor.templates)
     DRA_TEMPLATE_GATE_OFF = "dra-template-gate-off"
     DRA_TEMPLATE_MISROUTED_NODES = "dra-template-misrouted-nodes"

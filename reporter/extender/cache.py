@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 from parsers.errors import ParseError
 from parsers.integers import parse_decimal
@@ -43,6 +43,7 @@ from reporter.schema import keys
 from reporter.schema.availability import Availability, decode_availability
 from reporter.schema.fabric import OWN_DOMAIN_PREFIX
 from reporter.schema.keys import COUNT, DEFAULT_PREFIX, INTERCONNECT, NVLINK_HEALTH, key
+from reporter.schema.network import network_tiers
 
 DEFAULT_RESOURCE = keys.GPU_RESOURCE
 KEPT_SIZES = 16
@@ -339,18 +340,42 @@ def connected_whole(labels: Any, prefix: str = DEFAULT_PREFIX) -> int:
 CAPABLE_SIZES = (2, 4, 8)
 """The set sizes capacity is counted for (`topo_reporter_extender_connected_capable_nodes`,
 `kubectl gpu-topology --partitions`)."""
-_NOWHERE: tuple[str | None, int | None] = (None, None)
+G = TypeVar("G", str, tuple[int, str])
+NetworkGroup = tuple[int, str]
+"""A network group: (tier, the value of its `network-tier-<tier>` label)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a node stands, from its labels, for the capacity counts."""
+
+    partition: str | None = None
+    """Its NVLink partition label."""
+    gpus: int | None = None
+    """Its GPU `count` label."""
+    networks: tuple[NetworkGroup, ...] = ()
+    """Its network group at each tier it carries (`network-tier-<N>`)."""
+
+
+_NOWHERE = Place()
+
+
+def place_of(node: NodeAnnotation, prefix: str) -> Place:
+    """The node's place, from what the watch brought of it."""
+    labels = _labels(node)
+    tiers = network_tiers(labels, prefix) if isinstance(labels, dict) else {}
+    return Place(node.partition, node.gpus, tuple(tiers.items()))
 
 
 class _Tally:
     """The counts /metrics shows, kept as nodes change rather than counted at each scrape (issue
     41, item 5: at 15,000 nodes a scrape that counted took 67 to 77 ms): nodes known and
     unreadable, nodes that hand a pod of k GPUs a connected set now, and per multi-node NVLink
-    partition its nodes and its whole free ones. A node's own partition (`node-<name>`, a node
-    outside a multi-node fabric) is left out: one per node, it would make the series as many as
-    the nodes."""
+    partition and per network group its nodes and its whole free ones. A node's own partition
+    (`node-<name>`, a node outside a multi-node fabric) is left out: one per node, it would make
+    the series as many as the nodes."""
 
-    __slots__ = ("capable", "nodes", "partitions", "unreadable")
+    __slots__ = ("capable", "networks", "nodes", "partitions", "unreadable")
 
     def __init__(self) -> None:
         self.nodes = 0
@@ -358,10 +383,11 @@ class _Tally:
         self.capable = dict.fromkeys(CAPABLE_SIZES, 0)
         self.partitions: dict[str, list[int]] = {}
         """Partition to [nodes carrying it, those whose GPUs are all free]."""
+        self.networks: dict[NetworkGroup, list[int]] = {}
+        """Network group to [nodes in it, those whose GPUs are all free]."""
 
-    def count(self, r: NodeRank | None, place: tuple[str | None, int | None], sign: int) -> None:
-        """Add a node of rank `r` and (partition, GPU count) labels `place` (sign 1), or take
-        it away (-1)."""
+    def count(self, r: NodeRank | None, place: Place, sign: int) -> None:
+        """Add a node of rank `r` standing at `place` (sign 1), or take it away (-1)."""
         self.nodes += sign
         if r is None:
             self.unreadable += sign
@@ -369,14 +395,21 @@ class _Tally:
             for k in CAPABLE_SIZES:
                 if k <= len(r.connected) and r.connected[k - 1]:
                     self.capable[k] += sign
-        partition, gpus = place
-        if partition is None or partition.startswith(OWN_DOMAIN_PREFIX):
-            return
-        entry = self.partitions.setdefault(partition, [0, 0])
-        entry[0] += sign
-        entry[1] += sign * (r is not None and gpus is not None and gpus > 0 and r.free == gpus)
-        if not entry[0]:
-            del self.partitions[partition]
+        gpus = place.gpus
+        whole = sign * (r is not None and gpus is not None and gpus > 0 and r.free == gpus)
+        for network in place.networks:
+            _add(self.networks, network, sign, whole)
+        partition = place.partition
+        if partition is not None and not partition.startswith(OWN_DOMAIN_PREFIX):
+            _add(self.partitions, partition, sign, whole)
+
+
+def _add(groups: dict[G, list[int]], group: G, sign: int, whole: int) -> None:
+    entry = groups.setdefault(group, [0, 0])
+    entry[0] += sign
+    entry[1] += whole
+    if not entry[0]:
+        del groups[group]
 
 
 class NodeCache:
@@ -401,8 +434,8 @@ class NodeCache:
         """Node name to `connected_whole` of its labels, as last judged."""
         self._facts: dict[str, NodeFacts] = {}
         """Node name to where pods may go on it (labels, taints), as last seen."""
-        self._place: dict[str, tuple[str | None, int | None]] = {}
-        """Each node's NVLink partition and GPU count labels, for `capacity`."""
+        self._place: dict[str, Place] = {}
+        """Each node's NVLink partition, GPU count and network group labels, for `capacity`."""
         self._table = RankTable(resource, self._lock)
         self._tally = _Tally()
         """Counts of the table's nodes: each node in it is counted once, by its rank there."""
@@ -420,6 +453,7 @@ class NodeCache:
         fresh = {n.name: n.value for n in listed}
         wholes = {n.name: connected_whole(_labels(n), self.prefix) for n in listed}
         facts = {n.name: node_facts(n.node) for n in listed}
+        places = {n.name: place_of(n, self.prefix) for n in listed}
         with self._lock:
             old = self._table
             table = RankTable(self._resource, self._lock)
@@ -431,7 +465,7 @@ class NodeCache:
             for k in old.sizes():
                 table.verdicts(k)
             self._text, self._whole, self._facts, self._table = fresh, wholes, facts, table
-            self._place = {n.name: (n.partition, n.gpus) for n in listed}
+            self._place = places
             self._version = {n.name: v for n in listed if (v := revision(n.version)) is not None}
             # The watch restarts from this list, which it brings up to date.
             self._taken = {}
@@ -467,7 +501,7 @@ class NodeCache:
                 self._version.pop(node.name, None)
                 self._table.drop(node.name)
                 return
-            self._place[node.name] = (node.partition, node.gpus)
+            self._place[node.name] = place_of(node, self.prefix)
             whole = connected_whole(_labels(node), self.prefix)
             facts = node_facts(node.node)
             if (
@@ -552,6 +586,12 @@ class NodeCache:
         with self._lock:
             tally = self._tally
             return dict(tally.capable), {p: n[1] for p, n in tally.partitions.items()}
+
+    def network_capacity(self) -> dict[NetworkGroup, tuple[int, int]]:
+        """Per network group (every `network-tier-<N>` value a node carries): (its nodes, those
+        whose GPUs are all free, as `capacity` counts them). Kept as nodes change."""
+        with self._lock:
+            return {g: (n[0], n[1]) for g, n in self._tally.networks.items()}
 
     def counts(self) -> tuple[int, int]:
         """(nodes known, nodes whose availability is missing or damaged)."""

@@ -71,6 +71,10 @@ def peak_bytes(limits: Limits) -> int:
 
 
 VERBS = ("filter", "prioritize", "preempt")
+MAX_NETWORK_SERIES = 2000
+"""The most network groups /metrics lists: a 64-port leaf switch's group holds 16 to 32 nodes, so
+15,000 nodes make under 1,000 leaf groups and fewer spine groups. Labels written one value per
+node (by a tool other than the agent) would otherwise make a series per node."""
 
 
 class CapacityCollector(Collector):
@@ -78,7 +82,8 @@ class CapacityCollector(Collector):
     its own, no work per node): nodes that can host a connected set of 2, 4 and 8 GPUs now, and
     whole free nodes per multi-node NVLink partition (one series per such partition; a node's
     own `node-<name>` partition is left out, so the series are as many as the fabric's
-    partitions, not the nodes)."""
+    partitions, not the nodes); and whole free nodes per network group (a series per value of
+    each `network-tier-<N>` label, at most MAX_NETWORK_SERIES)."""
 
     def __init__(self, cache: NodeCache) -> None:
         self._cache = cache
@@ -102,6 +107,23 @@ class CapacityCollector(Collector):
         for partition, n in sorted(free.items()):
             partitions.add_metric([partition], n)
         yield partitions
+        networks = sorted(self._cache.network_capacity().items())
+        groups = GaugeMetricFamily(
+            "topo_reporter_extender_network_group_free_nodes",
+            "Nodes of each network group (the value of a network-tier-<N> label; tier 0 the "
+            f"leaf group) whose GPUs are all free; the first {MAX_NETWORK_SERIES} groups by tier "
+            "and name.",
+            labels=["tier", "group"],
+        )
+        for (tier, group), (_, n) in networks[:MAX_NETWORK_SERIES]:
+            groups.add_metric([str(tier), group], n)
+        yield groups
+        yield GaugeMetricFamily(
+            "topo_reporter_extender_network_groups_unlisted",
+            f"Network groups beyond the first {MAX_NETWORK_SERIES}, left out of "
+            "network_group_free_nodes (0 unless a tier's labels are nearly one value per node).",
+            value=max(0, len(networks) - MAX_NETWORK_SERIES),
+        )
 
 
 class ExtenderMetrics:

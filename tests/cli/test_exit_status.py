@@ -178,6 +178,9 @@ CASES: dict[str, Case] = {
     "plugin: a picture of no node": Case(
         ["--format", "dot"], 2, "--format dot draws one node", plugin=True
     ),
+    "plugin: --network with a node": Case(
+        ["--network", "gpu-node-1"], 2, "--network counts every node", plugin=True
+    ),
     # 2: a bad value, named with where it came from: a flag, a variable, a settings file.
     "collect: --backend foo": Case(
         ["collect", "--backend", "foo"], 2, "backend (--backend) 'foo' is not one of auto, nvml"

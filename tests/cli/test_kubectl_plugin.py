@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from tests.support.hostile_text import (
 from tests.support.kube_double import ApiServerDouble, write_kubeconfig
 from tests.support.kube_double.tls import Certificate
 from tests.support.kubectl_support import kubectl
+from tests.support.leaf_groups import GPUS, SPINE, leaf_cluster
 
 AGENT = {"app.kubernetes.io/name": "topo-reporter"}
 Plugin = Callable[..., subprocess.CompletedProcess[str]]
@@ -221,6 +223,55 @@ def test_partitions_count_each_partitions_nodes_and_whole_free_ones(
     refused = plugin("--partitions", NODE, KUBECONFIG=str(admin_kubeconfig))
     assert refused.returncode == 2
     assert "--partitions counts every node" in refused.stderr
+
+
+def test_network_counts_each_leaf_groups_nodes_and_whole_free_ones_as_counted_from_scratch(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    # marin#6950's 64 H100 nodes in 15 leaf groups, beside NODE, which carries no tier.
+    cluster = leaf_cluster(2)
+    for node in cluster.nodes:
+        meta = node["metadata"]
+        published.add_node(meta["name"], labels=meta["labels"], annotations=meta["annotations"])
+    members = Tally(cluster.group.values())
+    whole = Tally(g for n, g in cluster.group.items() if cluster.free[n] == GPUS)
+    want = [
+        *[["0", g, str(members[g]), str(whole[g])] for g in sorted(members)],
+        ["1", SPINE, "64", str(sum(whole.values()))],
+    ]
+    result = plugin("--network", KUBECONFIG=str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines == [["TIER", "GROUP", "NODES", "WHOLE-FREE"], *want]
+    # The leaf groups that can take a gang of 8 whole nodes now, by the plugin and from scratch.
+    assert {r[1] for r in lines[1:] if r[0] == "0" and int(r[3]) >= 8} == {
+        g for g in members if whole[g] >= 8
+    }
+    as_json = plugin("--network", "--format", "json", KUBECONFIG=str(admin_kubeconfig))
+    assert json.loads(as_json.stdout) == [
+        {"tier": int(t), "group": g, "nodes": int(n), "free_nodes": int(f)} for t, g, n, f in want
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--network", NODE), ("--network", "--partitions"), ("--network", "--format", "dot")],
+    ids=["a node", "partitions too", "a picture"],
+)
+def test_network_with_a_node_partitions_or_a_picture_is_bad_usage(
+    plugin: Plugin, args: tuple[str, ...]
+) -> None:
+    refused = plugin(*args)
+    assert refused.returncode == 2
+    assert "--network counts every node" in refused.stderr
+
+
+def test_network_without_tier_labels_says_so(
+    published: ApiServerDouble, admin_kubeconfig: Path, plugin: Plugin
+) -> None:
+    result = plugin("--network", KUBECONFIG=str(admin_kubeconfig))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("No node carries a network-tier-<N> label")
 
 
 @pytest.mark.parametrize(
