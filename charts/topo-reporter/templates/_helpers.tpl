@@ -164,3 +164,14 @@ app.kubernetes.io/part-of: topo-reporter
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{- /*
+With network.labelStyle topograph: the one foreign key family the agent writes and the prune job
+removes, NVIDIA Topograph's tier labels, by exact key (reporter.schema.keys.TOPOGRAPH_TIER_KEYS):
+a CEL regex, or nothing with our own label style.
+*/ -}}
+{{- define "topo-reporter.topographTierKeys" -}}
+{{- if eq .Values.network.labelStyle "topograph" -}}
+^fabric[.]topograph[.]run/tier-[01]$
+{{- end }}
+{{- end }}
