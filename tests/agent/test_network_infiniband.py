@@ -191,3 +191,14 @@ def test_ports_that_reach_no_switch_are_a_failure() -> None:
         "failed",
         "no InfiniBand HCA port is cabled to a switch: check the links (ibstat)",
     )
+
+
+@pytest.mark.parametrize(
+    ("style", "key"),
+    [("topo-reporter", OURS[0]), ("topograph", TOPOGRAPH[0])],
+    ids=["our key", "topograph's key"],
+)
+def test_the_lldp_source_takes_the_same_label_style(style: str, key: str) -> None:
+    config = _settings(network_lldp=True, network_label_style=style)
+    lldp = [s for s in config_node_sources(config) if s.name == "lldp"]
+    assert [s.labels("eth-1", PREFIX) for s in lldp] == [{key: "eth-1"}]
