@@ -144,39 +144,49 @@ def _policy(values: dict[str, Any], name: str) -> PolicyEvaluator:
     return PolicyEvaluator(rendered.named("ValidatingAdmissionPolicy", name))
 
 
-@pytest.mark.parametrize(
-    ("key", "admitted"),
-    [
-        (keys.TOPOGRAPH_TIER_KEYS[0], True),
-        (keys.TOPOGRAPH_TIER_KEYS[1], True),
-        ("fabric.topograph.run/tier-2", False),
-        ("fabric.topograph.run/tier-0x", False),
-        ("fabric.topograph.run/accelerator", False),
-        ("xfabric.topograph.run/tier-0", False),
-    ],
-    ids=[
-        "tier-0",
-        "tier-1",
-        "a tier we never write",
-        "a longer key",
-        "another key",
-        "a look-alike",
-    ],
-)
+TIER_KEYS = [
+    (keys.TOPOGRAPH_TIER_KEYS[0], True),
+    (keys.TOPOGRAPH_TIER_KEYS[1], True),
+    ("fabric.topograph.run/tier-2", False),
+    ("fabric.topograph.run/tier-0x", False),
+    ("fabric.topograph.run/accelerator", False),
+    ("xfabric.topograph.run/tier-0", False),
+]
+TIER_IDS = [
+    "tier-0",
+    "tier-1",
+    "a tier we never write",
+    "a longer key",
+    "another key",
+    "a look-alike",
+]
+
+
+@pytest.mark.parametrize(("key", "ours"), TIER_KEYS, ids=TIER_IDS)
 @pytest.mark.parametrize("style", ["topo-reporter", "topograph"])
-def test_the_node_policy_admits_exactly_topographs_tier_keys_and_only_with_that_style(
-    key: str, admitted: bool, style: str
+def test_the_node_policy_admits_writing_exactly_topographs_tier_keys_only_with_that_style(
+    key: str, ours: bool, style: str
 ) -> None:
     policy = _policy({"network": {"labelStyle": style}}, NODE_POLICY)
-    allowed = admitted and style == "topograph"
     for old, new in (
         changed(set_label(key, "ib-leaves-1")),
-        changed(drop_label(key), published_with(key)),
+        changed(set_label(key, "ib-leaves-2"), published_with(key)),
     ):
         decision = policy.admit(request(old, new, username=AGENT))
-        assert decision.allowed is allowed, (key, style, decision.message)
-        if not allowed:
+        assert decision.allowed is (ours and style == "topograph"), (key, style)
+        if not decision.allowed:
             assert f"only labels under {P}/" in decision.message
+
+
+@pytest.mark.parametrize(("key", "ours"), TIER_KEYS, ids=TIER_IDS)
+@pytest.mark.parametrize("style", ["topo-reporter", "topograph"])
+def test_the_node_policy_admits_removing_exactly_topographs_tier_keys_whatever_the_style(
+    key: str, ours: bool, style: str
+) -> None:
+    """After a change back to our style the agent removes what it wrote with Topograph's."""
+    policy = _policy({"network": {"labelStyle": style}}, NODE_POLICY)
+    old, new = changed(drop_label(key), published_with(key))
+    assert policy.admit(request(old, new, username=AGENT)).allowed is ours, (key, style)
 
 
 def published_with(key: str) -> dict[str, Any]:
@@ -195,16 +205,9 @@ def test_our_own_keys_stay_admitted_with_the_topograph_style() -> None:
 PRUNE_AGENT = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}-prune"
 
 
-@pytest.mark.parametrize(
-    ("style", "key", "admitted"),
-    [
-        ("topograph", keys.TOPOGRAPH_TIER_KEYS[1], True),
-        ("topograph", "fabric.topograph.run/tier-2", False),
-        ("topo-reporter", keys.TOPOGRAPH_TIER_KEYS[0], False),
-    ],
-    ids=["topograph style: its tier key goes", "not a key we write", "our style: not ours"],
-)
-def test_the_prune_policy_removes_topographs_tier_keys_only_with_that_style(
+@pytest.mark.parametrize(("key", "admitted"), TIER_KEYS, ids=TIER_IDS)
+@pytest.mark.parametrize("style", ["topo-reporter", "topograph"])
+def test_the_prune_policy_removes_exactly_topographs_tier_keys_whatever_the_style(
     style: str, key: str, admitted: bool
 ) -> None:
     rendered = render({"network": {"labelStyle": style}}, api_versions=(VAP_API,))

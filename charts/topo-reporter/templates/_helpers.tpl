@@ -166,12 +166,10 @@ app.kubernetes.io/part-of: topo-reporter
 {{- end }}
 
 {{- /*
-With network.labelStyle topograph: the one foreign key family the agent writes and the prune job
-removes, NVIDIA Topograph's tier labels, by exact key (reporter.schema.keys.TOPOGRAPH_TIER_KEYS):
-a CEL regex, or nothing with our own label style.
+The one foreign key family the agent writes (with network.labelStyle topograph) and may remove
+(whatever the style: what an earlier topograph style wrote, and its `owned` lists), NVIDIA
+Topograph's tier labels, by exact key (reporter.schema.keys.TOPOGRAPH_TIER_KEYS): a CEL regex.
 */ -}}
 {{- define "topo-reporter.topographTierKeys" -}}
-{{- if eq .Values.network.labelStyle "topograph" -}}
 ^fabric[.]topograph[.]run/tier-[01]$
-{{- end }}
 {{- end }}
