@@ -29,6 +29,7 @@ from parsers.kubelet import KubeletPolicies
 from reporter import settings
 from reporter.agent import STALL_AFTER_S, Agent, SchemaProjection
 from reporter.collect import NodeSource, Scanner, build_scanner
+from reporter.collect.infiniband import InfinibandTierSource
 from reporter.collect.kubelet import KubeletReading, nrt_policies, read_kubelet
 from reporter.collect.kubelet_policies import KubeletSource
 from reporter.collect.lldp import LldpTierSource
@@ -219,10 +220,17 @@ def config_node_sources(
         if kubelet is not None
         else functools.partial(read_kubelet, Path(config.kubelet_config))
     )
-    if not config.network_lldp:
-        return (kubelet_source,)
-    sysfs = None if config.simulate else DirHostFS(Path(config.sysfs_root))
-    return (kubelet_source, LldpTierSource(sysfs))
+    # Settings refuse both network sources at once: each would write network-tier-0.
+    if config.network_infiniband:
+        style = config.network_label_style
+        return (
+            kubelet_source,
+            InfinibandTierSource(config.simulate is not None, label_style=style),
+        )
+    if config.network_lldp:
+        sysfs = None if config.simulate else DirHostFS(Path(config.sysfs_root))
+        return (kubelet_source, LldpTierSource(sysfs, label_style=config.network_label_style))
+    return (kubelet_source,)
 
 
 def config_live_outputs(

@@ -38,6 +38,7 @@ from reporter.inputs import read_bounded, size_text
 from reporter.placement import Policy
 from reporter.schema import dra, keys
 from reporter.schema.keys import DEFAULT_PREFIX
+from reporter.schema.network import NETWORK_LABEL_STYLES
 from reporter.schema.scheduler import MAX_REQUEST_BYTES, check_resource_name
 
 SINKS = ("node", "nodefeature")
@@ -414,8 +415,32 @@ class Settings:
         "lldpd socket)",
         kind=Kind.SWITCH,
         group=Group.SOURCES,
+        chart="network.lldp.enabled",
     )
     """Publish the Ethernet/RoCE tier 0 heard by LLDP (reporter.collect.lldp.LldpTierSource)."""
+    network_infiniband: bool = setting(
+        False,
+        flag="--network-infiniband",
+        env="TOPO_REPORTER_NETWORK_INFINIBAND",
+        help="publish network-tier-0 and network-tier-1, the InfiniBand leaf and spine groups "
+        "the HCAs reach by SMPs, read every 10 minutes (needs the umad devices "
+        "/dev/infiniband/umad*)",
+        kind=Kind.SWITCH,
+        group=Group.SOURCES,
+        chart="network.infiniband.enabled",
+    )
+    """Publish the InfiniBand tiers 0 and 1 (reporter.collect.infiniband.InfinibandTierSource)."""
+    network_label_style: str = setting(
+        "topo-reporter",
+        flag="--network-label-style",
+        env="TOPO_REPORTER_NETWORK_LABEL_STYLE",
+        help="the keys of the network tiers: topo-reporter (<prefix>/network-tier-<N>) or "
+        "topograph (fabric.topograph.run/tier-<N>, NVIDIA Topograph's)",
+        allowed=NETWORK_LABEL_STYLES,
+        group=Group.SOURCES,
+        chart="network.labelStyle",
+    )
+    """Whose keys the network tiers are published under (reporter.schema.network)."""
     topology_manager_policy: str | None = setting(
         None,
         flag="--topology-manager-policy",
@@ -645,6 +670,17 @@ class Settings:
             raise ConfigError(
                 f"--taint-unhealthy-fabric taints the Node itself: it needs --sink node, not "
                 f"{excerpt(self.sink)}"
+            )
+        if self.network_lldp and self.network_infiniband:
+            raise ConfigError(
+                "--network-lldp and --network-infiniband both publish network-tier-0: turn on "
+                "the one of the fabric the GPUs' jobs talk over (chart: network.lldp.enabled, "
+                "network.infiniband.enabled)"
+            )
+        if self.network_label_style == "topograph" and self.sink != "node":
+            raise ConfigError(
+                f"--network-label-style topograph writes fabric.topograph.run/ labels on the Node "
+                f"itself: it needs --sink node, not {excerpt(self.sink)}"
             )
         if len(self.dra_drivers) > _MAX_DRA_DRIVERS:
             raise ConfigError(f"dra-drivers: give at most {_MAX_DRA_DRIVERS} driver names")

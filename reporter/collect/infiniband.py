@@ -22,7 +22,7 @@ import os
 import select
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from parsers.errors import ParseError
@@ -39,8 +39,16 @@ from parsers.smp import (
     encode_get,
     request_tid,
 )
-from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, summarize
+from reporter.collect import NodeReading, SourceState
+from reporter.collect.infiniband_tiers import (
+    Discovery,
+    PortView,
+    SmpCounts,
+    fabric_tiers,
+    summarize,
+)
 from reporter.errors import CollectError
+from reporter.schema.network import tier_labels
 
 MAX_UMAD_DEVICES = 64
 """umad<N> probed, 0 to 63: a node has a few HCAs, each with a port or two."""
@@ -344,3 +352,50 @@ def discover(
         list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s, total_s=total_s
     )
     return summarize(views, smps)
+
+
+AGENT_INTERVAL_S = 600.0
+"""The agent reads the fabric every 10 minutes: a leaf or spine group changes with recabling."""
+AGENT_TOTAL_S = 30.0
+"""The agent's bound on one whole scan: its topology loop waits for it. A 2-tier fabric of 64-port
+switches costs a few thousand SMPs, each answered in well under a millisecond."""
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandTierSource:
+    """Tiers 0 and 1 of the InfiniBand fabric as a node source (`--network-infiniband`), every
+    AGENT_INTERVAL_S: what `topo-reporter network --infiniband` finds from every HCA port, both
+    tiers always (reporter.collect.infiniband_tiers.fabric_tiers). A simulated machine, or a node
+    with no InfiniBand port, is no data; a scan that fails or reaches no switch, a failure."""
+
+    simulated: bool
+    total_s: float = AGENT_TOTAL_S
+    label_style: str = "topo-reporter"
+    """One of reporter.schema.network.NETWORK_LABEL_STYLES."""
+    scan: Callable[[float], Discovery] = field(default=lambda total_s: discover(total_s=total_s))
+    """The discovery, given its time bound: a test's double stands in for the fabric."""
+
+    name = "infiniband"
+    interval_s = AGENT_INTERVAL_S
+    lacking = "network tiers 0 and 1 unknown"
+
+    def read(self) -> NodeReading[tuple[str, ...]]:
+        if self.simulated:
+            return NodeReading(None, SourceState.NO_DATA, "a simulated machine has no HCA")
+        try:
+            found = self.scan(self.total_s)
+        except CollectError as e:
+            return NodeReading(None, SourceState.FAILED, str(e))
+        if not found.views:
+            return NodeReading(None, SourceState.NO_DATA, "no InfiniBand HCA port")
+        tiers = fabric_tiers(found.views)
+        if not tiers:
+            return NodeReading(
+                None,
+                SourceState.FAILED,
+                "no InfiniBand HCA port is cabled to a switch: check the links (ibstat)",
+            )
+        return NodeReading(tiers)
+
+    def labels(self, value: tuple[str, ...], prefix: str) -> dict[str, str]:
+        return tier_labels(value, prefix, self.label_style)

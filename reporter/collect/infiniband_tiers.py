@@ -26,7 +26,7 @@ its nodes get a value of their own. No tier 2 (the cores) yet.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 LEAF_GROUP_PREFIX = "ib-leaves-"
@@ -63,6 +63,18 @@ def derive_tiers(views: Iterable[PortView]) -> tuple[str, ...]:
     if under:
         tiers.append(group_value(SPINE_GROUP_PREFIX, under))
     return tuple(tiers)
+
+
+def fabric_tiers(views: Sequence[PortView]) -> tuple[str, ...]:
+    """Tier 0 and tier 1, as the agent publishes them: every node of a fabric carries both (a
+    scheduler such as Kueue drops a node that lacks a level). A node whose leaves reach no spine
+    (a one-switch fabric, or a leaf that lost every spine link) gets as tier 1 the group of its
+    own leaves: in a one-switch fabric the same on every node, and a leaf cut off from the spines
+    a group of its own, which it is. () with no leaf."""
+    tiers = derive_tiers(views)
+    if len(tiers) != 1:
+        return tiers
+    return (*tiers, group_value(SPINE_GROUP_PREFIX, (v.leaf for v in views if v.leaf is not None)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,7 @@ from parsers.lldp import (
 from reporter.collect import NodeReading, SourceState
 from reporter.errors import CollectError
 from reporter.hostfs import HostFS
-from reporter.schema import keys
-from reporter.schema.network import ethernet_tier_0
+from reporter.schema.network import ethernet_tier_0, tier_labels
 
 LLDPCLI_TIMEOUT_S = 5.0
 """lldpcli answers from lldpd's memory in milliseconds; a hung daemon must not hang us."""
@@ -241,6 +240,8 @@ class LldpTierSource:
     fs: HostFS | None
     lldpd_socket: str = AGENT_LLDPD_SOCKET
     wait_s: float = AGENT_WAIT_S
+    label_style: str = "topo-reporter"
+    """One of reporter.schema.network.NETWORK_LABEL_STYLES."""
 
     name = "lldp"
     interval_s = AGENT_INTERVAL_S
@@ -259,4 +260,4 @@ class LldpTierSource:
         return NodeReading(ethernet_tier_0(n.chassis_id for n in heard))
 
     def labels(self, value: str, prefix: str) -> dict[str, str]:
-        return {f"{prefix}/{keys.NETWORK_TIER_0}": value}
+        return tier_labels((value,), prefix, self.label_style)

@@ -1,8 +1,9 @@
 """The minimal patch from what a Node carries to what the agent wants it to carry.
 
 Pure: current labels and annotations, desired ones and the prefix in; a JSON merge patch (or None
-when nothing differs) out. It sets only desired keys (all under the prefix), deletes only keys that
-the previous `<prefix>/owned` annotation lists and that are under the prefix, never a key in the
+when nothing differs) out. It sets only desired keys (all under the prefix, or one of Topograph's
+tier labels, `keys.TOPOGRAPH_TIER_KEYS`, which `--network-label-style topograph` writes), deletes
+only keys that the previous `<prefix>/owned` annotation lists and that are so, never a key in the
 Kubernetes-reserved namespaces (`kubernetes.io`, `k8s.io`, their subdomains), and never names any
 other key, so a foreign label or annotation cannot be changed or removed by construction.
 Opted in, it also keeps one taint of ours (`<prefix>/fabric-health`) on or off the Node: a merge
@@ -87,6 +88,12 @@ def under_prefix(key: str, prefix: str) -> bool:
     return key.startswith(prefix + "/") and keys.reserved_domain(key.partition("/")[0]) is None
 
 
+def ownable(key: str, prefix: str) -> bool:
+    """True for a key the agent may write, list in `owned` and delete: under the prefix, or one
+    of Topograph's tier labels (by exact key: `fabric.topograph.run/tier-0`, `tier-1`)."""
+    return under_prefix(key, prefix) or key in keys.TOPOGRAPH_TIER_KEYS
+
+
 def desired(
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
@@ -95,38 +102,46 @@ def desired(
 ) -> Desired:
     """Desired metadata with the `owned` annotation listing every other key it carries.
 
-    Raises ValueError for a key outside the prefix (a label, an annotation or the taint's): the
-    agent never writes one.
+    Raises ValueError for a key outside the prefix (a label, an annotation or the taint's) but
+    Topograph's tier labels: the agent never writes one.
     """
     owned_key = keys.key(prefix, keys.OWNED)
-    foreign = sorted(k for k in (*labels, *annotations) if not under_prefix(k, prefix))
+    foreign = sorted(k for k in (*labels, *annotations) if not ownable(k, prefix))
     if foreign or owned_key in annotations:
         raise ValueError(f"refusing to own keys outside {prefix}/ or the owned key: {foreign}")
     # Names without the prefix: every owned key is under it, and the prefix written once per key
-    # cost a DGX H100 Node 208 bytes sent to every Node watcher on every update.
-    owned = ",".join(sorted(k[len(prefix) + 1 :] for k in {*labels, *annotations}))
+    # cost a DGX H100 Node 208 bytes sent to every Node watcher on every update. Topograph's
+    # keys are listed whole.
+    owned = ",".join(
+        sorted(
+            k[len(prefix) + 1 :] if under_prefix(k, prefix) else k for k in {*labels, *annotations}
+        )
+    )
     if taint is not None and not under_prefix(taint.key, prefix):
         raise ValueError(f"refusing a taint outside {prefix}/: {excerpt(taint.key)}")
     return Desired(dict(labels), {**annotations, owned_key: owned}, taint)
 
 
 def owned(annotations: Mapping[str, str], prefix: str) -> frozenset[str]:
-    """The keys the `owned` annotation lists, keeping only those under the prefix.
+    """The keys the `owned` annotation lists, keeping only those under the prefix and Topograph's
+    tier labels.
 
     An entry is a name under the prefix (`count`), or a full key as earlier builds wrote it
-    (`gpu.topology.io/count`). The filter matters: the annotation is writable by anyone who can
-    edit the Node, and a key outside the prefix listed there must still never be deleted.
+    (`gpu.topology.io/count`) and as Topograph's are (`fabric.topograph.run/tier-0`). The filter
+    matters: the annotation is writable by anyone who can edit the Node, and a key outside the
+    prefix listed there must still never be deleted.
     """
     text = annotations.get(keys.key(prefix, keys.OWNED), "")
     listed = (k.strip() for k in text.split(","))
     full = (k if "/" in k else keys.key(prefix, k) for k in listed if k)
-    return frozenset(k for k in full if under_prefix(k, prefix))
+    return frozenset(k for k in full if ownable(k, prefix))
 
 
 def ours(current: NodeMetadata, prefix: str) -> Desired:
-    """What of the Node's metadata is under the prefix: what the agent may have published."""
+    """What of the Node's metadata is under the prefix (its labels also Topograph's tier labels):
+    what the agent may have published."""
     return Desired(
-        {k: v for k, v in current.labels.items() if under_prefix(k, prefix)},
+        {k: v for k, v in current.labels.items() if ownable(k, prefix)},
         {k: v for k, v in current.annotations.items() if under_prefix(k, prefix)},
     )
 
@@ -180,7 +195,7 @@ def taints_change(current: NodeMetadata, want: OwnTaint | None) -> list[dict[str
 def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str, Any] | None:
     """The JSON merge patch bringing `current` to `want`; None when nothing differs."""
     for k in (*want.labels, *want.annotations):
-        if not under_prefix(k, prefix):
+        if not ownable(k, prefix):
             raise ValueError(f"desired key {excerpt(k)} is outside the prefix {excerpt(prefix)}")
     if want.taint is not None and not under_prefix(want.taint.key, prefix):
         raise ValueError(f"desired taint {excerpt(want.taint.key)} is outside {excerpt(prefix)}")

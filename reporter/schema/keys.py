@@ -45,8 +45,17 @@ RACK_SLOT = "rack-slot"
 RACK_TRAY = "rack-tray"
 RACK_HOST = "rack-host"
 # The network tiers above the node (reporter.schema.network), closest first: tier 0 the group of
-# top-of-rack switches its compute NICs hear by LLDP (`--network-lldp`).
+# top-of-rack switches its compute NICs hear by LLDP (`--network-lldp`), or their InfiniBand leaf
+# group (`--network-infiniband`); tier 1 the InfiniBand spine group.
 NETWORK_TIER_0 = "network-tier-0"
+NETWORK_TIER_1 = "network-tier-1"
+NETWORK_TIERS = (NETWORK_TIER_0, NETWORK_TIER_1)
+"""Every tier's key, closest first: `NETWORK_TIERS[n]` is tier n's."""
+TOPOGRAPH_TIER_DOMAIN = "fabric.topograph.run"
+"""The prefix of NVIDIA Topograph's tier labels (`fabric.topograph.run/tier-<N>`, tier 0 the
+switch closest to the node, as ours), which `--network-label-style topograph` writes instead of
+NETWORK_TIERS: the one foreign key family the agent may write, list in `owned` and prune."""
+TOPOGRAPH_TIER_KEYS = tuple(f"{TOPOGRAPH_TIER_DOMAIN}/tier-{n}" for n in range(len(NETWORK_TIERS)))
 # The GPUs' NVLinks against their own link counts: ok, degraded, down.
 NVLINK_HEALTH = "nvlink-health"
 

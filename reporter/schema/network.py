@@ -1,5 +1,5 @@
 """The network tiers above a node, as label values: tier 0, the group of top-of-rack switches
-its compute NICs are cabled to.
+its compute NICs are cabled to; and as labels, under our keys or Topograph's.
 
 A value must group nodes exactly as the switches do: equal on every node that hears the same set
 of switches, different for any other set, whatever the order or the NIC that heard each, and a
@@ -18,10 +18,16 @@ writes is counted without a change to them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+from reporter.schema import keys
 
 ETHERNET_TIER_PREFIX = "eth-"
 TIER_DIGEST_HEX_DIGITS = 16
+NETWORK_LABEL_STYLES = ("topo-reporter", "topograph")
+"""Whose keys the tiers go under (`--network-label-style`): ours, `<prefix>/network-tier-<N>`,
+or NVIDIA Topograph's, `fabric.topograph.run/tier-<N>` (its tier 0 the switch closest to the
+node, as ours), for sites whose scheduler configuration already reads those."""
 
 
 def ethernet_tier_0(chassis_ids: Iterable[str]) -> str:
@@ -67,3 +73,16 @@ def network_tiers(labels: Mapping[str, object], prefix: str) -> dict[int, str]:
         if tier is not None and isinstance(value, str) and value:
             found[tier] = value
     return dict(sorted(found.items()))
+
+
+def tier_labels(tiers: Sequence[str], prefix: str, style: str) -> dict[str, str]:
+    """The labels of a node's tier values, closest first, in `style` (one of
+    NETWORK_LABEL_STYLES). Raises ValueError for more tiers than there are keys."""
+    if len(tiers) > len(keys.NETWORK_TIERS):
+        raise ValueError(f"{len(tiers)} tiers, but keys for only {len(keys.NETWORK_TIERS)}")
+    if style == "topograph":
+        return dict(zip(keys.TOPOGRAPH_TIER_KEYS, tiers, strict=False))
+    return {
+        keys.key(prefix, name): value
+        for name, value in zip(keys.NETWORK_TIERS, tiers, strict=False)
+    }

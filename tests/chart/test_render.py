@@ -589,6 +589,7 @@ def test_default_values_map_onto_the_agent_settings_contract(default: Rendered) 
         "TOPO_REPORTER_LOG_FORMAT": "json",
         "TOPO_REPORTER_LOG_LEVEL": "info",
         "TOPO_REPORTER_KUBELET_CONFIG": "/host/kubelet/config.yaml",
+        "TOPO_REPORTER_NETWORK_LABEL_STYLE": "topo-reporter",
         "NVIDIA_VISIBLE_DEVICES": "all",
         "NVIDIA_DRIVER_CAPABILITIES": "utility",
     }

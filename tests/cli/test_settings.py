@@ -180,6 +180,24 @@ BAD = [
         {},
         "(--availability-withdraw-after) '99999",
     ),
+    (
+        "both network sources: each writes network-tier-0",
+        ["--node", "n", "--network-lldp"],
+        {"TOPO_REPORTER_NETWORK_INFINIBAND": "true"},
+        "--network-lldp and --network-infiniband both publish network-tier-0",
+    ),
+    (
+        "Topograph's labels through a NodeFeature",
+        ["--node", "n", "--network-label-style", "topograph", "--sink", "nodefeature"],
+        {},
+        "--network-label-style topograph writes fabric.topograph.run/ labels on the Node",
+    ),
+    (
+        "a label style nobody reads",
+        ["--node", "n", "--network-label-style", "kueue"],
+        {},
+        "'kueue'",
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ from reporter.collect.infiniband_tiers import (
     SmpCounts,
     derive_tiers,
     discovery_json,
+    fabric_tiers,
     group_value,
     summarize,
 )
@@ -97,3 +98,31 @@ def test_the_json_object_orders_hcas_and_counts_every_mad() -> None:
         ],
         "mads": 37,
     }
+
+
+@pytest.mark.parametrize(
+    ("views", "tiers"),
+    [
+        pytest.param([], (), id="no HCA port: no tiers"),
+        pytest.param(
+            [_view("mlx5_0", 0x200001, set()), _view("mlx5_1", 0x200002, set())],
+            (
+                group_value("ib-leaves-", [0x200001, 0x200002]),
+                group_value("ib-spines-", [0x200001, 0x200002]),
+            ),
+            id="leaves with no spines: tier 1 the group of its own leaves",
+        ),
+        pytest.param(
+            [_view("mlx5_0", 0x200001, {0x200001, 0x200003})],
+            (
+                group_value("ib-leaves-", [0x200001]),
+                group_value("ib-spines-", [0x200001, 0x200003]),
+            ),
+            id="a 2-tier fabric: the tiers as derive_tiers finds them",
+        ),
+    ],
+)
+def test_the_agent_publishes_both_levels_on_every_node_of_a_fabric(
+    views: list[PortView], tiers: tuple[str, ...]
+) -> None:
+    assert fabric_tiers(views) == tiers

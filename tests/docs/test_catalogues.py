@@ -85,6 +85,7 @@ NOT_KEYS = {
     "FABRIC_TAINT_EFFECT": "the fabric taint's effect, a value",
     "HEARTBEAT_AVAILABILITY": "the heartbeat label's value",
     "AGENT_POD_SELECTOR": "the chart's label selector of the agent's pods, which the doctor reads",
+    "TOPOGRAPH_TIER_DOMAIN": "Topograph's prefix, not ours: its keys are on docs/schema.md",
 }
 """The str constants of reporter.schema.keys that are not names under the prefix."""
 
@@ -336,3 +337,9 @@ def test_every_value_the_chart_page_lists_is_one_values_yaml_has() -> None:
     assert not stale, (
         f"docs/chart.md's Values table lists values values.yaml does not have: {stale}"
     )
+
+
+@pytest.mark.parametrize("page", ["schema.md", "network.md"])
+def test_topographs_tier_keys_are_named_whole_on_the_schema_and_network_pages(page: str) -> None:
+    text = (DOCS / page).read_text()
+    assert [k for k in keys.TOPOGRAPH_TIER_KEYS if f"`{k}`" not in text] == []

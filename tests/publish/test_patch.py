@@ -314,3 +314,33 @@ def test_a_taint_outside_the_prefix_is_refused(key: str) -> None:
         p.desired({}, {}, PREFIX, p.OwnTaint(key, "unhealthy"))
     with pytest.raises(ValueError, match="taint"):
         p.minimal_patch(tainted(), Desired({}, {}, p.OwnTaint(key, "x")), PREFIX)
+
+
+@pytest.mark.parametrize(
+    ("listed", "kept"),
+    [
+        ("fabric.topograph.run/tier-0,fabric.topograph.run/tier-1", 2),
+        ("fabric.topograph.run/tier-9", 0),
+        ("fabric.topograph.run/other,topograph.run/tier-0", 0),
+    ],
+    ids=[
+        "topograph's tier 0 and 1: ours to prune",
+        "a tier we never write: not ours",
+        "another key of the domain, or another domain: not ours",
+    ],
+)
+def test_only_the_topograph_tier_keys_we_write_are_owned_beside_the_prefix(
+    listed: str, kept: int
+) -> None:
+    assert len(p.owned({OWNED: listed}, PREFIX)) == kept
+
+
+def test_topograph_tier_labels_are_written_listed_whole_and_pruned() -> None:
+    tier = "fabric.topograph.run/tier-0"
+    desired = want({tier: "ib-leaves-1", f"{PREFIX}/count": "8"}, {})
+    assert desired.annotations[OWNED] == f"count,{tier}"
+    current = node({tier: "ib-leaves-1", "fabric.topograph.run/tier-2": "x"}, desired.annotations)
+    assert p.ours(current, PREFIX).labels == {tier: "ib-leaves-1"}
+    body = p.minimal_patch(current, want({f"{PREFIX}/count": "8"}, {}), PREFIX)
+    assert body is not None
+    assert body["metadata"]["labels"] == {f"{PREFIX}/count": "8", tier: None}
