@@ -5,17 +5,14 @@ answers or no HCA can be used."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from reporter.schema.fabric import is_label_value
-from tests.support.ibsim import CLIENT_TIMEOUT_S, UMAD2SIM, FatTree, IbSim, have_ibsim
+from tests.support.ibsim import FatTree, IbSim, have_ibsim
 
 TOPO_REPORTER = Path(sys.executable).parent / "topo-reporter"
 
@@ -27,25 +24,8 @@ def _ibsim_installed() -> None:
 
 
 def network(sim: IbSim, host_ca: str, *arguments: str) -> subprocess.CompletedProcess[str]:
-    """The command as the CA `host_ca` of `sim`'s fabric (one process is one CA in ibsim)."""
-    scratch = Path(tempfile.mkdtemp(prefix="cli-", dir=sim.workdir))
-    try:
-        return subprocess.run(
-            [str(TOPO_REPORTER), "network", "--infiniband", *arguments],
-            cwd=scratch,
-            env={
-                **os.environ,
-                "LD_PRELOAD": str(UMAD2SIM),
-                "SIM_HOST": host_ca,
-                "IBSIM_SOCKNAME": sim.sockname,
-            },
-            capture_output=True,
-            text=True,
-            timeout=CLIENT_TIMEOUT_S,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    """The command as the CA `host_ca` of `sim`'s fabric."""
+    return sim.run_as(host_ca, [str(TOPO_REPORTER), "network", "--infiniband", *arguments])
 
 
 def test_the_json_is_the_interfaces_and_its_tiers_are_the_fabrics() -> None:

@@ -5,18 +5,14 @@ Topograph's, with the same levels on every host."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reporter.schema import keys
-from tests.support.ibsim import CLIENT_TIMEOUT_S, UMAD2SIM, FatTree, IbSim, have_ibsim
+from tests.support.ibsim import CLIENT_TIMEOUT_S, FatTree, IbSim, have_ibsim
 
 TOPO_REPORTER = Path(sys.executable).parent / "topo-reporter"
 SYSFS = Path(__file__).parents[1] / "fixtures" / "machines" / "asus-esc8000a" / "sysfs"
@@ -32,41 +28,28 @@ def _ibsim_installed() -> None:
 
 def dry_run(sim: IbSim, host_ca: str, *arguments: str) -> dict[str, Any]:
     """The patch `run --once --dry-run --network-infiniband` prints as the CA `host_ca`."""
-    scratch = Path(tempfile.mkdtemp(prefix="run-", dir=sim.workdir))
-    try:
-        done = subprocess.run(
-            [
-                str(TOPO_REPORTER),
-                "run",
-                "--once",
-                "--dry-run",
-                "--node",
-                "gpu-node-1",
-                "--backend",
-                "sysfs",
-                "--sysfs-root",
-                str(SYSFS),
-                "--kubelet-config",
-                str(scratch / "absent.yaml"),
-                "--listen",
-                "",
-                "--network-infiniband",
-                *arguments,
-            ],
-            cwd=scratch,
-            env={
-                **os.environ,
-                "LD_PRELOAD": str(UMAD2SIM),
-                "SIM_HOST": host_ca,
-                "IBSIM_SOCKNAME": sim.sockname,
-            },
-            capture_output=True,
-            text=True,
-            timeout=CLIENT_TIMEOUT_S * 4,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    done = sim.run_as(
+        host_ca,
+        [
+            str(TOPO_REPORTER),
+            "run",
+            "--once",
+            "--dry-run",
+            "--node",
+            "gpu-node-1",
+            "--backend",
+            "sysfs",
+            "--sysfs-root",
+            str(SYSFS),
+            "--kubelet-config",
+            "/nonexistent/kubelet-config.yaml",
+            "--listen",
+            "",
+            "--network-infiniband",
+            *arguments,
+        ],
+        timeout_s=CLIENT_TIMEOUT_S * 4,
+    )
     assert done.returncode == 0, done.stderr
     patch: dict[str, Any] = json.loads(done.stdout)
     return patch

@@ -215,14 +215,16 @@ class IbSim:
                 self.process.wait(timeout=5)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def walk(self, hca: str, *arguments: str) -> tuple[tuple[PortView, ...], SmpCounts]:
-        """discover as the CA `hca`, in a child process of its own (`arguments`: main's).
-
-        Raises WalkError with the child's last line when it exits non-zero."""
-        scratch = Path(tempfile.mkdtemp(prefix="walk-", dir=self.workdir))
+    def run_as(
+        self, hca: str, command: list[str], *, timeout_s: float = CLIENT_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """`command` as the CA `hca` of this fabric (one process is one CA in ibsim): under the
+        umad2sim preload, in a scratch directory of its own (clients write `./sys-<pid>` there),
+        removed after, within `timeout_s`."""
+        scratch = Path(tempfile.mkdtemp(prefix="client-", dir=self.workdir))
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "tests.support.ibsim", *arguments],
+            return subprocess.run(
+                command,
                 cwd=scratch,
                 env={
                     **os.environ,
@@ -232,15 +234,22 @@ class IbSim:
                     "IBSIM_SOCKNAME": self.sockname,
                 },
                 capture_output=True,
-                timeout=CLIENT_TIMEOUT_S,
+                text=True,
+                timeout=timeout_s,
                 check=False,
             )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def walk(self, hca: str, *arguments: str) -> tuple[tuple[PortView, ...], SmpCounts]:
+        """discover as the CA `hca`, in a child process of its own (`arguments`: main's).
+
+        Raises WalkError with the child's last line when it exits non-zero."""
+        done = self.run_as(hca, [sys.executable, "-m", "tests.support.ibsim", *arguments])
         if done.returncode != 0:
-            lines = done.stderr.decode(errors="replace").strip().splitlines() or [""]
+            lines = done.stderr.strip().splitlines() or [""]
             raise WalkError(done.returncode, lines[-1])
-        return _decode(done.stdout.decode())
+        return _decode(done.stdout)
 
     def walk_host(self, hcas: tuple[str, ...]) -> Discovery:
         """The Discovery of a host whose HCAs are the CAs `hcas`, each walked by a process."""
