@@ -8,7 +8,6 @@ import http.client
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -20,10 +19,11 @@ from prometheus_client.registry import Collector
 from reporter.extender.cache import CAPABLE_SIZES, NodeCache
 from reporter.extender.holds import MAX_HELD
 from reporter.extender.server import ExtenderMetrics, ExtenderServer
-from reporter.publish.watch import NodeAnnotation, WatchEvent
+from reporter.publish.watch import NodeAnnotation
 from reporter.schema.availability import encode_availability
 from reporter.serve.httpserver import Request
 from tests.extender.test_protocol import CREATED, CREATED_S, availability, pod
+from tests.support.node_events import Event, events, replay
 
 WAIT_S = 10.0
 FREE = {
@@ -79,16 +79,11 @@ NAMES = ["a", "b", "c"]
 STATES = st.tuples(
     st.sampled_from([*FREE, None]), st.sampled_from([None, "c1.1", "c2.1", "node-x", "node-y"])
 )
-EVENTS = st.one_of(
-    st.tuples(st.just("set"), st.sampled_from(NAMES), STATES),
-    st.tuples(st.just("drop"), st.sampled_from(NAMES), st.none()),
-    st.tuples(st.just("relist"), st.dictionaries(st.sampled_from(NAMES), STATES), st.none()),
-    st.tuples(st.just("vouch"), st.sampled_from(NAMES), st.none()),
-)
+EVENTS = events(NAMES, STATES)
 
 
 @given(st.lists(EVENTS, max_size=24))
-def test_the_counts_kept_as_nodes_change_equal_a_count_from_scratch(events: list[Any]) -> None:
+def test_the_counts_kept_as_nodes_change_equal_a_count_from_scratch(drawn: list[Event]) -> None:
     vouched = set(NAMES)
     cache = NodeCache("gpu.topology.io", vouched=vouched.__contains__)
     cache.replace([])
@@ -98,19 +93,8 @@ def test_the_counts_kept_as_nodes_change_equal_a_count_from_scratch(events: list
         free, partition = state
         return NodeAnnotation(name, None if free is None else text(free), {}, partition, 8)
 
-    for kind, name, state in events:
-        if kind == "set":
-            nodes[name] = state
-            cache.apply(WatchEvent("MODIFIED", watched(name, state), "1"))
-        elif kind == "drop":
-            nodes.pop(name, None)
-            cache.apply(WatchEvent("DELETED", NodeAnnotation(name, None), "1"))
-        elif kind == "relist":
-            nodes = dict(name)
-            cache.replace([watched(n, s) for n, s in nodes.items()])
-        else:  # the node's heartbeat turns stale or fresh again
-            vouched.symmetric_difference_update({name})
-            cache.revise(name)
+    for event in drawn:
+        nodes = replay(cache, nodes, vouched, event, watched)
         capable, free, counts = from_scratch(nodes, vouched)
         assert cache.capacity() == (capable, free)
         assert cache.counts() == counts

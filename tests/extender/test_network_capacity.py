@@ -5,7 +5,6 @@ from scratch; kept as nodes move and go; bounded in series whatever the labels s
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -18,6 +17,7 @@ from reporter.publish.watch import NodeAnnotation, WatchEvent, node_annotation
 from tests.extender.test_metrics import FREE as FREE_GPUS
 from tests.extender.test_metrics import text
 from tests.support.leaf_groups import GPUS, GROUP_SIZES, PREFIX, SPINE, leaf, leaf_cluster
+from tests.support.node_events import Event, events, replay
 
 KEY = f"{PREFIX}/availability"
 TIER_0 = f"{PREFIX}/network-tier-0"
@@ -112,12 +112,7 @@ STATES = st.tuples(
     st.sampled_from([None, "leaf-1", "leaf-2"]),
     st.sampled_from([None, "spine-1"]),
 )
-EVENTS = st.one_of(
-    st.tuples(st.just("set"), st.sampled_from(NAMES), STATES),
-    st.tuples(st.just("drop"), st.sampled_from(NAMES), st.none()),
-    st.tuples(st.just("relist"), st.dictionaries(st.sampled_from(NAMES), STATES), st.none()),
-    st.tuples(st.just("vouch"), st.sampled_from(NAMES), st.none()),
-)
+EVENTS = events(NAMES, STATES)
 State = tuple[str | None, str | None, str | None]
 
 
@@ -131,25 +126,14 @@ def watched(name: str, state: State) -> NodeAnnotation:
 
 @given(st.lists(EVENTS, max_size=24))
 def test_the_group_counts_kept_as_nodes_change_equal_a_count_from_scratch(
-    events: list[Any],
+    drawn: list[Event],
 ) -> None:
     vouched = set(NAMES)
     cache = NodeCache(PREFIX, vouched=vouched.__contains__)
     cache.replace([])
     nodes: dict[str, State] = {}
-    for kind, name, state in events:
-        if kind == "set":
-            nodes[name] = state
-            cache.apply(WatchEvent("MODIFIED", watched(name, state), "1"))
-        elif kind == "drop":
-            nodes.pop(name, None)
-            cache.apply(WatchEvent("DELETED", NodeAnnotation(name, None), "1"))
-        elif kind == "relist":
-            nodes = dict(name)
-            cache.replace([watched(n, s) for n, s in nodes.items()])
-        else:  # the node's heartbeat turns stale or fresh again
-            vouched.symmetric_difference_update({name})
-            cache.revise(name)
+    for event in drawn:
+        nodes = replay(cache, nodes, vouched, event, watched)
         want: dict[tuple[int, str], tuple[int, int]] = {}
         for n, (free, *groups) in nodes.items():
             whole = free == "whole" and n in vouched
