@@ -72,6 +72,9 @@ class SchemaProjection:
     taint_unhealthy_fabric: bool = False
     """Keep the `<prefix>/fabric-health` NoSchedule taint on the Node while its fabric is
     degraded or unhealthy, and off otherwise; False leaves taints alone."""
+    foreign: frozenset[str] = frozenset()
+    """Keys outside the prefix the node sources write (Topograph's tier labels, with
+    `--network-label-style topograph`), listed in `owned` like ours."""
 
     def desired(self, topology: Topology, node_labels: Mapping[str, str] | None = None) -> Desired:
         """The metadata for `topology`, with the node sources' `node_labels` beside its own."""
@@ -84,6 +87,7 @@ class SchemaProjection:
             annotation_values(topology, self.prefix),
             self.prefix,
             taint,
+            self.foreign,
         )
 
     def topology(self, published: Desired) -> Topology | None:

@@ -52,7 +52,7 @@ from reporter.publish.printing import PrintingClient
 from reporter.publish.rest import LeanClientUnsupportedError, RestApiClient, load_rest_config
 from reporter.publish.retry import Backoff
 from reporter.publish.sink import NodePatchSink
-from reporter.schema import dra
+from reporter.schema import dra, keys
 from reporter.serve.metrics import Metrics, api_error_kind
 from reporter.serve.state import AgentState
 
@@ -283,6 +283,15 @@ class AgentParts:
         return server
 
 
+def foreign_labels(config: settings.Settings) -> frozenset[str]:
+    """The keys outside the prefix the agent writes on its Node, and so may delete: Topograph's
+    tier labels with `--network-label-style topograph`, none otherwise (so an `owned` annotation
+    someone edited to list them can never make the agent delete Topograph's own)."""
+    if config.network_label_style == "topograph":
+        return frozenset(keys.TOPOGRAPH_TIER_KEYS)
+    return frozenset()
+
+
 def build_agent(
     config: settings.Settings,
     *,
@@ -340,6 +349,7 @@ def build_agent(
             log=log,
             on_error=on_error,
             on_wait=state.waiting,
+            foreign=foreign_labels(config),
         )
     else:
         sink = NodeFeatureSink(
@@ -390,7 +400,9 @@ def build_agent(
     agent = Agent(
         scanner=scanner,
         sink=sink,
-        projection=SchemaProjection(config.prefix, node, config.taint_unhealthy_fabric),
+        projection=SchemaProjection(
+            config.prefix, node, config.taint_unhealthy_fabric, foreign_labels(config)
+        ),
         state=state,
         metrics=metrics,
         log=log,

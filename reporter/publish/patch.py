@@ -1,9 +1,10 @@
 """The minimal patch from what a Node carries to what the agent wants it to carry.
 
 Pure: current labels and annotations, desired ones and the prefix in; a JSON merge patch (or None
-when nothing differs) out. It sets only desired keys (all under the prefix, or one of Topograph's
-tier labels, `keys.TOPOGRAPH_TIER_KEYS`, which `--network-label-style topograph` writes), deletes
-only keys that the previous `<prefix>/owned` annotation lists and that are so, never a key in the
+when nothing differs) out. It sets only desired keys (all under the prefix, or one of the foreign
+keys the caller names: Topograph's tier labels, `keys.TOPOGRAPH_TIER_KEYS`, which only
+`--network-label-style topograph` passes), deletes only keys that the previous `<prefix>/owned`
+annotation lists and that are so, never a key in the
 Kubernetes-reserved namespaces (`kubernetes.io`, `k8s.io`, their subdomains), and never names any
 other key, so a foreign label or annotation cannot be changed or removed by construction.
 Opted in, it also keeps one taint of ours (`<prefix>/fabric-health`) on or off the Node: a merge
@@ -88,10 +89,12 @@ def under_prefix(key: str, prefix: str) -> bool:
     return key.startswith(prefix + "/") and keys.reserved_domain(key.partition("/")[0]) is None
 
 
-def ownable(key: str, prefix: str) -> bool:
+def ownable(key: str, prefix: str, foreign: frozenset[str] = frozenset()) -> bool:
     """True for a key the agent may write, list in `owned` and delete: under the prefix, or one
-    of Topograph's tier labels (by exact key: `fabric.topograph.run/tier-0`, `tier-1`)."""
-    return under_prefix(key, prefix) or key in keys.TOPOGRAPH_TIER_KEYS
+    of the `foreign` keys it was told it writes (by exact key: `fabric.topograph.run/tier-0`, with
+    `--network-label-style topograph` only). Without that style no foreign key is ever deleted,
+    whatever the `owned` annotation (which anyone who can edit the Node can write) lists."""
+    return under_prefix(key, prefix) or key in foreign
 
 
 def desired(
@@ -99,16 +102,17 @@ def desired(
     annotations: Mapping[str, str],
     prefix: str,
     taint: OwnTaint | None = None,
+    foreign: frozenset[str] = frozenset(),
 ) -> Desired:
     """Desired metadata with the `owned` annotation listing every other key it carries.
 
     Raises ValueError for a key outside the prefix (a label, an annotation or the taint's) but
-    Topograph's tier labels: the agent never writes one.
+    the `foreign` ones: the agent never writes one.
     """
     owned_key = keys.key(prefix, keys.OWNED)
-    foreign = sorted(k for k in (*labels, *annotations) if not ownable(k, prefix))
-    if foreign or owned_key in annotations:
-        raise ValueError(f"refusing to own keys outside {prefix}/ or the owned key: {foreign}")
+    outside = sorted(k for k in (*labels, *annotations) if not ownable(k, prefix, foreign))
+    if outside or owned_key in annotations:
+        raise ValueError(f"refusing to own keys outside {prefix}/ or the owned key: {outside}")
     # Names without the prefix: every owned key is under it, and the prefix written once per key
     # cost a DGX H100 Node 208 bytes sent to every Node watcher on every update. Topograph's
     # keys are listed whole.
@@ -122,9 +126,11 @@ def desired(
     return Desired(dict(labels), {**annotations, owned_key: owned}, taint)
 
 
-def owned(annotations: Mapping[str, str], prefix: str) -> frozenset[str]:
-    """The keys the `owned` annotation lists, keeping only those under the prefix and Topograph's
-    tier labels.
+def owned(
+    annotations: Mapping[str, str], prefix: str, foreign: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """The keys the `owned` annotation lists, keeping only those under the prefix and the
+    `foreign` ones the agent writes.
 
     An entry is a name under the prefix (`count`), or a full key as earlier builds wrote it
     (`gpu.topology.io/count`) and as Topograph's are (`fabric.topograph.run/tier-0`). The filter
@@ -134,14 +140,14 @@ def owned(annotations: Mapping[str, str], prefix: str) -> frozenset[str]:
     text = annotations.get(keys.key(prefix, keys.OWNED), "")
     listed = (k.strip() for k in text.split(","))
     full = (k if "/" in k else keys.key(prefix, k) for k in listed if k)
-    return frozenset(k for k in full if ownable(k, prefix))
+    return frozenset(k for k in full if ownable(k, prefix, foreign))
 
 
-def ours(current: NodeMetadata, prefix: str) -> Desired:
-    """What of the Node's metadata is under the prefix (its labels also Topograph's tier labels):
-    what the agent may have published."""
+def ours(current: NodeMetadata, prefix: str, foreign: frozenset[str] = frozenset()) -> Desired:
+    """What of the Node's metadata is under the prefix (its labels also the `foreign` keys the
+    agent writes): what the agent may have published."""
     return Desired(
-        {k: v for k, v in current.labels.items() if ownable(k, prefix)},
+        {k: v for k, v in current.labels.items() if ownable(k, prefix, foreign)},
         {k: v for k, v in current.annotations.items() if under_prefix(k, prefix)},
     )
 
@@ -192,14 +198,17 @@ def taints_change(current: NodeMetadata, want: OwnTaint | None) -> list[dict[str
     return [*others, *want.wanted()]
 
 
-def minimal_patch(current: NodeMetadata, want: Desired, prefix: str) -> dict[str, Any] | None:
-    """The JSON merge patch bringing `current` to `want`; None when nothing differs."""
+def minimal_patch(
+    current: NodeMetadata, want: Desired, prefix: str, foreign: frozenset[str] = frozenset()
+) -> dict[str, Any] | None:
+    """The JSON merge patch bringing `current` to `want`; None when nothing differs. `foreign`:
+    the keys outside the prefix the agent writes (and so may delete)."""
     for k in (*want.labels, *want.annotations):
-        if not ownable(k, prefix):
+        if not ownable(k, prefix, foreign):
             raise ValueError(f"desired key {excerpt(k)} is outside the prefix {excerpt(prefix)}")
     if want.taint is not None and not under_prefix(want.taint.key, prefix):
         raise ValueError(f"desired taint {excerpt(want.taint.key)} is outside {excerpt(prefix)}")
-    deletable = owned(current.annotations, prefix)
+    deletable = owned(current.annotations, prefix, foreign)
     body = metadata_patch(
         section_changes(current.labels, want.labels, deletable),
         section_changes(current.annotations, want.annotations, deletable),

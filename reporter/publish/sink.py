@@ -67,10 +67,14 @@ class NodePatchSink:
         log: structlog.typing.FilteringBoundLogger,
         on_error: retry.OnError = lambda e: None,
         on_wait: retry.OnWait = lambda seconds: None,
+        foreign: frozenset[str] = frozenset(),
     ) -> None:
+        """`foreign`: the keys outside the prefix the agent writes, and so may delete (Topograph's
+        tier labels, with `--network-label-style topograph` only)."""
         self._api = api
         self._node = node
         self._prefix = prefix
+        self._foreign = foreign
         self._log = log
         self._on_error = on_error
         self._retry = retry.Retrying(stop, backoff, log, on_error, on_wait)
@@ -86,7 +90,9 @@ class NodePatchSink:
         return self._known
 
     def published(self) -> Desired:
-        return node_patch.ours(self._retry(self._current, what="read node"), self._prefix)
+        return node_patch.ours(
+            self._retry(self._current, what="read node"), self._prefix, self._foreign
+        )
 
     def publish(self, want: Desired) -> bool:
         sent = False
@@ -94,7 +100,7 @@ class NodePatchSink:
         def attempt() -> bool:
             nonlocal sent
             current = self._current()
-            body = node_patch.minimal_patch(current, want, self._prefix)
+            body = node_patch.minimal_patch(current, want, self._prefix, self._foreign)
             if body is None:
                 # After a patch whose answer was lost, the Node carrying `want` is that patch
                 # landed: a write, which the caller tells operators about.

@@ -9,6 +9,7 @@ import pytest
 from reporter.errors import ApiPermanentError
 from reporter.publish import patch as p
 from reporter.publish.patch import Desired, NodeMetadata
+from reporter.schema import keys
 
 PREFIX = "gpu.topology.io"
 OWNED = f"{PREFIX}/owned"
@@ -316,31 +317,49 @@ def test_a_taint_outside_the_prefix_is_refused(key: str) -> None:
         p.minimal_patch(tainted(), Desired({}, {}, p.OwnTaint(key, "x")), PREFIX)
 
 
+TOPOGRAPH = frozenset(keys.TOPOGRAPH_TIER_KEYS)
+"""The foreign keys the agent writes with `--network-label-style topograph`."""
+
+
 @pytest.mark.parametrize(
-    ("listed", "kept"),
+    ("listed", "foreign", "kept"),
     [
-        ("fabric.topograph.run/tier-0,fabric.topograph.run/tier-1", 2),
-        ("fabric.topograph.run/tier-9", 0),
-        ("fabric.topograph.run/other,topograph.run/tier-0", 0),
+        ("fabric.topograph.run/tier-0,fabric.topograph.run/tier-1", TOPOGRAPH, 2),
+        ("fabric.topograph.run/tier-0,fabric.topograph.run/tier-1", frozenset(), 0),
+        ("fabric.topograph.run/tier-9", TOPOGRAPH, 0),
+        ("fabric.topograph.run/other,topograph.run/tier-0", TOPOGRAPH, 0),
     ],
     ids=[
-        "topograph's tier 0 and 1: ours to prune",
+        "the topograph style: its tier 0 and 1 are ours",
+        "the default style: an owned list naming them (anyone can edit it) owns nothing",
         "a tier we never write: not ours",
         "another key of the domain, or another domain: not ours",
     ],
 )
 def test_only_the_topograph_tier_keys_we_write_are_owned_beside_the_prefix(
-    listed: str, kept: int
+    listed: str, foreign: frozenset[str], kept: int
 ) -> None:
-    assert len(p.owned({OWNED: listed}, PREFIX)) == kept
+    assert len(p.owned({OWNED: listed}, PREFIX, foreign)) == kept
 
 
-def test_topograph_tier_labels_are_written_listed_whole_and_pruned() -> None:
+def test_topograph_tier_labels_are_written_listed_whole_and_removed_in_their_style() -> None:
     tier = "fabric.topograph.run/tier-0"
-    desired = want({tier: "ib-leaves-1", f"{PREFIX}/count": "8"}, {})
+    desired = p.desired({tier: "ib-leaves-1", f"{PREFIX}/count": "8"}, {}, PREFIX, None, TOPOGRAPH)
     assert desired.annotations[OWNED] == f"count,{tier}"
     current = node({tier: "ib-leaves-1", "fabric.topograph.run/tier-2": "x"}, desired.annotations)
-    assert p.ours(current, PREFIX).labels == {tier: "ib-leaves-1"}
-    body = p.minimal_patch(current, want({f"{PREFIX}/count": "8"}, {}), PREFIX)
+    assert p.ours(current, PREFIX, TOPOGRAPH).labels == {tier: "ib-leaves-1"}
+    body = p.minimal_patch(current, want({f"{PREFIX}/count": "8"}, {}), PREFIX, TOPOGRAPH)
     assert body is not None
     assert body["metadata"]["labels"] == {f"{PREFIX}/count": "8", tier: None}
+
+
+def test_without_the_topograph_style_a_topograph_label_is_never_written_or_deleted() -> None:
+    tier = "fabric.topograph.run/tier-0"
+    with pytest.raises(ValueError, match="outside"):
+        want({tier: "ib-leaves-1"}, {})
+    # Topograph's own label, and an owned list someone edited to name it.
+    current = node({tier: "topograph's own"}, {OWNED: f"count,{tier}"})
+    assert p.ours(current, PREFIX).labels == {}
+    body = p.minimal_patch(current, want({f"{PREFIX}/count": "8"}, {}), PREFIX)
+    assert body is not None
+    assert tier not in body["metadata"]["labels"]

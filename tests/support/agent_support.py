@@ -185,6 +185,7 @@ def wire_agent(
     stall_after_s: float = 180,
     node: str = NODE,
     taint_unhealthy_fabric: bool = False,
+    network_label_style: str = "topo-reporter",
 ) -> Wired:
     """An agent on `node`, built as `run` builds it, publishing through `client` to whatever
     kubeconfig names; availability off, as `run`'s default."""
@@ -196,6 +197,7 @@ def wire_agent(
             interval_s=interval_s,
             resync_s=resync_s,
             taint_unhealthy_fabric=taint_unhealthy_fabric,
+            network_label_style=network_label_style,
         ),
         api=client(kubeconfig, request_timeout_s),
         scanner=scanner,

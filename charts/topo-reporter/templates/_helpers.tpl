@@ -166,9 +166,9 @@ app.kubernetes.io/part-of: topo-reporter
 {{- end }}
 
 {{- /*
-The one foreign key family the agent writes (with network.labelStyle topograph) and may remove
-(whatever the style: what an earlier topograph style wrote, and its `owned` lists), NVIDIA
-Topograph's tier labels, by exact key (reporter.schema.keys.TOPOGRAPH_TIER_KEYS): a CEL regex.
+The one foreign key family the agent writes, adds, changes and removes, with network.labelStyle
+topograph only: NVIDIA Topograph's tier labels, by exact key
+(reporter.schema.keys.TOPOGRAPH_TIER_KEYS), as a CEL regex.
 */ -}}
 {{- define "topo-reporter.topographTierKeys" -}}
 ^fabric[.]topograph[.]run/tier-[01]$
