@@ -14,13 +14,13 @@ Both are 2-tier fabrics: tier 1 (the spine group) is the whole cluster, so above
 is nothing narrower to ask for. (marin's cluster has two superpods, 41 and 23 nodes, which the
 issue does not map to leaf groups; they are not modelled.)
 
-Trace: bench/racks.py's, unchanged (`racks.trace`): jobs of 1, 2, 4, 8 and 16 whole nodes (35, 20,
-20, 15, 10%), Poisson arrivals, Philly durations, offered at 50%, 80% and 95% of the nodes. A
-16-node job fits no leaf group of either cluster.
+Trace: bench/multinode.py's, as bench/racks.py runs it (`multinode.trace`): jobs of 1, 2, 4, 8
+and 16 whole nodes (35, 20, 20, 15, 10%), Poisson arrivals, Philly durations, offered at 50%, 80%
+and 95% of the nodes. A 16-node job fits no leaf group of either cluster.
 
-Node choice for a job, each on the same trace (pending jobs retried in arrival order after every
-event; a job never waits behind one that does not fit, as Kueue's BestEffortFIFO queues do), as
-bench/racks.py models a required and a preferred partition:
+Node choice for a job, each on the same trace and through bench/racks.py's event loop
+(bench/multinode.py: pending jobs retried in arrival order after every event, as Kueue's
+BestEffortFIFO queues do), as bench/racks.py models a required and a preferred partition:
 - `count-only`: any N free nodes, picked at random (the kube-scheduler, and gang schedulers that
   admit on the total);
 - `tier-0-required`: Kueue TAS with `kueue.x-k8s.io/podset-required-topology:
@@ -47,13 +47,11 @@ Seeded and deterministic: the same seeds give the same tables.
 from __future__ import annotations
 
 import argparse
-import heapq
 import random
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from bench import racks
+from bench import multinode
 from reporter.collect.infiniband_tiers import LEAF_GROUP_PREFIX, group_value
 
 GPUS_PER_NODE = 8
@@ -89,7 +87,7 @@ def layout(cluster: str = "ib") -> list[LeafNode]:
     return nodes
 
 
-Chooser = Callable[[list[LeafNode], set[str], int, random.Random], list[LeafNode] | None]
+Chooser = multinode.Chooser[LeafNode]
 
 
 def _leaf_groups(nodes: list[LeafNode], busy: set[str]) -> dict[str, list[LeafNode]]:
@@ -114,13 +112,6 @@ def _best_fit(groups: dict[str, list[LeafNode]], size: int) -> list[LeafNode] | 
 def _most_free_first(groups: dict[str, list[LeafNode]], size: int) -> list[LeafNode]:
     ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
     return [n for _, free in ordered for n in free][:size]
-
-
-def count_only(
-    nodes: list[LeafNode], busy: set[str], size: int, rng: random.Random
-) -> list[LeafNode] | None:
-    free = [n for n in nodes if n.name not in busy]
-    return rng.sample(free, size) if len(free) >= size else None
 
 
 def tier0_required(
@@ -149,7 +140,7 @@ def tier0_preferred(
 
 
 CHOOSERS: dict[str, Chooser] = {
-    "count-only": count_only,
+    "count-only": multinode.count_only,
     "tier-0-required": tier0_required,
     "tier-0-or-1": tier0_or_1,
     "tier-0-preferred": tier0_preferred,
@@ -157,151 +148,51 @@ CHOOSERS: dict[str, Chooser] = {
 
 
 @dataclass(slots=True)
-class Result:
+class Result(multinode.Result):
     """What one run measured (see the module docstring for each metric)."""
 
-    policy: str
-    load: float
-    seed: int
     one_group: float = 0.0
     groups_per_job: float = 0.0
     never_placed: float = 0.0
-    util: float = 0.0
-    frag: float = 0.0
-    wait: float = 0.0
-    wait_watched: float = 0.0
-    placements: dict[int, tuple[tuple[str, ...], float, float]] = field(default_factory=dict)
-    """job id -> (nodes, start, end): every placement, for the invariants the test checks."""
-    never: set[int] = field(default_factory=set)
-    """Ids of the jobs the policy can place on no state of the cluster."""
+
+
+COLUMNS = (
+    multinode.share("one leaf group (N≥2)", "one_group"),
+    multinode.Column("groups per job (N≥2)", "groups_per_job", ".2f"),
+    multinode.share("never placed", "never_placed"),
+    multinode.share("util", "util"),
+    multinode.share("frag", "frag"),
+    multinode.Column("wait (min)", "wait", ",.0f"),
+    multinode.Column(f"wait {WATCHED_SIZE}-node (min)", "wait_watched", ",.0f"),
+)
 
 
 def simulate(
-    nodes: list[LeafNode], jobs: list[racks.Job], policy: str, load: float, seed: int
+    nodes: list[LeafNode], jobs: list[multinode.Job], policy: str, load: float, seed: int
 ) -> Result:
     """Run `jobs` through the cluster `nodes` with one node-choice policy."""
-    choose = CHOOSERS[policy]
-    rng = random.Random(seed)
+    result = multinode.simulate(
+        nodes, jobs, CHOOSERS[policy], WATCHED_SIZE, Result(policy, load, seed)
+    )
     tier0 = {n.name: n.tier0 for n in nodes}
-    result = Result(policy, load, seed)
-    # A job the policy cannot place even on an empty cluster would wait for ever; it is counted,
-    # not queued (it holds nothing and, with BestEffortFIFO, blocks no one).
-    never_sizes = {j.nodes for j in jobs if choose(nodes, set(), j.nodes, random.Random(0)) is None}
-    warmup = jobs[len(jobs) // 4].arrival if jobs else 0.0
-    end = jobs[-1].arrival if jobs else 0.0
-    measured = {j.id for j in jobs if j.arrival >= warmup}
-    events: list[tuple[float, int, int]] = [(j.arrival, 0, j.id) for j in jobs]  # 0 arrive, 1 end
-    heapq.heapify(events)
-    pending: list[racks.Job] = []
-    busy: set[str] = set()
-    held: dict[int, list[str]] = {}
-    fragmented: set[int] = set()
-    last, busy_time = warmup, 0.0
-    waits: list[float] = []
-    waits_watched: list[float] = []
-    spans: list[int] = []
-    while events:
-        now, kind, job_id = heapq.heappop(events)
-        if warmup <= now:
-            upto = min(now, end)
-            if upto > last:
-                busy_time += len(busy) * (upto - last)
-                last = upto
-        if kind == 0:
-            if jobs[job_id].nodes in never_sizes:
-                result.never.add(job_id)
-            else:
-                pending.append(jobs[job_id])
-        else:
-            busy.difference_update(held.pop(job_id))
-        still: list[racks.Job] = []
-        for job in pending:
-            enough = len(nodes) - len(busy) >= job.nodes
-            chosen = choose(nodes, busy, job.nodes, rng) if enough else None
-            if chosen is None:
-                if enough:
-                    fragmented.add(job.id)
-                still.append(job)
-                continue
-            names = [n.name for n in chosen]
-            busy.update(names)
-            held[job.id] = names
-            result.placements[job.id] = (tuple(names), now, now + job.minutes)
-            heapq.heappush(events, (now + job.minutes, 1, job.id))
-            if job.id not in measured:
-                continue
-            waits.append(now - job.arrival)
-            if job.nodes == WATCHED_SIZE:
-                waits_watched.append(now - job.arrival)
-            if job.nodes >= 2:
-                spans.append(len({tier0[n] for n in names}))
-        pending = still
-    assert not pending, "a job that fits an empty cluster never ran"
+    spans = [len({tier0[n] for n in names}) for names in result.measured_multi_node()]
+    measured = result.measured
     result.one_group = sum(s == 1 for s in spans) / len(spans) if spans else 0.0
     result.groups_per_job = statistics.fmean(spans) if spans else 0.0
     result.never_placed = len(result.never & measured) / len(measured) if measured else 0.0
-    result.util = busy_time / (len(nodes) * (end - warmup)) if end > warmup else 0.0
-    result.frag = len(fragmented & measured) / len(measured) if measured else 0.0
-    result.wait = statistics.fmean(waits) if waits else 0.0
-    result.wait_watched = statistics.fmean(waits_watched) if waits_watched else 0.0
     return result
 
 
-def run_all(
-    nodes: list[LeafNode],
-    jobs: int,
-    seeds: Sequence[int],
-    loads: Sequence[float] = racks.LOADS,
-    policies: Sequence[str] = POLICIES,
-    progress: Callable[[Result], None] | None = None,
-) -> list[Result]:
-    """Every policy on the same trace per load and seed."""
-    results = []
-    for load in loads:
-        for seed in seeds:
-            job_trace = racks.trace(jobs, len(nodes), load, seed)
-            for policy in policies:
-                result = simulate(nodes, job_trace, policy, load, seed)
-                results.append(result)
-                if progress is not None:
-                    progress(result)
-    return results
-
-
-def table(results: Sequence[Result]) -> str:
-    """Per load and policy: the mean over seeds, with the range across seeds in brackets."""
-    spread = racks._spread  # the same bracketed range as racks.py's table
-    lines = [
-        "| offered | policy | one leaf group (N≥2) | groups per job (N≥2) | never placed | util "
-        f"| frag | wait (min) | wait {WATCHED_SIZE}-node (min) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for load in sorted({r.load for r in results}):
-        for policy in POLICIES:
-            rows = [r for r in results if r.load == load and r.policy == policy]
-            if not rows:
-                continue
-            lines.append(
-                f"| {load:.0%} | {policy} "
-                f"| {spread([r.one_group * 100 for r in rows], '.1f')}% "
-                f"| {spread([r.groups_per_job for r in rows], '.2f')} "
-                f"| {spread([r.never_placed * 100 for r in rows], '.1f')}% "
-                f"| {spread([r.util * 100 for r in rows], '.1f')}% "
-                f"| {spread([r.frag * 100 for r in rows], '.1f')}% "
-                f"| {spread([r.wait for r in rows], ',.0f')} "
-                f"| {spread([r.wait_watched for r in rows], ',.0f')} |"
-            )
-    return "\n".join(lines)
+BENCH = multinode.Bench(simulate, POLICIES, COLUMNS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", choices=sorted(CLUSTERS), default="ib", help="default ib")
-    parser.add_argument("--jobs", type=int, default=2000, help="jobs per run (default 2000)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N (default 5)")
+    multinode.add_trace_arguments(parser)
     args = parser.parse_args()
     nodes = layout(args.cluster)
-    results = run_all(
+    results = BENCH.run_all(
         nodes,
         args.jobs,
         range(1, args.seeds + 1),
@@ -311,7 +202,7 @@ def main() -> None:
             flush=True,
         ),
     )
-    print(table(results))
+    print(BENCH.table(results))
 
 
 if __name__ == "__main__":

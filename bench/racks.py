@@ -9,18 +9,13 @@ x36 partitions of 9 nodes. Clique IDs repeat across racks as fabric managers ass
 17044, racks 6 and 7 both carry cliques 1 and 2. Each node's domain and partition are the
 `nvlink-domain` and `nvlink-partition` labels of the layout (`layout()`).
 
-Trace: jobs of N pods x 4 GPUs (one pod per node, the whole node: what a multi-node NVLink job
-asks for), arriving as a Poisson process and running for a drawn time.
-- sizes (stated, not measured: no public trace of NVL72 jobs exists): 1, 2, 4, 8 and 16 nodes
-  (4 to 64 GPUs) with weights 35%, 20%, 20%, 15%, 10%: mean 4.35 nodes. A 16-node job fits only an
-  unsplit rack's partition;
-- durations: the Philly distribution that bench/placement.py uses (Gavel's sampling of Microsoft's
-  trace): 80% of jobs run 10^U(1.5, 3) minutes, 20% run 10^U(3, 4) minutes.
-The arrival rate sets the offered load (rate x mean nodes x mean minutes) to 50%, 80% or 95% of
-the nodes.
+Trace: bench/multinode.py's (`multinode.trace`): jobs of N pods x 4 GPUs (one pod per node, the
+whole node: what a multi-node NVLink job asks for) of 1, 2, 4, 8 and 16 nodes (35, 20, 20, 15,
+10%; mean 4.35 nodes), Poisson arrivals, Philly durations, offered at 50%, 80% and 95% of the
+nodes. A 16-node job fits only an unsplit rack's partition.
 
-Node choice for a job, each on the same trace (pending jobs retried in arrival order after every
-event; a job never waits behind one that does not fit, as Kueue's BestEffortFIFO queues do):
+Node choice for a job, each on the same trace and through the same event loop (bench/multinode.py:
+pending jobs retried in arrival order after every event, as Kueue's BestEffortFIFO queues do):
 - `count-only`: any N free nodes, picked at random: the kube-scheduler scores every empty node
   alike for a whole-node pod, and gang schedulers that count (Kueue without TAS, YuniKorn's task
   groups, Volcano without networkTopology) admit on the total;
@@ -48,14 +43,14 @@ Seeded and deterministic: the same seeds give the same tables.
 from __future__ import annotations
 
 import argparse
-import heapq
-import math
 import random
 import statistics
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from bench import multinode
 
 NODES_PER_RACK = 18
 GPUS_PER_NODE = 4
@@ -66,22 +61,10 @@ SHARED_CLIQUES = {0: (17044,), 1: (17044,), 6: (1, 2), 7: (1, 2)}
 """Clique IDs per rack where two racks repeat them; the others get their own."""
 
 POLICIES = ("count-only", "clique-id", "partition", "partition-preferred")
-LOADS = (0.50, 0.80, 0.95)
-SIZES = ((1, 0.35), (2, 0.20), (4, 0.20), (8, 0.15), (16, 0.10))
-SHORT_SHARE, SHORT_LOG_MINUTES, LONG_LOG_MINUTES = 0.80, (1.5, 3.0), (3.0, 4.0)
 UUID_NAMESPACE = uuid.UUID("6f0b2f5e-6c1e-4f1e-9a57-4e5b1d2c3a40")
 """Fixed, so a rack's cluster UUID is the same in every run."""
-
-
-def _mean_log_uniform(low: float, high: float) -> float:
-    """E[10^U(low, high)]."""
-    return (10**high - 10**low) / ((high - low) * math.log(10))
-
-
-MEAN_NODES = sum(n * p for n, p in SIZES)
-MEAN_MINUTES = SHORT_SHARE * _mean_log_uniform(*SHORT_LOG_MINUTES) + (
-    1 - SHORT_SHARE
-) * _mean_log_uniform(*LONG_LOG_MINUTES)
+LARGEST = max(n for n, _ in multinode.SIZES)
+"""The job size whose wait is reported apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,31 +97,7 @@ def layout(racks: int = DEFAULT_RACKS) -> list[RackNode]:
     return nodes
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One job of the trace: its node count, arrival and run time in minutes."""
-
-    id: int
-    nodes: int
-    arrival: float
-    minutes: float
-
-
-def trace(jobs: int, nodes: int, load: float, seed: int) -> list[Job]:
-    """`jobs` jobs whose offered load is `load` of `nodes` nodes; seeded."""
-    rng = random.Random(seed)
-    rate = load * nodes / (MEAN_NODES * MEAN_MINUTES)  # jobs per minute
-    sizes, weights = zip(*SIZES, strict=True)
-    out, now = [], 0.0
-    for i in range(jobs):
-        now += rng.expovariate(rate)
-        size = rng.choices(sizes, weights)[0]
-        low, high = SHORT_LOG_MINUTES if rng.random() < SHORT_SHARE else LONG_LOG_MINUTES
-        out.append(Job(id=i, nodes=size, arrival=now, minutes=10 ** rng.uniform(low, high)))
-    return out
-
-
-Chooser = Callable[[list[RackNode], set[str], int, random.Random], list[RackNode] | None]
+Chooser = multinode.Chooser[RackNode]
 
 
 def _groups(free: list[RackNode], key: Callable[[RackNode], str]) -> dict[str, list[RackNode]]:
@@ -155,13 +114,6 @@ def _best_fit(groups: dict[str, list[RackNode]], size: int) -> list[RackNode] | 
         return None
     _, name = min(fits)
     return groups[name][:size]
-
-
-def count_only(
-    nodes: list[RackNode], busy: set[str], size: int, rng: random.Random
-) -> list[RackNode] | None:
-    free = [n for n in nodes if n.name not in busy]
-    return rng.sample(free, size) if len(free) >= size else None
 
 
 def clique_id(
@@ -202,7 +154,7 @@ def partition_preferred(
 
 
 CHOOSERS: dict[str, Chooser] = {
-    "count-only": count_only,
+    "count-only": multinode.count_only,
     "clique-id": clique_id,
     "partition": partition,
     "partition-preferred": partition_preferred,
@@ -210,138 +162,38 @@ CHOOSERS: dict[str, Chooser] = {
 
 
 @dataclass(slots=True)
-class Result:
+class Result(multinode.Result):
     """What one run measured (see the module docstring for each metric)."""
 
-    policy: str
-    load: float
-    seed: int
     one_partition: float = 0.0
     split_racks: float = 0.0
-    util: float = 0.0
-    frag: float = 0.0
-    wait: float = 0.0
-    wait_largest: float = 0.0
-    placements: dict[int, tuple[tuple[str, ...], float, float]] = field(default_factory=dict)
-    """job id -> (nodes, start, end): every placement, for the invariants the test checks."""
 
 
-def simulate(nodes: list[RackNode], jobs: list[Job], policy: str, load: float, seed: int) -> Result:
+COLUMNS = (
+    multinode.share("one partition (N≥2)", "one_partition"),
+    multinode.share("split racks (N≥2)", "split_racks"),
+    multinode.share("util", "util"),
+    multinode.share("frag", "frag"),
+    multinode.Column("wait (min)", "wait", ",.0f"),
+    multinode.Column(f"wait {LARGEST}-node (min)", "wait_watched", ",.0f"),
+)
+
+
+def simulate(
+    nodes: list[RackNode], jobs: list[multinode.Job], policy: str, load: float, seed: int
+) -> Result:
     """Run `jobs` through the cluster `nodes` with one node-choice policy."""
-    choose = CHOOSERS[policy]
-    rng = random.Random(seed)
+    result = multinode.simulate(nodes, jobs, CHOOSERS[policy], LARGEST, Result(policy, load, seed))
     by_name = {n.name: n for n in nodes}
-    result = Result(policy, load, seed)
-    warmup = jobs[len(jobs) // 4].arrival if jobs else 0.0
-    end = jobs[-1].arrival if jobs else 0.0
-    measured = {j.id for j in jobs if j.arrival >= warmup}
-    largest = max((n for n, _ in SIZES), default=0)
-    events: list[tuple[float, int, int]] = [(j.arrival, 0, j.id) for j in jobs]  # 0 arrive, 1 end
-    heapq.heapify(events)
-    pending: list[Job] = []
-    busy: set[str] = set()
-    held: dict[int, list[str]] = {}
-    fragmented: set[int] = set()
-    last, busy_time = warmup, 0.0
-    waits: list[float] = []
-    waits_largest: list[float] = []
-    multi = in_one = across = 0
-    while events:
-        now, kind, job_id = heapq.heappop(events)
-        if now > last and warmup <= now:
-            upto = min(now, end)
-            if upto > last:
-                busy_time += len(busy) * (upto - last)
-                last = upto
-        if kind == 0:
-            pending.append(jobs[job_id])
-        else:
-            busy.difference_update(held.pop(job_id))
-        still: list[Job] = []
-        for job in pending:
-            chosen = (
-                choose(nodes, busy, job.nodes, rng) if len(nodes) - len(busy) >= job.nodes else None
-            )
-            if chosen is None:
-                if len(nodes) - len(busy) >= job.nodes:
-                    fragmented.add(job.id)
-                still.append(job)
-                continue
-            names = [n.name for n in chosen]
-            busy.update(names)
-            held[job.id] = names
-            result.placements[job.id] = (tuple(names), now, now + job.minutes)
-            heapq.heappush(events, (now + job.minutes, 1, job.id))
-            if job.id not in measured:
-                continue
-            waits.append(now - job.arrival)
-            if job.nodes == largest:
-                waits_largest.append(now - job.arrival)
-            if job.nodes >= 2:
-                multi += 1
-                in_one += len({by_name[n].partition for n in names}) == 1
-                across += len({by_name[n].domain for n in names}) > 1
-        pending = still
-    assert not pending, "a job larger than every group never runs"
-    result.one_partition = in_one / multi if multi else 0.0
-    result.split_racks = across / multi if multi else 0.0
-    result.util = busy_time / (len(nodes) * (end - warmup)) if end > warmup else 0.0
-    result.frag = len(fragmented & measured) / len(measured) if measured else 0.0
-    result.wait = statistics.fmean(waits) if waits else 0.0
-    result.wait_largest = statistics.fmean(waits_largest) if waits_largest else 0.0
+    multi = result.measured_multi_node()
+    in_one = sum(len({by_name[n].partition for n in names}) == 1 for names in multi)
+    across = sum(len({by_name[n].domain for n in names}) > 1 for names in multi)
+    result.one_partition = in_one / len(multi) if multi else 0.0
+    result.split_racks = across / len(multi) if multi else 0.0
     return result
 
 
-def run_all(
-    nodes: list[RackNode],
-    jobs: int,
-    seeds: Sequence[int],
-    loads: Sequence[float] = LOADS,
-    policies: Sequence[str] = POLICIES,
-    progress: Callable[[Result], None] | None = None,
-) -> list[Result]:
-    """Every policy on the same trace per load and seed."""
-    results = []
-    for load in loads:
-        for seed in seeds:
-            job_trace = trace(jobs, len(nodes), load, seed)
-            for policy in policies:
-                result = simulate(nodes, job_trace, policy, load, seed)
-                results.append(result)
-                if progress is not None:
-                    progress(result)
-    return results
-
-
-def _spread(values: Sequence[float], fmt: str) -> str:
-    mean = statistics.fmean(values)
-    if len(values) == 1:
-        return format(mean, fmt)
-    return f"{format(mean, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
-
-
-def table(results: Sequence[Result]) -> str:
-    """Per load and policy: the mean over seeds, with the range across seeds in brackets."""
-    lines = [
-        "| offered | policy | one partition (N≥2) | split racks (N≥2) | util | frag "
-        "| wait (min) | wait 16-node (min) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for load in sorted({r.load for r in results}):
-        for policy in POLICIES:
-            rows = [r for r in results if r.load == load and r.policy == policy]
-            if not rows:
-                continue
-            lines.append(
-                f"| {load:.0%} | {policy} "
-                f"| {_spread([r.one_partition * 100 for r in rows], '.1f')}% "
-                f"| {_spread([r.split_racks * 100 for r in rows], '.1f')}% "
-                f"| {_spread([r.util * 100 for r in rows], '.1f')}% "
-                f"| {_spread([r.frag * 100 for r in rows], '.1f')}% "
-                f"| {_spread([r.wait for r in rows], ',.0f')} "
-                f"| {_spread([r.wait_largest for r in rows], ',.0f')} |"
-            )
-    return "\n".join(lines)
+BENCH = multinode.Bench(simulate, POLICIES, COLUMNS)
 
 
 def plot(results: Sequence[Result], path: Path) -> None:
@@ -397,12 +249,11 @@ def plot(results: Sequence[Result], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=2000, help="jobs per run (default 2000)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N (default 5)")
+    multinode.add_trace_arguments(parser)
     parser.add_argument("--plot", type=Path, help="write the PNG plot here")
     args = parser.parse_args()
     nodes = layout()
-    results = run_all(
+    results = BENCH.run_all(
         nodes,
         args.jobs,
         range(1, args.seeds + 1),
@@ -412,7 +263,7 @@ def main() -> None:
             flush=True,
         ),
     )
-    print(table(results))
+    print(BENCH.table(results))
     if args.plot is not None:
         plot(results, args.plot)
 

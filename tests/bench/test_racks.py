@@ -5,19 +5,18 @@ result is asserted: the numbers are the benchmark's to report (bench/README.md).
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from bench import racks
+from bench import multinode, racks
+from tests.support.multinode import checked_run
 
 NODES = racks.layout()
 BY_NAME = {n.name: n for n in NODES}
 
 
 @pytest.fixture(scope="module")
-def jobs() -> list[racks.Job]:
-    return racks.trace(150, len(NODES), load=0.9, seed=7)
+def jobs() -> list[multinode.Job]:
+    return multinode.trace(150, len(NODES), load=0.9, seed=7)
 
 
 def test_the_layout_is_the_documented_cluster() -> None:
@@ -33,37 +32,22 @@ def test_the_layout_is_the_documented_cluster() -> None:
     assert {c for c, d in by_clique.items() if len(d) > 1} == {"17044", "1", "2"}
 
 
-def test_the_trace_draws_the_documented_mix(jobs: list[racks.Job]) -> None:
-    assert {j.nodes for j in jobs} <= {n for n, _ in racks.SIZES}
+def test_the_trace_draws_the_documented_mix(jobs: list[multinode.Job]) -> None:
+    assert {j.nodes for j in jobs} <= {n for n, _ in multinode.SIZES}
     assert [j.arrival for j in jobs] == sorted(j.arrival for j in jobs)
-    assert racks.trace(150, len(NODES), load=0.9, seed=7) == jobs
-    assert pytest.approx(4.35) == racks.MEAN_NODES
+    assert multinode.trace(150, len(NODES), load=0.9, seed=7) == jobs
+    assert pytest.approx(4.35) == multinode.MEAN_NODES
 
 
 @pytest.mark.parametrize("policy", racks.POLICIES)
-def test_every_policy_places_every_job_consistently(policy: str, jobs: list[racks.Job]) -> None:
-    result = racks.simulate(NODES, jobs, policy, load=0.9, seed=3)
+def test_every_policy_places_every_job_consistently(policy: str, jobs: list[multinode.Job]) -> None:
+    result = checked_run(lambda: racks.simulate(NODES, jobs, policy, load=0.9, seed=3), jobs)
     assert len(result.placements) == len(jobs)  # the cluster drains: every job runs
-    held: dict[str, list[tuple[float, float]]] = {}
-    for job_id, (names, start, end) in result.placements.items():
-        assert len(names) == len(set(names)) == jobs[job_id].nodes
-        assert start >= jobs[job_id].arrival
-        for name in names:
-            held.setdefault(name, []).append((start, end))
-    for spans in held.values():
-        spans.sort()
-        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
-    for value in (result.one_partition, result.split_racks, result.util, result.frag):
-        assert 0.0 <= value <= 1.0
-    again = racks.simulate(NODES, jobs, policy, load=0.9, seed=3)
-    assert (again.placements, again.util, again.wait) == (
-        result.placements,
-        result.util,
-        result.wait,
-    )
+    for share in (result.one_partition, result.split_racks):
+        assert 0.0 <= share <= 1.0
 
 
-def test_a_required_partition_never_splits_a_job(jobs: list[racks.Job]) -> None:
+def test_a_required_partition_never_splits_a_job(jobs: list[multinode.Job]) -> None:
     result = racks.simulate(NODES, jobs, "partition", load=0.9, seed=3)
     for names, _, _ in result.placements.values():
         assert len({BY_NAME[n].partition for n in names}) == 1
@@ -71,7 +55,7 @@ def test_a_required_partition_never_splits_a_job(jobs: list[racks.Job]) -> None:
 
 
 def test_the_clique_id_key_splits_only_across_racks_that_share_the_id(
-    jobs: list[racks.Job],
+    jobs: list[multinode.Job],
 ) -> None:
     result = racks.simulate(NODES, jobs, "clique-id", load=0.9, seed=3)
     for names, _, _ in result.placements.values():
