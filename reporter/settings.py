@@ -18,6 +18,7 @@ cluster.
 from __future__ import annotations
 
 import argparse
+import difflib
 import enum
 import math
 import re
@@ -1145,6 +1146,13 @@ def _convert(declaration: Declaration, raw: object, origin: str) -> object:
     return raw
 
 
+def _setting_name(key: object) -> str:
+    """A settings file's key as the flags name settings: `topologyManagerPolicy`,
+    `topology_manager_policy` and `topology-manager-policy` alike (at most 64 characters)."""
+    text = str(key)[:64]
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", text).replace("_", "-").lower()
+
+
 def _read_file(path: str, of: type[Resolvable]) -> dict[str, object]:
     text = read_bounded(path, limit=MAX_SETTINGS_BYTES, what="settings file", error=ConfigError)
     try:
@@ -1162,9 +1170,12 @@ def _read_file(path: str, of: type[Resolvable]) -> dict[str, object]:
     for key, raw in loaded.items():
         known = by_name.get(str(key).replace("_", "-"))
         if known is None:
+            # The closest names, not all of them: the list outgrew one readable line.
+            near = difflib.get_close_matches(_setting_name(key), by_name, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(near)}? " if near else ""
             raise ConfigError(
-                f"settings file {path}: unknown setting {excerpt(key)} "
-                f"(known: {', '.join(by_name)})"
+                f"settings file {path}: unknown setting {excerpt(key)} ({hint}every setting is "
+                "a flag of the command without its --: see its --help)"
             )
         values[known[0]] = _convert(known[1], raw, f"in {path}")
     return values

@@ -272,9 +272,20 @@ def test_dry_run_needs_no_node() -> None:
     [
         ("interval: [1, 2\n", "is not YAML"),
         ("- a\n", "must be a mapping"),
-        ("intervall: 5m\n", "unknown setting 'intervall'"),
+        ("intervall: 5m\n", "unknown setting 'intervall' \\(did you mean interval\\?"),
+        (
+            "topologyManagerPolicy: none\n",
+            "unknown setting 'topologyManagerPolicy' \\(did you mean topology-manager-policy ",
+        ),
+        ("zzzz: 1\n", "unknown setting 'zzzz' \\(every setting is a flag"),
     ],
-    ids=["broken YAML", "not a mapping", "a misspelt setting"],
+    ids=[
+        "broken YAML",
+        "not a mapping",
+        "a misspelt setting",
+        "the kubelet's camelCase name",
+        "nothing near",
+    ],
 )
 def test_a_bad_settings_file_is_named(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "s.yaml"
