@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -527,7 +528,16 @@ def test_shutdown_during_a_retry_wait_stops_without_another_attempt(
 ) -> None:
     apiserver.plan(Fault(503, "PATCH", retry_after="120"))
     w = wire(kubeconfig, FakeScanner([ok(topology())]))
-    threading.Timer(0.2, w.stop.set).start()
+
+    def stop_once_refused() -> None:
+        # Shut down once the refused PATCH is in, whatever the machine's speed: the agent is then
+        # in (or about to start) its 120 s wait, which the stop must cut short.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "PATCH" not in [r.method for r in apiserver.requests]:
+            time.sleep(0.01)
+        w.stop.set()
+
+    threading.Thread(target=stop_once_refused, daemon=True).start()
     with pytest.raises(Interrupted):
         w.agent.step()
     assert [r.method for r in apiserver.requests].count("PATCH") == 1
