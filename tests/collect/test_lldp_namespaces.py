@@ -146,7 +146,14 @@ class Fabric:
 
 @pytest.fixture
 def fabric() -> Iterator[Fabric]:
-    _needs()
+    # Taken before `_needs()`, whose probe namespace already makes and mounts /run/netns.
+    netns_dir = Path("/run/netns")
+    made_netns_dir = not netns_dir.exists()
+    try:
+        _needs()
+    except BaseException:
+        _restore_netns_dir(netns_dir, made_netns_dir)
+        raise
     # lldpd applies its config with lldpcli as its unprivileged user, which must reach the
     # control socket: pytest's tmp_path sits in a directory only root may enter.
     work = Path(tempfile.mkdtemp(prefix=PREFIX))
@@ -154,8 +161,6 @@ def fabric() -> Iterator[Fabric]:
     # lldpd's privilege separation chroots into /run/lldpd, which its service unit makes.
     chroot = Path("/run/lldpd")
     made_chroot = not chroot.exists()
-    netns_dir = Path("/run/netns")
-    made_netns_dir = not netns_dir.exists()
     built = Fabric(work)
     try:
         chroot.mkdir(exist_ok=True)
@@ -174,10 +179,26 @@ def fabric() -> Iterator[Fabric]:
         shutil.rmtree(work, ignore_errors=True)
         if made_chroot:
             shutil.rmtree(chroot, ignore_errors=True)
-        if made_netns_dir and netns_dir.exists() and not any(netns_dir.iterdir()):
-            # `ip netns add` mounted it; the machine had none before.
-            subprocess.run(["umount", str(netns_dir)], capture_output=True, timeout=30, check=False)
-            netns_dir.rmdir()
+        _restore_netns_dir(netns_dir, made_netns_dir)
+
+
+def _mounted(path: Path) -> bool:
+    """Whether `path` is a mount point. `os.path.ismount` misses a directory bind mounted onto
+    itself (same device, same inode), which is what `ip netns add` makes."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+        return any(line.split()[4] == str(path) for line in mounts)
+
+
+def _restore_netns_dir(netns_dir: Path, made: bool) -> None:
+    """Remove /run/netns where the machine had none before: `ip netns add` made it and bind
+    mounted it onto itself (once per mount it found missing, so unmount until none is left)."""
+    if not made or not netns_dir.exists() or any(netns_dir.iterdir()):
+        return
+    for _ in range(8):
+        if not _mounted(netns_dir):
+            break
+        subprocess.run(["umount", str(netns_dir)], capture_output=True, timeout=30, check=False)
+    netns_dir.rmdir()
 
 
 def _heard(fabric: Fabric, node: str) -> dict[str, object]:
