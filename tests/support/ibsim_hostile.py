@@ -34,9 +34,9 @@ GARBAGE = (
     .translate(bytes.maketrans(b'\x00\n"[]#@ \t\r\x0b\x0c', b"ABCDEFGHIJKL"))
     .decode("utf-8", "surrogateescape")
 )
-"""64 bytes, no NUL among them (so none ends it), most not UTF-8. The netlist's own syntax
-(NUL, newline, quote, brackets, `#`, `@`) and white space are left out, so that ibsim reads it
-whole as a NodeDescription."""
+"""64 bytes, no NUL among them, most not UTF-8. The netlist's own syntax (NUL, newline, quote,
+brackets, `#`, `@`) and white space are left out, so that ibsim reads it whole as a
+NodeDescription (and serves its first 63: ibsim ends every description with a NUL)."""
 
 
 def node(
