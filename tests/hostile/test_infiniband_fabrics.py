@@ -191,6 +191,26 @@ def test_a_scan_that_stops_says_which_hca_why_and_what_to_do(
     assert "SMPs sent" in raised.value.line
 
 
+def test_links_that_go_down_and_come_back_between_scans() -> None:
+    """ibsim's console takes links down and back (Unlink, ReLink) while it serves: a spine
+    link lost leaves the tiers as they were; the host's own link lost fails the scan in one
+    line; back, the scan finds what it found first."""
+    tree = SmallTree()
+    with HostileSim(tree.netlist()) as sim:
+        first = sim.walk_as("l0h0-hca").tiers
+        sim.console('Unlink "spine0"[1]')
+        assert sim.walk_as("l0h0-hca").tiers == first
+        sim.console('Unlink "l0h0-hca"')
+        with pytest.raises(WalkError) as raised:
+            sim.walk_as("l0h0-hca", *SMP_TIMEOUT)
+        sim.console('ReLink "l0h0-hca"')
+        sim.console('ReLink "spine0"')
+        again = sim.walk_as("l0h0-hca")
+    assert "nothing answered at the other end of its link" in raised.value.line
+    assert again.tiers == first
+    assert again.smps.unanswered == 0
+
+
 def test_a_spine_that_stops_answering_is_a_missing_link_counted_unanswered() -> None:
     plain = SmallTree(spines=3)
     with HostileSim(plain.netlist()) as sim:

@@ -17,8 +17,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import TracebackType
 
 import structlog
 
@@ -27,6 +29,8 @@ from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, su
 from reporter.errors import CollectError
 from tests.support.ibsim import IbSim, WalkError
 
+PROMPT = "sim> "
+"""What ibsim's console prints, and flushes, once it has run a command."""
 ESCAPES = "\x1b[2J\x1b]0;owned\x07leaf\r\x7f"
 """A NodeDescription that would clear a terminal, retitle it and return to the line's start."""
 GARBAGE = (
@@ -156,7 +160,8 @@ def big_fabric(
 
 class HostileSim(IbSim):
     """IbSim, with ibsim's tables sized for up to `nodes` nodes (its default holds 2,048 nodes,
-    256 switches and 13,312 ports)."""
+    256 switches and 13,312 ports), and its console on a pipe: `console` runs one of its
+    commands (`Unlink "<node>"[<port>]`, `ReLink "<node>"`) and returns once ibsim has."""
 
     def __init__(self, netlist: str, nodes: int = 0) -> None:
         super().__init__(netlist)
@@ -175,10 +180,10 @@ class HostileSim(IbSim):
             net.write_bytes(self.netlist.encode("utf-8", "surrogateescape"))
             with (self.workdir / "ibsim.log").open("wb") as log:
                 self.process = subprocess.Popen(
-                    ["timeout", "600", "ibsim", "-s", "-n", *sizes, str(net)],
+                    ["timeout", "600", "ibsim", "-s", *sizes, str(net)],
                     cwd=self.workdir,
                     env={**os.environ, "IBSIM_SOCKNAME": self.sockname},
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -187,6 +192,30 @@ class HostileSim(IbSim):
             self._stop()
             raise
         return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
+        super().__exit__(kind, error, tb)
+
+    def console(self, command: str) -> None:
+        """Run `command` on ibsim's console; return once it has printed its next prompt (it
+        flushes one after each command), within 10 s."""
+        assert self.process is not None
+        assert self.process.stdin is not None
+        prompts = self.log().count(PROMPT)
+        self.process.stdin.write(command.encode() + b"\n")
+        self.process.stdin.flush()
+        deadline = time.monotonic() + 10
+        while self.log().count(PROMPT) == prompts:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ibsim did not take {command!r}: {self.log()[-2000:]}")
+            time.sleep(0.02)
 
     def walk_as(self, hca: str, *arguments: str) -> Discovery:
         """discover as the CA `hca`, in a child process (`arguments`: main's). Raises WalkError
