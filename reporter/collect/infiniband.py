@@ -203,6 +203,9 @@ class _SmpChannel:
         self.counter = counter
         self.timeout_s = timeout_s
         self.next_tid = 1
+        self.answered = True
+        """Whether the last SMP got a GetResp at all: its error status is an answer (a switch
+        refusing a port it does not have), its absence a port that stopped answering."""
         try:
             self.fd = libc.open(device, os.O_RDWR)
         except OSError as error:
@@ -240,8 +243,8 @@ class _SmpChannel:
         """The attribute's data, or None where no good answer came: an error status at once, no
         answer after SMP_TRIES sends of `timeout_s` each."""
         for _ in range(SMP_TRIES):
-            answered, data = self._send(path, attribute, modifier)
-            if answered:
+            self.answered, data = self._send(path, attribute, modifier)
+            if self.answered:
                 break
         if data is None:
             self.counter.unanswered += 1
@@ -313,10 +316,11 @@ def _neighbour_switches(
     itself (a cable from one of its ports to another): GUID -> path, info.
 
     A peer that does not answer its NodeInfo is left out, as a missing link is (a host's hung
-    HCA, or a spine going away: the tiers stand one missing link). A port whose PortInfo goes
-    unanswered is not: the walk would miss what is behind it, so it raises CollectError naming
-    the switch. A switch claiming more than MAX_PORT ports is walked to MAX_PORT, with a warning:
-    a directed route cannot name port 255."""
+    HCA, or a spine going away: the tiers stand one missing link), and so is a port whose
+    PortInfo the switch refuses with an error status. A port whose PortInfo goes unanswered is
+    not: the walk would miss what is behind it, so it raises CollectError naming the switch. A
+    switch claiming more than MAX_PORT ports is walked to MAX_PORT, with a warning: a directed
+    route cannot name port 255."""
     if switch.num_ports > MAX_PORT:
         log.warning(
             "infiniband_switch_ports_beyond_254",
@@ -329,14 +333,14 @@ def _neighbour_switches(
         if port == switch.local_port:
             continue
         state = channel.port_info(path, port)
-        if state is None:
+        if state is None and not channel.answered:
             raise CollectError(
                 f"{channel.switch_name(path, switch)} did not answer PortInfo of its port {port} "
                 f"({SMP_TRIES} tries of {channel.timeout_s:g} s): the switch or the link to it "
                 "stopped answering during the scan; check the links (iblinkinfo), and the scan "
                 "runs again at its next read"
             )
-        if not state.link_up:
+        if state is None or not state.link_up:
             continue
         peer = channel.node_info((*path, port))
         if (
@@ -369,9 +373,14 @@ def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -
     leaf_path = (0, port.port)
     leaf = channel.node_info(leaf_path)
     if leaf is None:
+        answer = (
+            "the other end of its link answered with no NodeInfo (an error status)"
+            if channel.answered
+            else "nothing answered at the other end of its link "
+            f"({SMP_TRIES} tries of {channel.timeout_s:g} s)"
+        )
         raise CollectError(
-            "nothing answered at the other end of its link "
-            f"({SMP_TRIES} tries of {channel.timeout_s:g} s): the link is down, or went down "
+            f"{answer}: the link is down, or went down "
             f"during the scan; check it (ibstat {port.name} {port.port}), or leave this HCA out "
             "(--network-infiniband-hcas)"
         )
