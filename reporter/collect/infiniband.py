@@ -199,17 +199,19 @@ class _Counter:
 class _SmpChannel:
     """One umad device with an agent for directed-route SMPs: Get, then wait for its GetResp."""
 
-    def __init__(self, libc: _Libc, device: str, counter: _Counter, timeout_s: float) -> None:
+    def __init__(self, libc: _Libc, port: UmadPort, counter: _Counter, timeout_s: float) -> None:
+        self.port = port
         self.counter = counter
         self.timeout_s = timeout_s
         self.next_tid = 1
         self.answered = True
         """Whether the last SMP got a GetResp at all: its error status is an answer (a switch
         refusing a port it does not have), its absence a port that stopped answering."""
+        device = port.device
         try:
             self.fd = libc.open(device, os.O_RDWR)
         except OSError as error:
-            raise CollectError(
+            raise self.stopped(
                 f"cannot open {device}: {error.strerror}; the container needs the device "
                 "(and a device-cgroup rule for c 231:* rw)"
             ) from error
@@ -229,7 +231,7 @@ class _SmpChannel:
                 else "it is not a umad device with subnet management (QP0), as an SR-IOV VF's or "
                 "a VM's HCA is not"
             )
-            raise CollectError(
+            raise self.stopped(
                 f"{device} refused an SMP agent ({error.strerror}): {why}; walk from an HCA of "
                 "the host itself (name it with --network-infiniband-hcas), or leave InfiniBand "
                 "discovery off on this node"
@@ -238,6 +240,16 @@ class _SmpChannel:
 
     def close(self) -> None:
         self.libc.lib.close(self.fd)
+
+    def stopped(self, why: str) -> CollectError:
+        """The scan's one line for `why` it stopped: the HCA and port first, what it had sent
+        last."""
+        counter = self.counter
+        sent = counter.node_info + counter.port_info + counter.node_description
+        return CollectError(
+            f"InfiniBand scan from {self.port.name} port {self.port.port}: {why} "
+            f"[{sent} SMPs sent, {counter.unanswered} unanswered]"
+        )
 
     def get(self, path: tuple[int, ...], attribute: Attribute, modifier: int = 0) -> bytes | None:
         """The attribute's data, or None where no good answer came: an error status at once, no
@@ -362,8 +374,17 @@ class _Seen:
 
 
 def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
-    """What `port` sees. Raises CollectError where its own HCA or the node at the other end of
-    its link does not answer: a compute HCA left out would change the leaf group."""
+    """What `port` sees. Raises CollectError in the channel's one line (channel.stopped) where
+    its own HCA or the node at the other end of its link does not answer (a compute HCA left
+    out would change the leaf group), a switch stops answering, or the scan's SMPs or time
+    run out."""
+    try:
+        return _walk(channel, port, seen, levels)
+    except CollectError as error:
+        raise channel.stopped(str(error)) from error
+
+
+def _walk(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
     own = channel.node_info((0,))
     if own is None:
         raise CollectError(
@@ -426,23 +447,12 @@ def walk_ports(
     seen = _Seen()
     views = []
     for port in ports:
+        channel = _SmpChannel(libc, port, counter, timeout_s)
         try:
-            channel = _SmpChannel(libc, port.device, counter, timeout_s)
-            try:
-                views.append(_walk_port(channel, port, seen, levels))
-            finally:
-                channel.close()
-        except CollectError as error:
-            raise CollectError(
-                f"InfiniBand scan from {port.name} port {port.port}: {error} [{_sent(counter)}]"
-            ) from error
+            views.append(_walk_port(channel, port, seen, levels))
+        finally:
+            channel.close()
     return tuple(views), counter.counts()
-
-
-def _sent(counter: _Counter) -> str:
-    """What a scan that stopped had sent, for its one line."""
-    sent = counter.node_info + counter.port_info + counter.node_description
-    return f"{sent} SMPs sent, {counter.unanswered} unanswered"
 
 
 def discover(
