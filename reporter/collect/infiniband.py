@@ -328,11 +328,12 @@ def _neighbour_switches(
     itself (a cable from one of its ports to another): GUID -> path, info.
 
     A peer that does not answer its NodeInfo is left out, as a missing link is (a host's hung
-    HCA, or a spine going away: the tiers stand one missing link), and so is a port whose
-    PortInfo the switch refuses with an error status. A port whose PortInfo goes unanswered is
-    not: the walk would miss what is behind it, so it raises CollectError naming the switch. A
-    switch claiming more than MAX_PORT ports is walked to MAX_PORT, with a warning: a directed
-    route cannot name port 255."""
+    HCA, or a spine going away: the tiers stand one missing link), unless no switch at all
+    answers behind `switch` (every spine silent: the tiers above would be lost, so it raises
+    CollectError); a port whose PortInfo the switch refuses with an error status is left out.
+    A port whose PortInfo goes unanswered is not: the walk would miss what is behind it, so it
+    raises CollectError naming the switch. A switch claiming more than MAX_PORT ports is walked
+    to MAX_PORT, with a warning: a directed route cannot name port 255."""
     if switch.num_ports > MAX_PORT:
         log.warning(
             "infiniband_switch_ports_beyond_254",
@@ -341,6 +342,7 @@ def _neighbour_switches(
             walked=MAX_PORT,
         )
     found: dict[int, tuple[tuple[int, ...], NodeInfo]] = {}
+    silent: list[int] = []
     for port in range(1, min(switch.num_ports, MAX_PORT) + 1):
         if port == switch.local_port:
             continue
@@ -355,12 +357,17 @@ def _neighbour_switches(
         if state is None or not state.link_up:
             continue
         peer = channel.node_info((*path, port))
-        if (
-            peer is not None
-            and peer.node_type is NodeType.SWITCH
-            and peer.node_guid != switch.node_guid
-        ):
+        if peer is None:
+            silent.append(port)
+        elif peer.node_type is NodeType.SWITCH and peer.node_guid != switch.node_guid:
             found.setdefault(peer.node_guid, ((*path, port), peer))
+    if silent and not found:
+        raise CollectError(
+            f"no switch behind {channel.switch_name(path, switch)} answered: nothing answered "
+            f"NodeInfo behind its live port{'s' if len(silent) > 1 else ''} "
+            f"{', '.join(map(str, silent))}, and the tiers above it would be lost; check those "
+            "links (iblinkinfo), and the scan runs again at its next read"
+        )
     return found
 
 

@@ -172,6 +172,13 @@ def test_a_looping_cable_is_not_walked_twice(
             id="the HCA's port has no link",
         ),
         pytest.param(
+            SmallTree(commands=('Error "spine0" 100 17', 'Error "spine1" 100 17')).netlist(),
+            SMP_TIMEOUT,
+            'no switch behind switch 0x0000000000200000 "leaf0" answered: nothing answered '
+            "NodeInfo behind its live ports 3, 4, and the tiers above it would be lost",
+            id="every spine stops answering: not a leaf cut off from the spines",
+        ),
+        pytest.param(
             SmallTree().netlist(),
             ("--total", "0"),
             "the scan ran out of its 0 s before it had seen its leaves' and spines' ports",
