@@ -486,9 +486,9 @@ def gpu_paired_hcas(topology: Topology) -> tuple[str, ...]:
     path to it is the closest any NIC has, where that path stays under one CPU socket (PIX, PXB,
     PHB or NODE; not SYS). That is the NIC the GPU's GPUDirect RDMA traffic takes; a storage
     HCA in a slot of the CPU's own, farther from every GPU than a compute HCA, is none."""
-    paired: set[str] = set()
     if not topology.nics:
         return ()
+    paired: set[str] = set()
     for gpu in range(len(topology.gpus)):
         closest = min((nic.links[gpu] for nic in topology.nics), key=lambda c: c.closeness)
         if closest.kind is LinkKind.SYS:
