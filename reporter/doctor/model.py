@@ -51,6 +51,9 @@ class Code(enum.StrEnum):
     PARTITION_LABEL_MISMATCH = "partition-label-mismatch"
     PARTITION_SHORT = "partition-short"
     CLIQUE_ID_SHARED = "clique-id-shared"
+    # Network tiers across nodes (reporter.doctor.network)
+    TOPOGRAPH_TIERS_DISAGREE = "topograph-tiers-disagree"
+    NVLINK_DOMAIN_SPANS_NETWORK_GROUPS = "nvlink-domain-spans-network-groups"
     # Pod groups (reporter.doctor.groups)
     POD_GROUP_EXCEEDS_PARTITIONS = "pod-group-exceeds-partitions"
     POD_GROUP_EXCEEDS_NETWORK_GROUPS = "pod-group-exceeds-network-groups"

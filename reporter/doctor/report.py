@@ -16,7 +16,9 @@ WORKLOAD = "workload "
 """How a finding's subject that is a Workload, not a node, begins (`workload NAMESPACE/NAME`)."""
 TEMPLATE = "template "
 """How a finding's subject that is a ResourceClaimTemplate begins (`template NAMESPACE/NAME`)."""
-KINDS = {WORKLOAD: "workload", TEMPLATE: "template"}
+NETWORK = "network "
+"""How a finding's subject that is a network tier of the cluster begins (`network tier-N`)."""
+KINDS = {WORKLOAD: "workload", TEMPLATE: "template", NETWORK: "network"}
 """Each subject that is not a node, by how it begins: its key in the JSON report."""
 
 
