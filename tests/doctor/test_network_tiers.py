@@ -58,7 +58,11 @@ def labelled(ours: list[str], theirs: list[str], tier: int = 0) -> list[Any]:
             [0],
             [2, 3, 4, 5],
         ),
-        (labelled(["eth-a", "eth-a", "eth-b", "eth-b"], ["S-1", "S-1", "S-1", "S-1"]), [0], [0, 1, 2, 3]),
+        (
+            labelled(["eth-a", "eth-a", "eth-b", "eth-b"], ["S-1", "S-1", "S-1", "S-1"]),
+            [0],
+            [0, 1, 2, 3],
+        ),
         (labelled(["eth-a", "eth-b", "eth-c", "eth-d"], ["S-1", "S-2", "S-3", "S-4"]), [], []),
         (labelled(["eth-a", "eth-a", "", ""], ["", "", "S-1", "S-2"]), [], []),
         (labelled(["eth-a", "eth-a", "eth-a", ""], ["S-1", "S-1", "S-2", "S-2"]), [0], [0, 1, 2]),
