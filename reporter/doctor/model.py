@@ -46,6 +46,7 @@ class Code(enum.StrEnum):
     FABRIC_GPUS_DISAGREE = "fabric-gpus-disagree"
     FABRIC_DEGRADED = "fabric-degraded"
     FABRIC_VALUES_INVALID = "fabric-values-invalid"
+    ROCE_PORT_SILENT = "roce-port-silent"
     TOPOLOGY_UNREADABLE = "topology-unreadable"
     # Across nodes and racks (reporter.doctor.racks)
     PARTITION_LABEL_MISMATCH = "partition-label-mismatch"
@@ -91,6 +92,10 @@ class AgentObservation:
     pod_ready: bool | None = None
     degraded_reason: str | None = None
     """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
+    silent_ports: tuple[str, str] | None = None
+    """When and what the agent's latest `RoCEPortSilent` Warning Event said (its
+    lastTimestamp, its message), if any: only the agent hears LLDP, so the doctor takes its
+    word."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,3 +114,13 @@ def event_text(finding: Finding) -> str:
     """A finding as one Event message: what, the evidence, the fix (kept under 1 KiB)."""
     text = f"{finding.summary}. Evidence: {'; '.join(finding.evidence)}. Fix: {finding.fix}"
     return text if len(text) <= 1024 else text[:1021] + "..."
+
+
+def event_parts(message: str) -> tuple[str, str]:
+    """An `event_text` message's summary and evidence (joined by `; `); the whole message and
+    no evidence where it is not of that shape."""
+    summary, marked, rest = message.partition(". Evidence: ")
+    if not marked:
+        return message, ""
+    evidence, _, _ = rest.partition(". Fix: ")
+    return summary, evidence
