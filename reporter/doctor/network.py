@@ -125,7 +125,9 @@ def _disagreement(
         f"over the {len(common)} nodes both label: {len(size_ours)} groups of ours, "
         f"{len(size_theirs)} of Topograph's"
     ]
-    for n in differ[:SHOWN_NODES]:
+    # The nodes of the rarest pairings first: a node that moved shows before the group it left.
+    shown = sorted(differ, key=lambda n: (size_both[(ours[n], theirs[n])], n))[:SHOWN_NODES]
+    for n in shown:
         o, t = ours[n], theirs[n]
         evidence.append(
             f"{n}: ours {o} ({size_ours[o]} nodes), Topograph's {t} ({size_theirs[t]} nodes), "
@@ -178,12 +180,14 @@ def nesting_findings(nodes: Sequence[Mapping[str, Any]], prefix: str) -> dict[st
             Finding(
                 code=Code.NVLINK_DOMAIN_SPANS_NETWORK_GROUPS,
                 severity=Severity.WARNING,
-                summary=f"{len(split)} NVLink domains ({domain_key}) do not nest under one "
-                f"{tier_0_key} group: a topology that puts NVLink under the network splits them",
+                summary=f"{len(split)} NVLink domain{'' if len(split) == 1 else 's'} "
+                f"({domain_key}) {'does' if len(split) == 1 else 'do'} not nest under one "
+                f"{tier_0_key} group: a topology that puts NVLink under the network splits "
+                f"{'it' if len(split) == 1 else 'them'}",
                 evidence=tuple(evidence),
                 fix="give Kueue, Volcano and KAI the network-only level list (the network tiers, "
                 f"then kubernetes.io/hostname), and jobs that must share an NVLink domain a "
-                f"Topology of their own ({domain_key}, {keys.NVLINK_PARTITION}, "
+                f"Topology of their own ({domain_key}, {keys.key(prefix, keys.NVLINK_PARTITION)}, "
                 "kubernetes.io/hostname): the list with NVLink under the network holds only "
                 "where every domain nests (docs/network.md, Checking it: doctor)",
             )

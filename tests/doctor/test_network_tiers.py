@@ -109,7 +109,7 @@ def test_topographs_grouping_is_compared_with_ours_class_by_class(
         (finding,) = findings
         assert finding.code == Code.TOPOGRAPH_TIERS_DISAGREE
         shown = [line.split(":")[0] for line in finding.evidence[1:]]
-        assert shown == [f"n{i}" for i in named]
+        assert sorted(shown) == [f"n{i}" for i in named]
 
 
 def test_tiers_the_agent_wrote_under_topographs_keys_are_not_compared_with_ours() -> None:
@@ -139,15 +139,15 @@ def test_a_disagreement_over_a_large_cluster_names_a_bounded_number_of_nodes() -
     assert len(report_text({"network tier-0": [finding]}, summary=True)) < 2000
 
 
-def test_the_evidence_says_how_each_named_node_is_grouped_on_each_side() -> None:
+def test_the_evidence_says_how_each_named_node_is_grouped_on_each_side_moved_nodes_first() -> None:
     nodes = labelled(["eth-a", "eth-a", "eth-a", "eth-b"], ["S-1", "S-1", "S-2", "S-2"])
     (finding,) = topograph_findings(nodes, PREFIX)["network tier-0"]
     assert finding.evidence == (
         "over the 4 nodes both label: 2 groups of ours, 2 of Topograph's",
-        "n0: ours eth-a (3 nodes), Topograph's S-1 (2 nodes), 2 in both",
-        "n1: ours eth-a (3 nodes), Topograph's S-1 (2 nodes), 2 in both",
         "n2: ours eth-a (3 nodes), Topograph's S-2 (2 nodes), 1 in both",
         "n3: ours eth-b (1 nodes), Topograph's S-2 (2 nodes), 1 in both",
+        "n0: ours eth-a (3 nodes), Topograph's S-1 (2 nodes), 2 in both",
+        "n1: ours eth-a (3 nodes), Topograph's S-1 (2 nodes), 2 in both",
     )
 
 
@@ -245,6 +245,10 @@ def test_a_split_domains_groups_are_named_largest_first_and_bounded() -> None:
     assert len(finding.evidence) == 1 + SHOWN_DOMAINS + 1
     assert finding.evidence[-1] == f"{10 - SHOWN_DOMAINS} more domains"
     assert finding.summary.startswith("10 NVLink domains (gpu.topology.io/nvlink-domain) do not")
+    one = {"rack-1": ["ib-a", "ib-b"], "rack-2": ["ib-c"]}
+    (finding,) = nesting_findings(racks(one), PREFIX)["network tier-0"]
+    assert finding.summary.startswith("1 NVLink domain (gpu.topology.io/nvlink-domain) does not")
+    assert finding.summary.endswith("splits it")
 
 
 # --- Through the command -----------------------------------------------------------------------
