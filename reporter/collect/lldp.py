@@ -272,8 +272,8 @@ class LldpTierSource:
     `silent` holds, after each reading, the ports that are up but heard no neighbour, each with
     how it was asked: the agent reports them (the `roce-port-silent` finding).
 
-    What it must never do: hold the loop for a listen, or drop its labels while it listens
-    again."""
+    What it must never do: hold the loop for a listen (but with `await_listen`, for `run
+    --once`), or drop its labels while it listens again."""
 
     name = "lldp"
     lacking = "network tier 0 unknown"
@@ -284,12 +284,16 @@ class LldpTierSource:
         lldpd_socket: str = AGENT_LLDPD_SOCKET,
         wait_s: float = AGENT_WAIT_S,
         label_style: str = "topo-reporter",
+        *,
+        await_listen: bool = False,
     ) -> None:
-        """`label_style`: one of reporter.schema.network.NETWORK_LABEL_STYLES."""
+        """`label_style`: one of reporter.schema.network.NETWORK_LABEL_STYLES. `await_listen`:
+        the read waits for its listen (`run --once`, which has no next step to take it at)."""
         self.fs = fs
         self.lldpd_socket = lldpd_socket
         self.wait_s = wait_s
         self.label_style = label_style
+        self.await_listen = await_listen
         self.silent: tuple[tuple[str, str], ...] = ()
         """(port, how it was asked) of each up port that heard no neighbour at the last
         reading."""
@@ -325,10 +329,15 @@ class LldpTierSource:
         if answer:
             return self._reading(tuple(interfaces), answer, SILENT_BY_LLDPD)
         self._listening = tuple(interfaces)
-        threading.Thread(
+        listener = threading.Thread(
             target=self._listen, args=(self._listening,), name="lldp-listen", daemon=True
-        ).start()
-        return self._last
+        )
+        listener.start()
+        if not self.await_listen:
+            return self._last
+        # The listen ends by itself within wait_s; the margin only keeps a broken one finite.
+        listener.join(self.wait_s + LLDPCLI_TIMEOUT_S)
+        return self.read()
 
     def _listen(self, interfaces: tuple[str, ...]) -> None:
         try:

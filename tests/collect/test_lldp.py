@@ -305,3 +305,17 @@ def test_is_up_reads_the_interfaces_flags() -> None:
     assert lldp.is_up("lo")
     assert not lldp.is_up("absent0")
     assert not lldp.is_up("x" * 40)
+
+
+def test_with_await_listen_the_one_read_waits_for_its_listen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `run --once` has no next step: its one read must carry what the listen heard.
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: None)
+    listening = Listening([HEARD])
+    listening.released.set()
+    monkeypatch.setattr(lldp, "listen", listening)
+    source = LldpTierSource(MemoryHostFS(ROCE_PORT, {}), await_listen=True)
+    assert source.read().value == ethernet_tier_0([HEARD.chassis_id])
+    assert source.interval_s == lldp.AGENT_INTERVAL_S
+    assert len(listening.threads) == 1

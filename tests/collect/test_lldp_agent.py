@@ -37,13 +37,14 @@ def roce_sysfs(root: Path, *ports: str) -> Path:
     return root
 
 
-def lldp_sources(sysfs: Path) -> tuple[NodeSource[Any], ...]:
+def lldp_sources(sysfs: Path, *, once: bool = False) -> tuple[NodeSource[Any], ...]:
     config = Settings(
         node=NODE,
         prefix=PREFIX,
         kubelet_config="/nonexistent",
         sysfs_root=str(sysfs),
         network_lldp=True,
+        once=once,
     )
     return config_node_sources(config)
 
@@ -74,6 +75,23 @@ def test_the_topology_is_published_while_the_listen_waits_and_tier_0_when_it_is_
     assert w.agent.step()
     assert apiserver.labels(NODE)[TIER_0] == ethernet_tier_0([HEARD.chassis_id])
     assert len(listening.threads) == 1
+
+
+def test_run_once_waits_for_the_listen_its_one_step_publishes(
+    apiserver: ApiServerDouble,
+    kubeconfig: Path,
+    tmp_path: Path,
+    wire: WireAgent,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: None)
+    listening = Listening([HEARD])
+    listening.released.set()
+    monkeypatch.setattr(lldp, "listen", listening)
+    sources = lldp_sources(roce_sysfs(tmp_path / "sys", "ens1f0"), once=True)
+    w = wire(kubeconfig, FakeScanner([ok(topology())]), node_sources=sources)
+    assert w.agent.step()
+    assert apiserver.labels(NODE)[TIER_0] == ethernet_tier_0([HEARD.chassis_id])
 
 
 def test_an_up_port_that_hears_nothing_is_told_once_and_the_doctor_shows_it(
