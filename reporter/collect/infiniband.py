@@ -59,9 +59,10 @@ from reporter.schema.network import tier_labels
 MAX_UMAD_DEVICES = 64
 """umad<N> probed, 0 to 63: a node has a few HCAs, each with a port or two."""
 DEFAULT_BUDGET = 16384
-"""SMPs a discovery may send. A 64-port leaf under 32 64-port spines costs about 4,300 per
-HCA port when every port is live, and telling the switches above apart (leaf or core) a few more
-for each; a leaf already walked from another port is not walked again."""
+"""SMPs a discovery may send per HCA port it walks from. A 64-port leaf under 32 64-port spines
+costs about 4,300 when every port is live, and telling apart the switches above (leaf or core) a
+few more for each: about 8,300 in a 3-tier fabric whose spines reach 1,024 cores; a leaf already
+walked from another port is not walked again."""
 DEFAULT_TIMEOUT_S = 0.5
 SA_TIMEOUT_S = 2.0
 """The subnet manager's answer: one query a scan, from an SM that may be answering thousands."""
@@ -389,8 +390,9 @@ def walk_ports(
 ) -> tuple[tuple[PortView, ...], SmpCounts]:
     """What each of `ports` sees of its neighbourhood, and the SMPs that cost. `levels` bounds
     the hops: 1 asks only the port's leaf (1 hop, 2 SMPs a port); 2 also the ports of the leaf
-    and of its spines, and who is behind them (3 hops). Each SMP waits at most `timeout_s`, and
-    the whole walk at most `total_s` where given.
+    and of its spines, who is behind them (3 hops), and whether each switch above the spines is
+    a leaf or a core (its ports until one tells, 4 hops). `budget` SMPs a port, shared by all
+    of them. Each SMP waits at most `timeout_s`, and the whole walk at most `total_s` where given.
 
     Raises ValueError for `levels` other than 1 or 2; CollectError when a device does not
     open, a port does not answer for itself, or the walk reaches its SMP budget or its time.
@@ -398,7 +400,7 @@ def walk_ports(
     if levels not in range(1, MAX_LEVELS + 1):
         raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
     libc = _Libc()
-    counter = _Counter(budget, total_s)
+    counter = _Counter(budget * max(1, len(ports)), total_s)
     seen = _Seen()
     views: list[PortView] = []
     for port in ports:

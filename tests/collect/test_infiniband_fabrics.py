@@ -17,13 +17,16 @@ import pytest
 
 from reporter.collect.infiniband_tiers import Discovery, fabric_tiers
 from reporter.schema.fabric import is_label_value
-from tests.support.ibsim import FatTree, IbSim, have_ibsim
+from tests.support.ibsim import FatTree, IbSim, have_ibsim, have_opensm
 
 
 @pytest.fixture(autouse=True)
 def _ibsim_installed() -> None:
-    if not have_ibsim():
-        pytest.fail("ibsim is missing: run `sh tests/prereqs.sh`, which installs it", pytrace=False)
+    if not (have_ibsim() and have_opensm()):
+        pytest.fail(
+            "ibsim or opensm is missing: run `sh tests/prereqs.sh`, which installs them",
+            pytrace=False,
+        )
 
 
 def _three_tier(rails: int = 1, cut: tuple[str, str] | None = None) -> FatTree:

@@ -51,6 +51,11 @@ def have_ibsim() -> bool:
     return shutil.which("ibsim") is not None and UMAD2SIM.exists()
 
 
+def have_opensm() -> bool:
+    """Whether OpenSM is installed (tests/prereqs.sh installs it, its service kept stopped)."""
+    return shutil.which("opensm") is not None
+
+
 @dataclass(frozen=True, slots=True)
 class FatTree:
     """Fat trees, one per subnet. 2-tier (`pods` 0): `units` leaf groups of `rails` leaves each
