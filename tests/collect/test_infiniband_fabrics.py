@@ -17,7 +17,7 @@ import pytest
 
 from reporter.collect.infiniband_tiers import Discovery, fabric_tiers
 from reporter.schema.fabric import is_label_value
-from tests.support.ibsim import FatTree, IbSim, have_ibsim, have_opensm
+from tests.support.ibsim import FatTree, IbSim, WalkError, have_ibsim, have_opensm
 
 
 @pytest.fixture(autouse=True)
@@ -145,3 +145,16 @@ def test_without_an_sm_a_cut_leaf_spine_cable_splits_only_tier_2() -> None:
     assert cut.tiers[1] == whole.tiers[1]
     assert cut.tiers[2] != whole.tiers[2]
     assert not cut.subnet_managers
+
+
+def test_an_sm_that_configured_the_ports_but_no_longer_answers_fails_the_scan_in_one_line() -> None:
+    """Publishing the walked tier 2 instead would split the subnet's tier 2 in two."""
+    fabric = FatTree(units=2, aggregation_nodes=True)
+    (hca,) = fabric.hosts()["s0u0h0"]
+    with IbSim(fabric.netlist(), fabric.subnet_manager_nodes()) as sim:
+        sim.stop_subnet_managers()
+        with pytest.raises(WalkError) as raised:
+            sim.walk(hca)
+    assert raised.value.status == 1
+    assert "the subnet manager at LID" in raised.value.line
+    assert "did not answer within 2 s" in raised.value.line

@@ -304,6 +304,11 @@ class IbSim:
             time.sleep(0.1)
         raise RuntimeError(f"opensm on {self.subnet_managers[index]} was not up within 60 s")
 
+    def stop_subnet_managers(self) -> None:
+        """Stop every OpenSM: the ports keep the LIDs it gave them, and no SA answers."""
+        for sm in self.sms:
+            _end(sm)
+
     def log(self) -> str:
         """What ibsim printed so far."""
         path = self.workdir / "ibsim.log"
