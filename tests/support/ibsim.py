@@ -154,6 +154,8 @@ class FatTree:
     def _records(
         self,
     ) -> tuple[dict[str, dict[int, tuple[str, int]]], dict[str, dict[int, tuple[str, int]]]]:
+        if self.missing_link is not None and self.pods:
+            raise ValueError("missing_link names a 2-tier tree's cable: in 3 tiers name it by cut")
         switches: dict[str, dict[int, tuple[str, int]]] = {}
         cas: dict[str, dict[int, tuple[str, int]]] = {}
         cut = frozenset(self.cut or ())
@@ -173,7 +175,7 @@ class FatTree:
                     spine = f"spine-{pod}r{r}n{j}"
                     switches[spine] = {}
                     for u in range(self.units):
-                        if self.missing_link == (s, u, r, j) and not self.pods:
+                        if self.missing_link == (s, u, r, j):
                             continue
                         link(spine, u + 1, f"leaf-{pod}u{u}r{r}", self.hosts_per_unit + j + 1)
                     if self.pods:
