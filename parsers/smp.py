@@ -179,6 +179,34 @@ def decode_port_info(data: bytes) -> PortInfo:
     return PortInfo(port_state=data[32] & 0x0F, phys_state=data[33] >> 4)
 
 
+@dataclass(frozen=True, slots=True)
+class PortLids:
+    """A CA port's own LID and its master SM's (IBA 14.2.5.6): both 0 until a subnet manager has
+    configured the subnet."""
+
+    lid: int
+    master_sm_lid: int
+
+
+def decode_port_lids(data: bytes) -> PortLids:
+    """A port's LID and MasterSMLID from PortInfo's attribute data. Raises ParseError for short
+    data."""
+    if len(data) < 20:
+        raise ParseError(f"{len(data)} bytes, PortInfo has at least 20", field="PortInfo")
+    lid, master_sm_lid = struct.unpack_from(">HH", data, 16)
+    return PortLids(lid, master_sm_lid)
+
+
+AGGREGATION_NODE = b"Aggregation Node"
+"""What a SHARP Aggregation Node's NodeDescription says (`Mellanox Technologies Aggregation
+Node`): the CA inside a Quantum switch, not a host."""
+
+
+def is_aggregation_node(data: bytes) -> bool:
+    """Whether NodeDescription's attribute data (64 bytes, NUL-padded) names an Aggregation Node."""
+    return AGGREGATION_NODE in data.split(b"\0", 1)[0]
+
+
 def decode_node_description(data: bytes) -> str:
     """NodeDescription (IBA 14.2.5.2) from an SMP's attribute data, as printable text: 64 bytes,
     ended by a NUL or not at all, nominally UTF-8 but whatever the switch's firmware or its

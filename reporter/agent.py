@@ -24,6 +24,7 @@ import structlog
 
 from reporter.collect import NodeReading, NodeSource, Scanner, ScanResult, SourceState
 from reporter.collect.kubelet_policies import KubeletSource
+from reporter.collect.lldp import LldpTierSource
 from reporter.doctor.node import local_findings
 from reporter.doctor.report import event_text
 from reporter.errors import ApiPermanentError, InputError, PublishError
@@ -185,6 +186,8 @@ class Agent:
         """A node source's problem changed since the findings were last reported."""
         self._findings_told: set[tuple[str, str]] | None = None
         """Node-local findings already reported as Events; None until the first publish."""
+        self._silent_told: tuple[tuple[str, str], ...] = ()
+        """The silent RoCE ports the findings were last judged with."""
         self._live = live
         """The availability loop, on its own cadence in `run()`; None when not wired."""
         self._chosen: Topology | None = None
@@ -329,12 +332,21 @@ class Agent:
                 return polled.reading
         return NodeReading(None, SourceState.NO_DATA)
 
+    def _silent_ports(self) -> tuple[tuple[str, str], ...]:
+        """The up RoCE ports the LLDP source heard no neighbour on, at its last reading."""
+        for polled in self._sources:
+            if isinstance(polled.source, LldpTierSource):
+                return polled.source.silent
+        return ()
+
     def _report_findings(self, topology: Topology, changed: bool) -> None:
         """Warning Events for node-local findings: at start, then on changes, once each."""
-        if self._findings_told is not None and not changed:
+        silent = self._silent_ports()
+        if self._findings_told is not None and not changed and silent == self._silent_told:
             return
+        self._silent_told = silent
         kubelet = self._kubelet()
-        found = local_findings(topology, kubelet.value, kubelet.problem)
+        found = local_findings(topology, kubelet.value, kubelet.problem, silent)
         current = {(f.code, f.summary): f for f in found}
         for key, finding in current.items():
             if key not in (self._findings_told or set()):

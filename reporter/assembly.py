@@ -233,7 +233,10 @@ def config_node_sources(
             ),
         )
     if config.network_lldp:
-        return (kubelet_source, LldpTierSource(sysfs, label_style=config.network_label_style))
+        lldp = LldpTierSource(
+            sysfs, label_style=config.network_label_style, await_listen=config.once
+        )
+        return (kubelet_source, lldp)
     return (kubelet_source,)
 
 

@@ -427,14 +427,14 @@ class Settings:
         False,
         flag="--network-infiniband",
         env="TOPO_REPORTER_NETWORK_INFINIBAND",
-        help="publish network-tier-0 and network-tier-1, the InfiniBand leaf and spine groups "
-        "the HCAs reach by SMPs, read every 10 minutes (needs the umad devices "
-        "/dev/infiniband/umad*)",
+        help="publish network-tier-0, -1 and -2, the InfiniBand leaf group, spine group and "
+        "fabric top the HCAs reach by SMPs and the subnet manager, read every 10 minutes "
+        "(needs the umad devices /dev/infiniband/umad*)",
         kind=Kind.SWITCH,
         group=Group.SOURCES,
         chart="network.infiniband.enabled",
     )
-    """Publish the InfiniBand tiers 0 and 1 (reporter.collect.infiniband.InfinibandTierSource)."""
+    """Publish InfiniBand tiers 0, 1 and 2 (reporter.collect.infiniband.InfinibandTierSource)."""
     network_infiniband_hcas: tuple[str, ...] = setting(
         (),
         flag="--network-infiniband-hcas",

@@ -13,6 +13,9 @@
 #                             with runc (crun 1.8 fails on hybrid cgroups), the base by mmdebstrap
 #   ibsim-utils               ibsim, the simulated InfiniBand fabric the node's discovery walks
 #                             (tests/collect/test_infiniband.py), and its umad2sim preload
+#   opensm                    the real subnet manager the tests run on ibsim's switches
+#                             (tests/collect/test_infiniband_fabrics.py); installed with its
+#                             service kept from starting, as lldpd (below): never on real ports
 #   iproute2, lldpd           tests/collect/test_lldp_namespaces.py runs the real lldpd in network
 #                             namespaces it makes; lldpd is installed with its service kept from
 #                             starting (below), so it never sends LLDP on this machine's interfaces
@@ -141,6 +144,10 @@ fi
 if ! command -v lldpd >/dev/null 2>&1 || ! command -v lldpcli >/dev/null 2>&1; then
     say "installing: lldpd (its service kept from starting: the tests run it in namespaces only)"
     install_without_starting lldpd
+fi
+if ! command -v opensm >/dev/null 2>&1; then
+    say "installing: opensm (its service kept from starting: the tests run it on ibsim only)"
+    install_without_starting opensm
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||

@@ -2,15 +2,18 @@
 
 The node asks only its own neighbourhood (research/network-tiers.md §1a): its leaf (NodeInfo at
 `0,<port>`), the leaf's ports (PortInfo on each), the node behind each live leaf port (NodeInfo),
-and the same two steps once more from every spine found. What it sends is bounded by the radix of
-its leaves and spines, never by the fabric's size, and capped by a budget; each SMP waits at most
-a timeout. reporter.collect.infiniband_tiers turns what it saw into tiers.
+and the same two steps once more from every spine found. Each switch found above the spines is
+then a leaf of the pod or a core: its ports are asked in turn until one tells (`_is_core`). What
+it sends is bounded by the radix of its leaves and spines and by the switches they reach, never
+by the number of hosts, and capped by a budget; each SMP waits at most a timeout. Last, where a
+subnet manager configured the port, one SA query names the subnet's SMs
+(reporter.collect.infiniband_sa). reporter.collect.infiniband_tiers turns all that into tiers.
 
 It speaks the kernel's umad interface (`/dev/infiniband/umad<N>`, `/sys/class/infiniband_mad`)
 with the standard library only. Every open goes through libc's `open` by ctypes, not `os.open`:
 CPython calls `open64`, which ibsim's umad2sim preload (the tests' simulated fabric) does not
-wrap, while the kernel serves both alike. It never writes to a device beyond its own SMPs, and
-never sends a Set.
+wrap, while the kernel serves both alike. It never writes to a device beyond its own SMPs and SA
+query, and never sends a Set.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import select
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -40,11 +43,14 @@ from parsers.smp import (
     decode_node_description,
     decode_node_info,
     decode_port_info,
+    decode_port_lids,
     decode_reply,
     encode_get,
+    is_aggregation_node,
     request_tid,
 )
 from reporter.collect import NodeReading, SourceState
+from reporter.collect.infiniband_sa import ATTRIBUTE_SMINFO_RECORD, SaClient, sm_guids
 from reporter.collect.infiniband_tiers import (
     Discovery,
     PortView,
@@ -62,15 +68,23 @@ log = structlog.get_logger(__name__)
 
 MAX_UMAD_DEVICES = 64
 """umad<N> probed, 0 to 63: a node has a few HCAs, each with a port or two."""
-DEFAULT_BUDGET = 4096
-"""SMPs a discovery may send. A 64-port leaf under 32 64-port spines costs about 4,300 per
-HCA port when every port is live; a leaf already walked from another port is not walked again."""
+DEFAULT_BUDGET = 16384
+"""SMPs a discovery may send per HCA port it walks from. A 64-port leaf under 32 64-port spines
+costs about 4,300 when every port is live, and telling apart the switches above (leaf or core) a
+few more for each: about 8,300 in a 3-tier fabric whose spines reach 1,024 cores; a leaf already
+walked from another port is not walked again."""
 DEFAULT_TIMEOUT_S = 0.5
 SMP_TRIES = 2
 """Each SMP is sent at most twice: one lost on a busy fabric is sent again, one unanswered twice
 is a port that stopped answering."""
+SA_TIMEOUT_S = 2.0
+"""The subnet manager's answer: one query a scan, from an SM that may be answering thousands."""
 MAX_LEVELS = 2
-"""The tiers a walk can find: the leaf group and the spine group (2-tier fabrics)."""
+"""The hops a walk goes up: the leaf, then the spines and what they reach (leaves and cores)."""
+STRANGERS_FOR_A_CORE = 2
+"""Switches a switch above the spines links to that are none of the node's spines: two make it a
+core. A leaf of the pod links only to the pod's spines, and the node misses at most one of
+those when one of its own leaf's spine links is down."""
 
 UMAD_HDR_BYTES = 56
 """struct ib_user_mad_hdr_old: the layout of a file that never enabled P_Key indexes."""
@@ -159,8 +173,6 @@ class _Counter:
     node_info: int = 0
     port_info: int = 0
     node_description: int = 0
-    """Sent only where a scan fails, to name the switch that stopped answering: a failed scan
-    reports no counts, so SmpCounts has no field for them."""
     unanswered: int = 0
     deadline: float = math.inf
 
@@ -187,13 +199,15 @@ class _Counter:
             )
         if attribute is Attribute.NODE_INFO:
             self.node_info += 1
-        elif attribute is Attribute.PORT_INFO:
-            self.port_info += 1
-        else:
+        elif attribute is Attribute.NODE_DESCRIPTION:
             self.node_description += 1
+        else:
+            self.port_info += 1
 
     def counts(self) -> SmpCounts:
-        return SmpCounts(self.node_info, self.port_info, self.unanswered)
+        return SmpCounts(
+            self.node_info, self.port_info, self.unanswered, node_description=self.node_description
+        )
 
 
 class _SmpChannel:
@@ -320,6 +334,11 @@ class _SmpChannel:
             return name
         return name if data is None else f'{name} "{decode_node_description(data)}"'
 
+    def aggregation_node(self, path: tuple[int, ...]) -> bool:
+        """Whether the CA at `path` is a switch's SHARP Aggregation Node (by NodeDescription)."""
+        data = self.get(path, Attribute.NODE_DESCRIPTION)
+        return data is not None and is_aggregation_node(data)
+
 
 def _neighbour_switches(
     channel: _SmpChannel, path: tuple[int, ...], switch: NodeInfo
@@ -378,20 +397,17 @@ class _Seen:
 
     under_leaf: dict[int, frozenset[int]] = field(default_factory=dict)
     spine_neighbours: dict[int, frozenset[int]] = field(default_factory=dict)
+    reached: dict[int, tuple[tuple[int, ...], NodeInfo]] = field(default_factory=dict)
+    """The switches on the spines' ports this port's walk found first, with the path to each
+    from this port: the leaves and cores still to be told apart."""
+    cores: set[int] = field(default_factory=set)
+    """Switches above the spines with no host on them."""
 
 
 def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
-    """What `port` sees. Raises CollectError in the channel's one line (channel.stopped) where
-    its own HCA or the node at the other end of its link does not answer (a compute HCA left
-    out would change the leaf group), a switch stops answering, or the scan's SMPs or time
-    run out."""
-    try:
-        return _walk(channel, port, seen, levels)
-    except CollectError as error:
-        raise channel.stopped(str(error)) from error
-
-
-def _walk(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
+    """What `port` sees. Raises CollectError where its own HCA or the node at the other end of
+    its link does not answer (a compute HCA left out would change the leaf group), a switch
+    stops answering, or the scan's SMPs or time run out."""
     own = channel.node_info((0,))
     if own is None:
         raise CollectError(
@@ -421,12 +437,59 @@ def _walk(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> Por
         for guid, (spine_path, spine) in _neighbour_switches(channel, leaf_path, leaf).items():
             if guid not in seen.spine_neighbours:
                 beyond = _neighbour_switches(channel, spine_path, spine)
+                seen.reached.update(beyond)
                 seen.spine_neighbours[guid] = frozenset(beyond) | {leaf.node_guid}
             under |= seen.spine_neighbours[guid]
         seen.under_leaf[leaf.node_guid] = frozenset(under)
     return PortView(
         port.name, port.port, own.port_guid, leaf.node_guid, seen.under_leaf[leaf.node_guid]
     )
+
+
+def _is_core(
+    channel: _SmpChannel, path: tuple[int, ...], switch: NodeInfo, spines: frozenset[int]
+) -> bool:
+    """Whether the switch at `path`, above the node's spines, is a core rather than a leaf:
+    whether no host hangs on it. Its ports are asked in turn until a host answers (a leaf), or
+    STRANGERS_FOR_A_CORE switches that are none of `spines` do (a core: a leaf links only to
+    its pod's spines), or none is left (a core, or a leaf with no host up: neither shapes a
+    tier). An Aggregation Node is no host."""
+    strangers = 0
+    for port in range(1, min(switch.num_ports, MAX_PORT) + 1):
+        if port == switch.local_port:
+            continue
+        state = channel.port_info(path, port)
+        if state is None or not state.link_up:
+            continue
+        peer = channel.node_info((*path, port))
+        if peer is None:
+            continue
+        if peer.node_type is NodeType.CA:
+            if not channel.aggregation_node((*path, port)):
+                return False
+        elif peer.node_guid not in spines:
+            strangers += 1
+            if strangers >= STRANGERS_FOR_A_CORE:
+                return True
+    return True
+
+
+def _classify(channel: _SmpChannel, seen: _Seen, leaves: set[int]) -> None:
+    """Tell the switches this port's walk found above its spines apart: cores into seen.cores."""
+    spines = frozenset(seen.spine_neighbours)
+    for guid, (path, switch) in sorted(seen.reached.items()):
+        if guid not in leaves and guid not in spines and _is_core(channel, path, switch, spines):
+            seen.cores.add(guid)
+    seen.reached.clear()
+
+
+def _master_sm_lid(channel: _SmpChannel, port: UmadPort) -> int:
+    """The port's master SM's LID from its own PortInfo; 0 where no SM has configured it."""
+    data = channel.get((0,), Attribute.PORT_INFO, port.port)
+    if data is None:
+        return 0
+    lids = decode_port_lids(data)
+    return lids.master_sm_lid if lids.lid else 0
 
 
 def walk_ports(
@@ -439,8 +502,9 @@ def walk_ports(
 ) -> tuple[tuple[PortView, ...], SmpCounts]:
     """What each of `ports` sees of its neighbourhood, and the SMPs that cost. `levels` bounds
     the hops: 1 asks only the port's leaf (1 hop, 2 SMPs a port); 2 also the ports of the leaf
-    and of its spines, and who is behind them (3 hops). Each SMP waits at most `timeout_s`, and
-    the whole walk at most `total_s` where given.
+    and of its spines, who is behind them (3 hops), and whether each switch above the spines is
+    a leaf or a core (its ports until one tells, 4 hops). `budget` SMPs a port, shared by all
+    of them. Each SMP waits at most `timeout_s`, and the whole walk at most `total_s` where given.
 
     Raises ValueError for `levels` other than 1 or 2; CollectError, in one line that starts
     with the HCA and port, when a device does not open or takes no SMP agent, a port or the
@@ -450,16 +514,52 @@ def walk_ports(
     if levels not in range(1, MAX_LEVELS + 1):
         raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
     libc = _Libc()
-    counter = _Counter(budget, total_s)
+    counter = _Counter(budget * max(1, len(ports)), total_s)
     seen = _Seen()
-    views = []
+    views: list[PortView] = []
     for port in ports:
         channel = _SmpChannel(libc, port, counter, timeout_s)
         try:
-            views.append(_walk_port(channel, port, seen, levels))
+            view = _walk_port(channel, port, seen, levels)
+            if levels == MAX_LEVELS:
+                leaves = {v.leaf for v in (*views, view) if v.leaf is not None}
+                _classify(channel, seen, leaves)
+                view = replace(
+                    view,
+                    cores=view.under_spines & frozenset(seen.cores),
+                    master_sm_lid=0 if view.leaf is None else _master_sm_lid(channel, port),
+                )
+            views.append(view)
+        except CollectError as error:
+            raise channel.stopped(str(error)) from error
         finally:
             channel.close()
     return tuple(views), counter.counts()
+
+
+def ask_subnet_manager(
+    ports: Sequence[UmadPort], views: Sequence[PortView], timeout_s: float = SA_TIMEOUT_S
+) -> tuple[frozenset[int], SmpCounts]:
+    """The subnet's SMs, asked of the master SM of the first port an SM configured (a node's
+    compute HCAs share one subnet), and what asking cost; none where no SM configured a port.
+    Raises CollectError where the SM does not answer: a node that published the walked tier 2
+    instead would split its subnet's tier 2 in two."""
+    for port, view in zip(ports, views, strict=True):
+        if not view.master_sm_lid:
+            continue
+        libc = _Libc()
+        try:
+            fd = libc.open(port.device, os.O_RDWR)
+        except OSError as error:
+            raise CollectError(f"cannot open {port.device}: {error.strerror}") from error
+        try:
+            table = SaClient(fd, port.device, timeout_s).get_table(
+                view.master_sm_lid, ATTRIBUTE_SMINFO_RECORD
+            )
+        finally:
+            libc.lib.close(fd)
+        return sm_guids(table), SmpCounts(sa_queries=1, sa_replies=table.segments)
+    return frozenset(), SmpCounts()
 
 
 def discover(
@@ -473,12 +573,24 @@ def discover(
     """The node's InfiniBand tiers from its HCA ports: all it can use, or those of `names`.
 
     No HCA port is no data: a Discovery with no tiers. Raises ValueError and CollectError as
-    walk_ports does, and CollectError for a name with no umad device.
+    walk_ports does, and CollectError for a name with no umad device or a subnet manager that
+    does not answer; `total_s` bounds the SA query too.
     """
+    started = time.monotonic()
+    ports = list_ports(names)
     views, smps = walk_ports(
-        list_ports(names), levels=levels, budget=budget, timeout_s=timeout_s, total_s=total_s
+        ports, levels=levels, budget=budget, timeout_s=timeout_s, total_s=total_s
     )
-    return summarize(views, smps)
+    sa_timeout_s = max(timeout_s, SA_TIMEOUT_S)
+    if total_s is not None:
+        sa_timeout_s = min(sa_timeout_s, total_s - (time.monotonic() - started))
+        if sa_timeout_s <= 0 and any(view.master_sm_lid for view in views):
+            raise CollectError(
+                f"the InfiniBand scan ran out of its {total_s:g} s before it could ask the "
+                "subnet manager: give it more time"
+            )
+    managers, asked = ask_subnet_manager(ports, views, sa_timeout_s)
+    return summarize(views, smps + asked, managers)
 
 
 def gpu_paired_hcas(topology: Topology) -> tuple[str, ...]:
@@ -534,14 +646,14 @@ NO_PAIRED_HCA = (
 
 @dataclass(frozen=True, slots=True)
 class InfinibandTierSource:
-    """Tiers 0 and 1 of the InfiniBand fabric as a node source (`--network-infiniband`), every
-    AGENT_INTERVAL_S: what `topo-reporter network --infiniband` finds from the node's compute
-    HCAs, both tiers always (reporter.collect.infiniband_tiers.fabric_tiers). The compute HCAs
-    are those of `hcas` (`--network-infiniband-hcas`), else those the topology read from `sysfs`
-    pairs with a GPU (compute_hcas): a storage HCA must not group every node under its storage
-    switch. A simulated machine, a node with no InfiniBand port, or none paired with a GPU, is
-    no data; a scan that fails or reaches no switch, a failure, in one line that names the HCA,
-    what happened and what to do."""
+    """Tiers 0, 1 and 2 of the InfiniBand fabric as a node source (`--network-infiniband`),
+    every AGENT_INTERVAL_S: what `topo-reporter network --infiniband` finds from the node's
+    compute HCAs, all three tiers always (reporter.collect.infiniband_tiers.fabric_tiers). The
+    compute HCAs are those of `hcas` (`--network-infiniband-hcas`), else those the topology read
+    from `sysfs` pairs with a GPU (compute_hcas): a storage HCA must not group every node under
+    its storage switch. A simulated machine, a node with no InfiniBand port, or none paired with
+    a GPU, is no data; a scan that fails or reaches no switch, a failure, in one line that names
+    the HCA, what happened and what to do."""
 
     simulated: bool
     total_s: float = AGENT_TOTAL_S
@@ -559,7 +671,7 @@ class InfinibandTierSource:
 
     name = "infiniband"
     interval_s = AGENT_INTERVAL_S
-    lacking = "network tiers 0 and 1 unknown"
+    lacking = "network tiers 0, 1 and 2 unknown"
 
     def read(self) -> NodeReading[tuple[str, ...]]:
         if self.simulated:
@@ -571,7 +683,7 @@ class InfinibandTierSource:
             found = self.scan(names, self.total_s)
         except CollectError as e:
             return NodeReading(None, SourceState.FAILED, str(e))
-        tiers = fabric_tiers(found.views)
+        tiers = fabric_tiers(found.views, found.subnet_managers)
         if not tiers:
             return NodeReading(
                 None,

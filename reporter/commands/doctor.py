@@ -32,6 +32,8 @@ def handle(args: argparse.Namespace) -> int:
         # Racks are judged together: a partition short of its peers, a clique ID in two domains.
         for name, findings in doctor.fabric_cluster_findings(nodes, args.prefix).items():
             by_node[name] = sorted([*by_node[name], *findings], key=lambda f: -f.severity)
+        # The network tiers: Topograph's grouping against ours, NVLink domains across leaf groups.
+        by_node |= doctor.network_findings(nodes, args.prefix)
         # Pod groups that must stay in one partition, against every partition's room.
         by_node |= doctor.pod_group_findings(reader.workloads() or [], nodes, args.prefix)
         # dra-template's templates, against the wirings the nodes publish now and the gate.

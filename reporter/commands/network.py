@@ -174,8 +174,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--infiniband",
         action="store_true",
-        help="tiers 0 and 1: the leaf group and the spine group over the HCA ports, by "
-        "directed-route SMPs through /dev/infiniband/umad*",
+        help="tiers 0, 1 and 2: the leaf group, the spine group and the fabric's top over the "
+        "HCA ports, by directed-route SMPs through /dev/infiniband/umad* and one query to the "
+        "subnet manager",
     )
     parser.add_argument(
         "--hca",

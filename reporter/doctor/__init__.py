@@ -1,9 +1,10 @@
 """The operator's checklist for GPU pods that stay Pending or run slow, walked automatically.
 
-Seven modules, by job:
+Eight modules, by job:
 - reporter.doctor.model: a finding, what was observed, how a Node object is read (pure);
 - reporter.doctor.node: findings about one node (pure; the agent runs `local_findings` itself);
 - reporter.doctor.racks: findings across nodes and racks, from the Nodes' labels (pure);
+- reporter.doctor.network: Topograph's tiers against ours, NVLink domains across leaf groups (pure);
 - reporter.doctor.groups: Pending Kueue Workloads no NVLink partition has room for (pure);
 - reporter.doctor.templates: `dra-template`'s templates against the wirings and the gate (pure);
 - reporter.doctor.reader: the API reads (`ClusterReader`) and `examine`, the one part that reads;
@@ -20,6 +21,7 @@ from reporter.doctor.model import (
     Finding,
     Severity,
 )
+from reporter.doctor.network import network_findings
 from reporter.doctor.racks import fabric_cluster_findings
 from reporter.doctor.reader import (
     ApiClusterReader,
@@ -44,6 +46,7 @@ __all__ = [
     "examine",
     "fabric_cluster_findings",
     "is_gpu_node",
+    "network_findings",
     "pod_group_findings",
     "report_json",
     "report_text",

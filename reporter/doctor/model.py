@@ -46,11 +46,15 @@ class Code(enum.StrEnum):
     FABRIC_GPUS_DISAGREE = "fabric-gpus-disagree"
     FABRIC_DEGRADED = "fabric-degraded"
     FABRIC_VALUES_INVALID = "fabric-values-invalid"
+    ROCE_PORT_SILENT = "roce-port-silent"
     TOPOLOGY_UNREADABLE = "topology-unreadable"
     # Across nodes and racks (reporter.doctor.racks)
     PARTITION_LABEL_MISMATCH = "partition-label-mismatch"
     PARTITION_SHORT = "partition-short"
     CLIQUE_ID_SHARED = "clique-id-shared"
+    # Network tiers across nodes (reporter.doctor.network)
+    TOPOGRAPH_TIERS_DISAGREE = "topograph-tiers-disagree"
+    NVLINK_DOMAIN_SPANS_NETWORK_GROUPS = "nvlink-domain-spans-network-groups"
     # Pod groups (reporter.doctor.groups)
     POD_GROUP_EXCEEDS_PARTITIONS = "pod-group-exceeds-partitions"
     POD_GROUP_EXCEEDS_NETWORK_GROUPS = "pod-group-exceeds-network-groups"
@@ -88,6 +92,10 @@ class AgentObservation:
     pod_ready: bool | None = None
     degraded_reason: str | None = None
     """The message of the agent's latest `TopologyDegraded` Warning Event, if any."""
+    silent_ports: tuple[str, str] | None = None
+    """When and what the agent's latest `RoCEPortSilent` Warning Event said (its
+    lastTimestamp, its message), if any: only the agent hears LLDP, so the doctor takes its
+    word."""
 
 
 @dataclass(frozen=True, slots=True)

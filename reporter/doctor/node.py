@@ -9,7 +9,7 @@ reporter.doctor.reader feeds it what the API serves (`node_findings`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsers.errors import ParseError
@@ -27,6 +27,7 @@ from reporter.doctor.model import (
     node_labels,
 )
 from reporter.doctor.racks import partition_label_mismatch
+from reporter.doctor.report import event_parts
 from reporter.errors import SchemaError
 from reporter.schema import dra, keys
 from reporter.schema.availability import decode_allocation
@@ -36,16 +37,50 @@ from reporter.schema.model import Topology
 
 
 def local_findings(
-    topology: Topology, policies: KubeletPolicies | None, kubelet_problem: str | None = None
+    topology: Topology,
+    policies: KubeletPolicies | None,
+    kubelet_problem: str | None = None,
+    silent_ports: Sequence[tuple[str, str]] = (),
 ) -> list[Finding]:
     """Findings the agent can see on its own node: alignment limits, NVLink damage, NUMA gaps,
-    and, with `kubelet_problem` (why the kubelet's policies are unknown), that they are unknown."""
+    and, with `kubelet_problem` (why the kubelet's policies are unknown), that they are unknown;
+    with `silent_ports` ((port, how it was asked) of each up RoCE port the LLDP source heard no
+    neighbour on), that they hear none."""
     findings = [*_lost_gpus(topology), *_nvlink_degraded(topology), *_numa_unknown(topology)]
     if policies is not None:
         findings += _alignment_limit(topology, policies)
     elif kubelet_problem is not None:
         findings.append(_policy_unknown(kubelet_problem))
+    if silent_ports:
+        findings.append(
+            roce_port_silent(
+                f"RoCE ports {', '.join(p for p, _ in silent_ports)} are up but hear no LLDP "
+                "neighbour: their switch is missing from network-tier-0 (there is no tier 0 "
+                "where no port hears one)",
+                tuple(f"{p}: up, {how}" for p, how in silent_ports),
+            )
+        )
     return findings
+
+
+ROCE_SILENT_FIX = (
+    "LLDP is off on the switch port, or the NIC's own firmware LLDP agent consumes the frames "
+    "before the host sees them: on Intel 700-series (i40e) NICs `ethtool --set-priv-flags IFACE "
+    "disable-fw-lldp on` (NVM 6.01 or newer; `ethtool --show-priv-flags IFACE` shows it); "
+    "ConnectX firmware has LLDP settings too (mlxconfig `LLDP_NB_*`, not verified here); or run "
+    "lldpd on the host. On the switch, `show lldp neighbors` should list the node"
+)
+
+
+def roce_port_silent(summary: str, evidence: tuple[str, ...]) -> Finding:
+    """Up RoCE ports that hear no LLDP neighbour (docs/network.md, When nothing is heard)."""
+    return Finding(
+        code=Code.ROCE_PORT_SILENT,
+        severity=Severity.WARNING,
+        summary=summary,
+        evidence=evidence,
+        fix=ROCE_SILENT_FIX,
+    )
 
 
 def _policy_unknown(problem: str) -> Finding:
@@ -269,6 +304,12 @@ def node_findings(
         )
     if agent.pod_found is False or agent.pod_ready is False:
         findings.append(_agent_not_ready(name, agent))
+    if agent.silent_ports is not None:
+        # Only the agent hears LLDP: its latest word, and when it said it.
+        when, message = agent.silent_ports
+        summary, evidence = event_parts(message)
+        said = f"the agent's RoCEPortSilent Event of {when or 'an unknown time'}"
+        findings.append(roce_port_silent(summary, (f"{said}: {evidence or message}",)))
     policies = policies_from_labels(node_labels(node), prefix)
     unlabelled = f"no {keys.key(prefix, keys.TOPOLOGY_MANAGER_POLICY)} label on the Node"
     findings += local_findings(topology, policies, None if policies else unlabelled)

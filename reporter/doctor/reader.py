@@ -36,7 +36,12 @@ from reporter.publish.api import (
     resource_claims,
     resource_slices,
 )
-from reporter.publish.client import COMPONENT, DEGRADED_REASON, NODE_EVENT_NAMESPACE
+from reporter.publish.client import (
+    COMPONENT,
+    DEGRADED_REASON,
+    FINDING_REASONS,
+    NODE_EVENT_NAMESPACE,
+)
 from reporter.schema import dra, keys
 from reporter.schema.codec import decode
 from reporter.schema.keys import AGENT_POD_SELECTOR
@@ -246,15 +251,26 @@ def observe_agent(reader: ClusterReader, node: str) -> AgentObservation:
             for c in (pod.get("status") or {}).get("conditions") or []
         )
     events = reader.node_events(node)
-    degraded = [
-        e for e in events or [] if e.get("reason") == DEGRADED_REASON and is_agent_event(e, node)
-    ]
-    degraded.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    degraded = _latest(events, node, DEGRADED_REASON)
+    silent = _latest(events, node, FINDING_REASONS[Code.ROCE_PORT_SILENT])
     return AgentObservation(
         pod_found=None if pods is None else bool(pods),
         pod_ready=ready,
-        degraded_reason=str(degraded[-1].get("message")) if degraded else None,
+        degraded_reason=None if degraded is None else str(degraded.get("message")),
+        silent_ports=None if silent is None else (_when(silent), str(silent.get("message"))),
     )
+
+
+def _when(event: Mapping[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or "")
+
+
+def _latest(
+    events: list[dict[str, Any]] | None, node: str, reason: str
+) -> Mapping[str, Any] | None:
+    """The agent's latest Event about `node` with `reason`; None where it posted none."""
+    mine = [e for e in events or [] if e.get("reason") == reason and is_agent_event(e, node)]
+    return sorted(mine, key=_when)[-1] if mine else None
 
 
 def examine(reader: ClusterReader, node: dict[str, Any], prefix: str) -> list[Finding]:

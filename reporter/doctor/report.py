@@ -16,7 +16,9 @@ WORKLOAD = "workload "
 """How a finding's subject that is a Workload, not a node, begins (`workload NAMESPACE/NAME`)."""
 TEMPLATE = "template "
 """How a finding's subject that is a ResourceClaimTemplate begins (`template NAMESPACE/NAME`)."""
-KINDS = {WORKLOAD: "workload", TEMPLATE: "template"}
+NETWORK = "network "
+"""How a finding's subject that is a network tier of the cluster begins (`network tier-N`)."""
+KINDS = {WORKLOAD: "workload", TEMPLATE: "template", NETWORK: "network"}
 """Each subject that is not a node, by how it begins: its key in the JSON report."""
 
 
@@ -112,3 +114,13 @@ def event_text(finding: Finding) -> str:
     """A finding as one Event message: what, the evidence, the fix (kept under 1 KiB)."""
     text = f"{finding.summary}. Evidence: {'; '.join(finding.evidence)}. Fix: {finding.fix}"
     return text if len(text) <= 1024 else text[:1021] + "..."
+
+
+def event_parts(message: str) -> tuple[str, str]:
+    """An `event_text` message's summary and evidence (joined by `; `); the whole message and
+    no evidence where it is not of that shape."""
+    summary, marked, rest = message.partition(". Evidence: ")
+    if not marked:
+        return message, ""
+    evidence, _, _ = rest.partition(". Fix: ")
+    return summary, evidence

@@ -28,6 +28,7 @@ FINDING_REASONS = {
     "numa-unknown": "GPUNUMAUnknown",
     "numa-alignment-limit": "TopologyManagerLimit",
     "kubelet-policy-unknown": "KubeletPolicyUnknown",
+    "roce-port-silent": "RoCEPortSilent",
 }
 """Event reasons of the node-local findings the agent reports itself, by finding code
 (reporter.doctor.node.local_findings)."""

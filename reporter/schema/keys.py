@@ -46,10 +46,12 @@ RACK_TRAY = "rack-tray"
 RACK_HOST = "rack-host"
 # The network tiers above the node (reporter.schema.network), closest first: tier 0 the group of
 # top-of-rack switches its compute NICs hear by LLDP (`--network-lldp`), or their InfiniBand leaf
-# group (`--network-infiniband`); tier 1 the InfiniBand spine group.
+# group (`--network-infiniband`); tier 1 the InfiniBand spine group; tier 2 the top of the
+# InfiniBand fabric (its subnet, or its cores).
 NETWORK_TIER_0 = "network-tier-0"
 NETWORK_TIER_1 = "network-tier-1"
-NETWORK_TIERS = (NETWORK_TIER_0, NETWORK_TIER_1)
+NETWORK_TIER_2 = "network-tier-2"
+NETWORK_TIERS = (NETWORK_TIER_0, NETWORK_TIER_1, NETWORK_TIER_2)
 """Every tier's key, closest first: `NETWORK_TIERS[n]` is tier n's."""
 TOPOGRAPH_TIER_DOMAIN = "fabric.topograph.run"
 """The prefix of NVIDIA Topograph's tier labels (`fabric.topograph.run/tier-<N>`, tier 0 the

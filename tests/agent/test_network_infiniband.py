@@ -1,4 +1,4 @@
-"""`--network-infiniband` through the agent against the apiserver double: tiers 0 and 1 on the
+"""`--network-infiniband` through the agent against the apiserver double: tiers 0, 1 and 2 on the
 Node, under our keys or Topograph's (`--network-label-style`), no write when a scan finds the
 same, and a failed scan withdraws the tiers while the loop goes on.
 
@@ -23,6 +23,7 @@ from reporter.collect.infiniband import (
     InfinibandTierSource,
 )
 from reporter.collect.infiniband_tiers import (
+    CORE_GROUP_PREFIX,
     LEAF_GROUP_PREFIX,
     SPINE_GROUP_PREFIX,
     Discovery,
@@ -41,8 +42,8 @@ from tests.support.kube_double import ApiServerDouble
 
 KUBELET_CONFIG = Path(__file__).parents[1] / "fixtures" / "kubelet" / "gpu-single-numa-node.yaml"
 LEAF_A, LEAF_B = 0x2000000000000A01, 0x2000000000000A02
-OURS = [f"{PREFIX}/{keys.NETWORK_TIER_0}", f"{PREFIX}/{keys.NETWORK_TIER_1}"]
-TOPOGRAPH = ["fabric.topograph.run/tier-0", "fabric.topograph.run/tier-1"]
+OURS = [f"{PREFIX}/{name}" for name in keys.NETWORK_TIERS]
+TOPOGRAPH = [f"fabric.topograph.run/tier-{n}" for n in range(3)]
 TWO_TIER = summarize(
     [
         PortView("mlx5_0", 1, 0x100001, LEAF_A, frozenset({LEAF_A, LEAF_B})),
@@ -54,6 +55,7 @@ TWO_TIER = summarize(
 TIERS = (
     group_value(LEAF_GROUP_PREFIX, [LEAF_A, LEAF_B]),
     group_value(SPINE_GROUP_PREFIX, [LEAF_A, LEAF_B]),
+    group_value(CORE_GROUP_PREFIX, [LEAF_A, LEAF_B]),
 )
 
 
@@ -121,9 +123,9 @@ def test_off_by_default_no_infiniband_source() -> None:
 @pytest.mark.parametrize(
     ("style", "written", "absent"),
     [("topo-reporter", OURS, TOPOGRAPH), ("topograph", TOPOGRAPH, OURS)],
-    ids=["our keys: <prefix>/network-tier-0 and -1", "topograph: fabric.topograph.run/tier-0, -1"],
+    ids=["our keys: <prefix>/network-tier-0, -1, -2", "topograph: fabric.topograph.run/tier-0-2"],
 )
-def test_tiers_0_and_1_on_the_node_under_the_styles_keys_and_listed_as_owned(
+def test_tiers_0_1_and_2_on_the_node_under_the_styles_keys_and_listed_as_owned(
     apiserver: ApiServerDouble,
     kubeconfig: Path,
     wire: WireAgent,
@@ -170,7 +172,7 @@ def test_a_failed_scan_withdraws_the_tiers_and_the_loop_goes_on(
         labels = apiserver.labels(NODE)
         seen.append(tuple(labels.get(k) for k in OURS))
         w.clock.advance(AGENT_INTERVAL_S)
-    assert seen == [TIERS, (None, None), TIERS]
+    assert seen == [TIERS, (None, None, None), TIERS]
     assert _success(w.metrics) == 1
 
 

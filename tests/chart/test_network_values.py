@@ -159,7 +159,8 @@ def _policy(values: dict[str, Any], name: str) -> PolicyEvaluator:
 TIER_KEYS = [
     (keys.TOPOGRAPH_TIER_KEYS[0], True),
     (keys.TOPOGRAPH_TIER_KEYS[1], True),
-    ("fabric.topograph.run/tier-2", False),
+    (keys.TOPOGRAPH_TIER_KEYS[2], True),
+    ("fabric.topograph.run/tier-3", False),
     ("fabric.topograph.run/tier-0x", False),
     ("fabric.topograph.run/accelerator", False),
     ("xfabric.topograph.run/tier-0", False),
@@ -167,6 +168,7 @@ TIER_KEYS = [
 TIER_IDS = [
     "tier-0",
     "tier-1",
+    "tier-2",
     "a tier we never write",
     "a longer key",
     "another key",

@@ -41,14 +41,14 @@ def test_the_json_is_the_interfaces_and_its_tiers_are_the_fabrics() -> None:
     for host, document in found.items():
         assert list(document) == ["source", "tiers", "hcas", "mads"]
         assert document["source"] == "infiniband"
-        assert len(document["tiers"]) == 2
+        assert len(document["tiers"]) == 3
         assert all(is_label_value(tier) and len(tier) <= 63 for tier in document["tiers"])
         (hca,) = document["hcas"]
         assert set(hca) == {"name", "port", "guid", "leaf"}
         assert hca["leaf"] == f"0x{guids[fabric.leaf_of(hosts[host][0])]:016x}"
         assert isinstance(document["mads"], int)
         assert document["mads"] > 0
-    for level, truth in ((0, fabric.leaf_group), (1, fabric.spine_group)):
+    for level, truth in ((0, fabric.leaf_group), (1, fabric.spine_group), (2, fabric.core_group)):
         for a in hosts:
             for b in hosts:
                 same = found[a]["tiers"][level] == found[b]["tiers"][level]

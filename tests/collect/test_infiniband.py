@@ -70,7 +70,7 @@ def test_every_host_gets_its_fabrics_true_tiers(fabric: FatTree) -> None:
     guids = fabric.switch_guids()
     for host, hcas in fabric.hosts().items():
         discovery = found[host]
-        assert len(discovery.tiers) == 2, host
+        assert len(discovery.tiers) == 3, host
         assert all(is_label_value(value) and len(value) <= 63 for value in discovery.tiers)
         assert [view.leaf for view in discovery.views] == [
             guids[fabric.leaf_of(hca)] for hca in hcas
@@ -89,16 +89,19 @@ def test_every_host_gets_its_fabrics_true_tiers(fabric: FatTree) -> None:
     assert all(len(spines) == 1 for spines in spine_of_leaf_group.values())
 
 
-def _expected_smps(fabric: FatTree) -> tuple[int, int]:
-    """NodeInfo and PortInfo one HCA's walk sends in `fabric` with every link there: its own
-    node and its leaf; each port of the leaf and of every spine, but the one it came in by; the
-    node behind each of those ports that has a link."""
+def _expected_smps(fabric: FatTree) -> tuple[int, int, int]:
+    """NodeInfo, PortInfo and NodeDescription one HCA's walk sends in a 2-tier `fabric` with
+    every link there: its own node and its leaf; each port of the leaf and of every spine, but the
+    one it came in by; the node behind each of those ports that has a link; for each other leaf
+    its port 1, the host there and that host's NodeDescription (a host: a leaf, not a core); its
+    own port's PortInfo (its SM's LID)."""
     spines = fabric.spines_per_rail
     agg = int(fabric.aggregation_nodes)
     leaf_live = fabric.hosts_per_unit - 1 + spines + agg
     spine_live = fabric.units - 1 + agg
-    port_info = (fabric.radix - 1) * (1 + spines)
-    return 2 + leaf_live + spines * spine_live, port_info
+    others = fabric.units - 1
+    port_info = (fabric.radix - 1) * (1 + spines) + others + 1
+    return 2 + leaf_live + spines * spine_live + others, port_info, others
 
 
 @pytest.mark.parametrize(
@@ -112,11 +115,12 @@ def _expected_smps(fabric: FatTree) -> tuple[int, int]:
     ],
 )
 def test_an_hca_asks_only_its_leaf_and_spines_ports(fabric: FatTree) -> None:
-    node_info, port_info = _expected_smps(fabric)
+    expected = _expected_smps(fabric)
     with IbSim(fabric.netlist()) as sim:
         discovery = sim.walk_host(fabric.hosts()["s0u1h1"])
-    assert (discovery.smps.node_info, discovery.smps.port_info) == (node_info, port_info)
-    assert discovery_json(discovery)["mads"] == node_info + port_info
+    smps = discovery.smps
+    assert (smps.node_info, smps.port_info, smps.node_description) == expected
+    assert discovery_json(discovery)["mads"] == sum(expected)
 
 
 def test_one_level_asks_only_the_leaf() -> None:
@@ -200,7 +204,7 @@ def test_a_port_cabled_to_another_host_has_no_leaf_and_no_tiers() -> None:
 
 
 @pytest.mark.parametrize(
-    "levels", [0, 3], ids=["no level", "a third level (cores): not walked yet"]
+    "levels", [0, 3], ids=["no level", "a third hop above the leaf: the spines reach the cores"]
 )
 def test_levels_other_than_the_leaf_and_spine_groups_are_refused(levels: int) -> None:
     with pytest.raises(ValueError, match=f"not {levels}"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -38,8 +39,8 @@ def _view(name: str, leaf: int | None, under: set[int]) -> PortView:
         ),
         pytest.param(
             [_view("mlx5_0", 0x200001, {0x200001, 0x200002})],
-            2,
-            id="a leaf under spines: two tiers",
+            3,
+            id="a leaf under spines: three tiers",
         ),
     ],
 )
@@ -86,6 +87,7 @@ def test_the_json_object_orders_hcas_and_counts_every_mad() -> None:
         "tiers": [
             group_value("ib-leaves-", {0x200002}),
             group_value("ib-spines-", {0x200002, 0x200003}),
+            group_value("ib-cores-", {0x200002, 0x200003}),
         ],
         "hcas": [
             {
@@ -109,20 +111,104 @@ def test_the_json_object_orders_hcas_and_counts_every_mad() -> None:
             (
                 group_value("ib-leaves-", [0x200001, 0x200002]),
                 group_value("ib-spines-", [0x200001, 0x200002]),
+                group_value("ib-cores-", [0x200001, 0x200002]),
             ),
-            id="leaves with no spines: tier 1 the group of its own leaves",
+            id="leaves with no spines: tiers 1 and 2 the group of its own leaves",
         ),
         pytest.param(
             [_view("mlx5_0", 0x200001, {0x200001, 0x200003})],
             (
                 group_value("ib-leaves-", [0x200001]),
                 group_value("ib-spines-", [0x200001, 0x200003]),
+                group_value("ib-cores-", [0x200001, 0x200003]),
             ),
-            id="a 2-tier fabric: the tiers as derive_tiers finds them",
+            id="a 2-tier fabric: the tiers as derive_tiers finds them, tier 2 the spine group's",
         ),
     ],
 )
-def test_the_agent_publishes_both_levels_on_every_node_of_a_fabric(
+def test_the_agent_publishes_three_levels_on_every_node_of_a_fabric(
     views: list[PortView], tiers: tuple[str, ...]
 ) -> None:
     assert fabric_tiers(views) == tiers
+
+
+POD = {0x200001, 0x200002}
+CORES = {0x300001, 0x300002}
+SMS = frozenset({0x400001})
+
+
+def _three_tier(leaf: int, cores: set[int]) -> PortView:
+    return PortView("mlx5_0", 1, 0x100001, leaf, frozenset(POD | cores), frozenset(cores))
+
+
+@pytest.mark.parametrize(
+    ("views", "managers", "tiers"),
+    [
+        pytest.param(
+            [_three_tier(0x200001, CORES)],
+            frozenset(),
+            (
+                group_value("ib-leaves-", [0x200001]),
+                group_value("ib-spines-", POD),
+                group_value("ib-cores-", CORES),
+            ),
+            id="3-tier, no SM: tier 1 the pod's leaves without the cores, tier 2 the cores",
+        ),
+        pytest.param(
+            [_three_tier(0x200001, CORES)],
+            SMS,
+            (
+                group_value("ib-leaves-", [0x200001]),
+                group_value("ib-spines-", POD),
+                group_value("ib-subnet-", SMS),
+            ),
+            id="3-tier with an SM: tier 2 the subnet its SMs name",
+        ),
+        pytest.param(
+            [_three_tier(0x200002, {0x300001})],
+            SMS,
+            (
+                group_value("ib-leaves-", [0x200002]),
+                group_value("ib-spines-", POD),
+                group_value("ib-subnet-", SMS),
+            ),
+            id="a leaf that lost a spine, and with it a core: tiers 1 and 2 unchanged",
+        ),
+        pytest.param(
+            [_view("mlx5_0", 0x200001, set())],
+            SMS,
+            (
+                group_value("ib-leaves-", [0x200001]),
+                group_value("ib-spines-", [0x200001]),
+                group_value("ib-subnet-", SMS),
+            ),
+            id="a leaf cut off from its spines: its own group, in its subnet",
+        ),
+    ],
+)
+def test_tier_2_is_the_subnet_where_an_sm_names_it_else_the_cores(
+    views: list[PortView], managers: frozenset[int], tiers: tuple[str, ...]
+) -> None:
+    assert fabric_tiers(views, managers) == tiers
+    assert all(is_label_value(value) and len(value) <= 63 for value in tiers)
+
+
+@given(
+    guids=st.lists(GUIDS, unique=True, min_size=2, max_size=16),
+    pod_size=st.integers(1, 4),
+    managers=st.frozensets(GUIDS, max_size=3),
+)
+def test_tiers_nest_a_leaf_group_under_one_spine_group_under_one_top(
+    guids: list[int], pod_size: int, managers: frozenset[int]
+) -> None:
+    cores, leaves = {guids[0]}, guids[1:]
+    pods = [set(leaves[at : at + pod_size]) for at in range(0, len(leaves), pod_size)]
+    parents: dict[str, set[str]] = {}
+    for pod in pods:
+        for leaf in pod:
+            view = PortView("mlx5_0", 1, 1, leaf, frozenset(pod | cores), frozenset(cores))
+            tiers = fabric_tiers([view], managers)
+            assert len(tiers) == 3
+            for child, parent in itertools.pairwise(tiers):
+                parents.setdefault(child, set()).add(parent)
+    assert all(len(above) == 1 for above in parents.values())

@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from parsers.lldp import LldpNeighbour
-from reporter.collect import SourceState, lldp
+from reporter.collect import NodeReading, SourceState, lldp
 from reporter.collect.lldp import LldpTierSource, lldpd_neighbours, rdma_ethernet_netdevs
+from reporter.errors import CollectError
 from reporter.hostfs import MemoryHostFS
 from reporter.schema import keys
 from reporter.schema.network import ethernet_tier_0
@@ -140,7 +144,47 @@ def test_no_lldpcli_installed_is_no_answer(tmp_path: Path, monkeypatch: pytest.M
 
 
 ROCE_PORT = port("mlx5_0", 1, "Ethernet", "ens1f0")
+TWO_PORTS = {**ROCE_PORT, **port("mlx5_1", 1, "Ethernet", "ens1f1")}
 HEARD = LldpNeighbour("ens1f0", "aa:bb:cc:dd:ee:01", "swp1", "tor-a", 120)
+TWO = ("ens1f0", "ens1f1")
+
+
+@dataclass
+class Listening:
+    """A double of `listen` that answers `heard` once released, and the threads it ran on."""
+
+    heard: list[LldpNeighbour] | Exception
+    released: threading.Event = field(default_factory=threading.Event)
+    entered: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def __call__(self, interfaces: Sequence[str], wait_s: float) -> list[LldpNeighbour]:
+        self.threads.append(threading.current_thread())
+        self.entered.set()
+        assert self.released.wait(30), "the test never released the listen"
+        if isinstance(self.heard, Exception):
+            raise self.heard
+        return self.heard
+
+    def finish(self) -> None:
+        """Let the listen answer, and wait until its thread has handed the answer over."""
+        self.released.set()
+        for thread in self.threads:
+            thread.join(30)
+            assert not thread.is_alive()
+
+
+def read_through(source: LldpTierSource) -> NodeReading[str]:
+    """One reading as the agent's loop gets it: a read, and where it started a listen, the read
+    at the loop's next step once the listen is over."""
+    reading = source.read()
+    listening = lldp.listen
+    if source.interval_s is None:  # a listen is under way: read again at the next step
+        assert isinstance(listening, Listening)
+        assert listening.entered.wait(30)
+        listening.finish()
+        reading = source.read()
+    return reading
 
 
 @pytest.mark.parametrize(
@@ -151,6 +195,20 @@ HEARD = LldpNeighbour("ens1f0", "aa:bb:cc:dd:ee:01", "swp1", "tor-a", 120)
         (None, None, [], SourceState.NO_DATA, "a simulated machine hears no switch"),
         ({}, None, [], SourceState.NO_DATA, "no RDMA NIC with an Ethernet link layer"),
         (ROCE_PORT, None, [], SourceState.FAILED, "no LLDP neighbour heard on ens1f0 within 35s"),
+        (
+            ROCE_PORT,
+            None,
+            CollectError("listening for LLDP needs a raw socket (CAP_NET_RAW)"),
+            SourceState.FAILED,
+            "listening for LLDP needs a raw socket (CAP_NET_RAW)",
+        ),
+        (
+            ROCE_PORT,
+            None,
+            MemoryError("the listen broke"),
+            SourceState.FAILED,
+            "listening for LLDP failed: MemoryError: the listen broke",
+        ),
     ],
     ids=[
         "lldpd hears the ToR: its tier 0",
@@ -158,24 +216,106 @@ HEARD = LldpNeighbour("ens1f0", "aa:bb:cc:dd:ee:01", "swp1", "tor-a", 120)
         "a simulated machine is no data",
         "a host without a RoCE port is no data",
         "a RoCE port that hears no switch is a failure, saying what to check",
+        "a listen that cannot be made is a failure, saying why",
+        "a listen that breaks still ends, as a failure",
     ],
 )
 def test_the_agents_lldp_source_reads_tier_0(
     monkeypatch: pytest.MonkeyPatch,
     files: dict[str, str] | None,
     lldpd: list[LldpNeighbour] | None,
-    listened: list[LldpNeighbour],
+    listened: list[LldpNeighbour] | Exception,
     state: SourceState,
     said: str | None,
 ) -> None:
     monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: lldpd)
-    monkeypatch.setattr(lldp, "listen", lambda *_: listened)
+    monkeypatch.setattr(lldp, "listen", Listening(listened))
     source = LldpTierSource(None if files is None else MemoryHostFS(files, {}))
-    reading = source.read()
+    reading = read_through(source)
     assert reading.state is state
     assert reading.problem is None if said is None else said in (reading.problem or "")
+    assert source.interval_s == lldp.AGENT_INTERVAL_S
     if state is SourceState.OK:
         assert reading.value == ethernet_tier_0(["aa:bb:cc:dd:ee:01"])
         assert source.labels(reading.value, "example.com") == {
             f"example.com/{keys.NETWORK_TIER_0}": reading.value
         }
+
+
+def test_a_listen_never_holds_the_read_and_what_was_heard_stands_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: None)
+    first = Listening([HEARD])
+    monkeypatch.setattr(lldp, "listen", first)
+    source = LldpTierSource(MemoryHostFS(ROCE_PORT, {}))
+    # The first read starts the listen and returns while it waits: nothing heard yet.
+    assert source.read() == NodeReading(None, SourceState.NO_DATA)
+    assert source.interval_s is None
+    assert first.entered.wait(30)
+    # Read again before it is over: still nothing, and no second listen.
+    assert source.read() == NodeReading(None, SourceState.NO_DATA)
+    assert len(first.threads) == 1
+    first.finish()
+    heard = source.read()
+    assert heard.value == ethernet_tier_0([HEARD.chassis_id])
+    assert source.interval_s == lldp.AGENT_INTERVAL_S
+    # Ten minutes later it listens again, and keeps the tier it heard while it does.
+    again = Listening([])
+    monkeypatch.setattr(lldp, "listen", again)
+    assert source.read() == heard
+    assert again.entered.wait(30)
+    again.finish()
+    assert source.read().state is SourceState.FAILED
+
+
+@pytest.mark.parametrize(
+    ("lldpd", "listened", "up", "silent"),
+    [
+        ([HEARD], [], {"ens1f0", "ens1f1"}, [("ens1f1", lldp.SILENT_BY_LLDPD)]),
+        (None, [HEARD], {"ens1f0", "ens1f1"}, [("ens1f1", "no LLDP frame within 35s")]),
+        (None, [HEARD], {"ens1f0"}, []),
+        (None, [], {"ens1f0", "ens1f1"}, [(p, "no LLDP frame within 35s") for p in TWO]),
+        (None, CollectError("no CAP_NET_RAW"), {"ens1f0", "ens1f1"}, []),
+    ],
+    ids=[
+        "lldpd hears one port of two: the other, up, is silent",
+        "a listen hears one port of two: the other, up, is silent",
+        "a port that is down is not silent: it is down",
+        "no port hears: both silent, and the reading failed",
+        "a listen that could not be made says nothing of the ports",
+    ],
+)
+def test_the_up_ports_that_hear_no_neighbour_are_told(
+    monkeypatch: pytest.MonkeyPatch,
+    lldpd: list[LldpNeighbour] | None,
+    listened: list[LldpNeighbour] | CollectError,
+    up: set[str],
+    silent: list[tuple[str, str]],
+) -> None:
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: lldpd)
+    monkeypatch.setattr(lldp, "listen", Listening(listened))
+    monkeypatch.setattr(lldp, "is_up", lambda name: name in up)
+    source = LldpTierSource(MemoryHostFS(TWO_PORTS, {}))
+    read_through(source)
+    assert list(source.silent) == silent
+
+
+def test_is_up_reads_the_interfaces_flags() -> None:
+    assert lldp.is_up("lo")
+    assert not lldp.is_up("absent0")
+    assert not lldp.is_up("x" * 40)
+
+
+def test_with_await_listen_the_one_read_waits_for_its_listen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `run --once` has no next step: its one read must carry what the listen heard.
+    monkeypatch.setattr(lldp, "lldpd_neighbours", lambda *_: None)
+    listening = Listening([HEARD])
+    listening.released.set()
+    monkeypatch.setattr(lldp, "listen", listening)
+    source = LldpTierSource(MemoryHostFS(ROCE_PORT, {}), await_listen=True)
+    assert source.read().value == ethernet_tier_0([HEARD.chassis_id])
+    assert source.interval_s == lldp.AGENT_INTERVAL_S
+    assert len(listening.threads) == 1

@@ -2,9 +2,12 @@
 
 Two top-of-rack switches (`tor-a`, `tor-b`), each a namespace running lldpd on two ports, and four
 nodes, each a namespace whose one compute NIC is a veth cabled to a ToR port: nodes 1 and 2 to
-tor-a, 3 and 4 to tor-b. Nodes 1 and 3 run lldpd too, so the command reads both ways: lldpd's
-neighbours (nodes 1 and 3) and its own packet socket (nodes 2 and 4). lldpd sends every second
-and holds a neighbour 2 s (tx-hold 2), so stopping a switch ages it out of lldpd in seconds.
+tor-a, 3 and 4 to tor-b. A fifth node is cabled to a third switch, `tor-c`, which sends nothing
+(no lldpd there, as a switch with LLDP off, or a NIC whose firmware takes the frames): its port is
+up and silent, which the agent's LLDP source tells (the `roce-port-silent` finding). Nodes 1 and
+3 run lldpd too, so the command reads both ways: lldpd's neighbours (nodes 1 and 3) and its own
+packet socket (nodes 2 and 4). lldpd sends every second and holds a neighbour 2 s (tx-hold 2), so
+stopping a switch ages it out of lldpd in seconds.
 
 lldpd runs only in these namespaces, on these veths, with its own config (`-O`) and control socket
 (`-u`): nothing reaches the machine's own interfaces. Every namespace (with its veths), process
@@ -36,6 +39,8 @@ PREFIX = f"trl{os.getpid()}-"
 CABLING = {"node-1": ("tor-a", "p1"), "node-2": ("tor-a", "p2"), "node-3": ("tor-b", "p1")}
 CABLING["node-4"] = ("tor-b", "p2")
 NODES_RUNNING_LLDPD = ("node-1", "node-3")
+SILENT_CABLING = {"node-5": ("tor-c", "p1")}
+"""Cabled to a switch that runs no lldpd."""
 NIC = "c0"
 """Every node's compute NIC."""
 SETTLE_S = 30.0
@@ -135,6 +140,31 @@ class Fabric:
             cwd=Path(__file__).resolve().parents[2],
         )
 
+    def agent_source(self, node: str, wait_s: float) -> dict[str, object]:
+        """The agent's LLDP source on `node`, its compute NIC an RDMA Ethernet port as sysfs
+        shows it (a tree in the work directory), read as the agent's loop reads it until its
+        listen is over, and the node-local findings it leads to, as JSON."""
+        sysfs = self.work / f"{node}-sys"
+        roce = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+        (roce / "gid_attrs" / "ndevs").mkdir(parents=True, exist_ok=True)
+        (roce / "link_layer").write_text("Ethernet\n")
+        (roce / "gid_attrs" / "ndevs" / "0").write_text(f"{NIC}\n")
+        done = subprocess.run(
+            [
+                *("ip", "netns", "exec", self.ns(node), sys.executable, "-c", AGENT_SOURCE),
+                *(str(sysfs), str(self.socket(node)), str(wait_s)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=SETTLE_S + 30,
+            check=False,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert done.returncode == 0, done.stderr
+        # The last line: the agent's log lines, on stdout as in a pod, come before it.
+        document: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+        return document
+
     def remove(self) -> None:
         for name in list(self.lldpd):
             self.stop_lldpd(name)
@@ -144,15 +174,41 @@ class Fabric:
             )
 
 
+AGENT_SOURCE = """
+import json, sys, time
+from pathlib import Path
+from reporter.collect import build_scanner
+from reporter.collect.lldp import LldpTierSource
+from reporter.doctor.node import local_findings
+from reporter.hostfs import DirHostFS
+
+source = LldpTierSource(DirHostFS(Path(sys.argv[1])), sys.argv[2], float(sys.argv[3]))
+reading = source.read()
+while source.interval_s is None:  # a listen under way: the loop's next steps read again
+    time.sleep(0.1)
+    reading = source.read()
+topology = build_scanner("auto", Path("/nonexistent"), "dgx-h100").scan().topology
+findings = local_findings(topology, None, None, source.silent)
+print(json.dumps({
+    "state": reading.state.value,
+    "value": reading.value,
+    "silent": source.silent,
+    "findings": [{"code": f.code, "evidence": f.evidence, "fix": f.fix} for f in findings],
+}))
+"""
+"""The agent's LLDP source and its findings, run inside a node's namespace."""
+
+
 @pytest.fixture
 def fabric() -> Iterator[Fabric]:
     # Taken before `_needs()`, whose probe namespace already makes and mounts /run/netns.
     netns_dir = Path("/run/netns")
     made_netns_dir = not netns_dir.exists()
+    was_mounted = not made_netns_dir and _mounted(netns_dir)
     try:
         _needs()
     except BaseException:
-        _restore_netns_dir(netns_dir, made_netns_dir)
+        _restore_netns_dir(netns_dir, made_netns_dir, was_mounted)
         raise
     # lldpd applies its config with lldpcli as its unprivileged user, which must reach the
     # control socket: pytest's tmp_path sits in a directory only root may enter.
@@ -164,9 +220,9 @@ def fabric() -> Iterator[Fabric]:
     built = Fabric(work)
     try:
         chroot.mkdir(exist_ok=True)
-        for name in ("tor-a", "tor-b", *CABLING):
+        for name in ("tor-a", "tor-b", "tor-c", *CABLING, *SILENT_CABLING):
             built.add_namespace(name)
-        for node, (tor, port) in CABLING.items():
+        for node, (tor, port) in {**CABLING, **SILENT_CABLING}.items():
             built.cable(node, tor, port)
         for tor in ("tor-a", "tor-b"):
             ports = sorted(p for t, p in CABLING.values() if t == tor)
@@ -179,7 +235,7 @@ def fabric() -> Iterator[Fabric]:
         shutil.rmtree(work, ignore_errors=True)
         if made_chroot:
             shutil.rmtree(chroot, ignore_errors=True)
-        _restore_netns_dir(netns_dir, made_netns_dir)
+        _restore_netns_dir(netns_dir, made_netns_dir, was_mounted)
 
 
 def _mounted(path: Path) -> bool:
@@ -189,16 +245,19 @@ def _mounted(path: Path) -> bool:
         return any(line.split()[4] == str(path) for line in mounts)
 
 
-def _restore_netns_dir(netns_dir: Path, made: bool) -> None:
-    """Remove /run/netns where the machine had none before: `ip netns add` made it and bind
-    mounted it onto itself (once per mount it found missing, so unmount until none is left)."""
-    if not made or not netns_dir.exists() or any(netns_dir.iterdir()):
+def _restore_netns_dir(netns_dir: Path, made: bool, was_mounted: bool) -> None:
+    """Put /run/netns back as the machine had it: `ip netns add` makes it where it is missing
+    and bind mounts it onto itself where it is not a mount point (once per mount it found
+    missing, so unmount until none is left); removed where it was not there, unmounted where it
+    was there but not mounted. Left alone while another namespace is in it."""
+    if was_mounted or not netns_dir.exists() or any(netns_dir.iterdir()):
         return
     for _ in range(8):
         if not _mounted(netns_dir):
             break
         subprocess.run(["umount", str(netns_dir)], capture_output=True, timeout=30, check=False)
-    netns_dir.rmdir()
+    if made:
+        netns_dir.rmdir()
 
 
 def _heard(fabric: Fabric, node: str) -> dict[str, object]:
@@ -253,3 +312,24 @@ def test_a_stopped_switch_ages_out_and_its_nodes_hear_nothing(fabric: Fabric) ->
     assert node_4.stdout == ""
     # The other switch is untouched.
     assert fabric.network("node-1", "--wait", "5").returncode == 0
+
+
+def test_the_agents_source_tells_an_up_port_whose_switch_sends_nothing(fabric: Fabric) -> None:
+    silent = fabric.agent_source("node-5", 2.0)
+    assert silent["state"] == "failed"
+    assert silent["value"] is None
+    assert silent["silent"] == [[NIC, "no LLDP frame within 2s"]]
+    (finding,) = [f for f in silent["findings"] if f["code"] == "roce-port-silent"]  # type: ignore[attr-defined]
+    assert finding["evidence"] == [f"{NIC}: up, no LLDP frame within 2s"]
+    assert "disable-fw-lldp on" in finding["fix"]
+    # A node under a switch that sends, with no lldpd of its own: heard by its own socket.
+    heard = fabric.agent_source("node-2", SETTLE_S)
+    assert heard["state"] == "ok"
+    assert heard["value"] == _heard(fabric, "node-1")["tiers"][0]  # type: ignore[index]
+    assert heard["silent"] == []
+    assert not [f for f in heard["findings"] if f["code"] == "roce-port-silent"]  # type: ignore[attr-defined]
+    # Its port taken down: down is not silent.
+    _ip("-n", fabric.ns("node-2"), "link", "set", NIC, "down")
+    down = fabric.agent_source("node-2", 1.0)
+    assert down["state"] == "failed"
+    assert down["silent"] == []

@@ -82,6 +82,12 @@ for p in $packages; do
             ;;
         npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
         ibsim-utils) tool ibsim ;;
+        opensm)
+            tool opensm
+            policy=0
+            [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" opensm start; policy=$?; }
+            [ "$policy" = 101 ] || echo 'opensm started' >> "$MACHINE/log"
+            ;;
     esac
     echo "$p" >> "$MACHINE/installed"
 done
@@ -206,8 +212,10 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
 LLDP_TOOLS = ("ip", "lldpd", "lldpcli")
-EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS)
+IB_TOOLS = ("ibsim", "opensm")
+EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, *IB_TOOLS, *LLDP_TOOLS)
 LLDPD = "apt-get install -y -qq --no-install-recommends lldpd"
+OPENSM = "apt-get install -y -qq --no-install-recommends opensm"
 BUILD = ("libc6-dev", "libpfm4-dev")
 
 
@@ -222,6 +230,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                 "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
                 LLDPD,
+                OPENSM,
             ],
         ),
         (
@@ -231,6 +240,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
                 "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2",
                 LLDPD,
+                OPENSM,
             ],
         ),
         (
@@ -240,6 +250,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
                 "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
                 LLDPD,
+                OPENSM,
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
@@ -252,7 +263,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                     "gcc",
                     "node",
                     *IMAGE_TOOLS,
-                    "ibsim",
+                    *IB_TOOLS,
                     *LLDP_TOOLS,
                 ),
                 "packages": BUILD,
@@ -284,7 +295,17 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
         tmp_path,
-        commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS),
+        commands=(
+            "dot",
+            "jq",
+            "openssl",
+            "gcc",
+            "node",
+            "npm",
+            *IMAGE_TOOLS,
+            *IB_TOOLS,
+            *LLDP_TOOLS,
+        ),
         root=False,
     )
     done = fresh.run(prerequisites())

@@ -330,7 +330,7 @@ TOPOGRAPH = frozenset(keys.TOPOGRAPH_TIER_KEYS)
         ("fabric.topograph.run/other,topograph.run/tier-0", TOPOGRAPH, 0),
     ],
     ids=[
-        "the topograph style: its tier 0 and 1 are ours",
+        "the topograph style: its tiers 0 and 1 (of 0, 1, 2) are ours",
         "the default style: an owned list naming them (anyone can edit it) owns nothing",
         "a tier we never write: not ours",
         "another key of the domain, or another domain: not ours",
@@ -346,7 +346,7 @@ def test_topograph_tier_labels_are_written_listed_whole_and_removed_in_their_sty
     tier = "fabric.topograph.run/tier-0"
     desired = p.desired({tier: "ib-leaves-1", f"{PREFIX}/count": "8"}, {}, PREFIX, None, TOPOGRAPH)
     assert desired.annotations[OWNED] == f"count,{tier}"
-    current = node({tier: "ib-leaves-1", "fabric.topograph.run/tier-2": "x"}, desired.annotations)
+    current = node({tier: "ib-leaves-1", "fabric.topograph.run/tier-3": "x"}, desired.annotations)
     assert p.ours(current, PREFIX, TOPOGRAPH).labels == {tier: "ib-leaves-1"}
     body = p.minimal_patch(current, want({f"{PREFIX}/count": "8"}, {}), PREFIX, TOPOGRAPH)
     assert body is not None

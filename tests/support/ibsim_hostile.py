@@ -13,19 +13,19 @@ per-SMP timeout and the time bound the test gives.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
 import structlog
 
 from reporter.collect.infiniband import DEFAULT_BUDGET, discover
-from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts, summarize
+from reporter.collect.infiniband_tiers import Discovery, PortView, SmpCounts
 from reporter.errors import CollectError
 from tests.support.ibsim import IbSim, WalkError
 
@@ -229,23 +229,28 @@ class HostileSim(IbSim):
 
 
 def encode(found: Discovery) -> str:
+    """The child's Discovery as JSON: its tiers and counts as found, its views' leaves."""
     return json.dumps(
         {
-            "views": [
-                [v.name, v.port, v.port_guid, v.leaf, sorted(v.under_spines)] for v in found.views
-            ],
-            "smps": [found.smps.node_info, found.smps.port_info, found.smps.unanswered],
+            "tiers": list(found.tiers),
+            "views": [[v.name, v.port, v.port_guid, v.leaf] for v in found.views],
+            "smps": dataclasses.asdict(found.smps),
+            "subnet_managers": sorted(found.subnet_managers),
         }
     )
 
 
 def decode(text: str) -> Discovery:
     document = json.loads(text)
-    views: Iterable[PortView] = (
-        PortView(name, port, guid, leaf, frozenset(under))
-        for name, port, guid, leaf, under in document["views"]
+    return Discovery(
+        tuple(document["tiers"]),
+        tuple(
+            PortView(name, port, guid, leaf, frozenset())
+            for name, port, guid, leaf in document["views"]
+        ),
+        SmpCounts(**document["smps"]),
+        frozenset(document["subnet_managers"]),
     )
-    return summarize(views, SmpCounts(*document["smps"]))
 
 
 def main() -> None:

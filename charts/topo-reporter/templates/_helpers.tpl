@@ -171,5 +171,5 @@ topograph only: NVIDIA Topograph's tier labels, by exact key
 (reporter.schema.keys.TOPOGRAPH_TIER_KEYS), as a CEL regex.
 */ -}}
 {{- define "topo-reporter.topographTierKeys" -}}
-^fabric[.]topograph[.]run/tier-[01]$
+^fabric[.]topograph[.]run/tier-[012]$
 {{- end }}
