@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from parsers.errors import ParseError
+from parsers.lldp import printable
 
 MAD_BYTES = 256
 SMP_DATA_OFFSET = 64
@@ -51,6 +52,9 @@ class NodeType(enum.IntEnum):
     ROUTER = 3
 
 
+MAX_PORT = 254
+"""The highest port number (IBA 14.2.5.3: port 255 is reserved): NumPorts is a byte, so a switch
+can claim 255 ports, but a directed route cannot name port 255."""
 PORT_STATE_DOWN = 1
 PHYS_STATE_LINK_UP = 5
 
@@ -201,3 +205,16 @@ Node`): the CA inside a Quantum switch, not a host."""
 def is_aggregation_node(data: bytes) -> bool:
     """Whether NodeDescription's attribute data (64 bytes, NUL-padded) names an Aggregation Node."""
     return AGGREGATION_NODE in data.split(b"\0", 1)[0]
+
+
+def decode_node_description(data: bytes) -> str:
+    """NodeDescription (IBA 14.2.5.2) from an SMP's attribute data, as printable text: 64 bytes,
+    ended by a NUL or not at all, nominally UTF-8 but whatever the switch's firmware or its
+    administrator wrote. A control character or a byte that is not UTF-8 becomes a visible
+    escape (parsers.lldp.printable), so a description reaching a log or a terminal cannot act on
+    it. Raises ParseError for short data."""
+    if len(data) < SMP_DATA_BYTES:
+        raise ParseError(
+            f"{len(data)} bytes, NodeDescription has {SMP_DATA_BYTES}", field="NodeDescription"
+        )
+    return printable(bytes(data[:SMP_DATA_BYTES]).split(b"\0", 1)[0])

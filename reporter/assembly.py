@@ -221,14 +221,18 @@ def config_node_sources(
         else functools.partial(read_kubelet, Path(config.kubelet_config))
     )
     # Settings refuse both network sources at once: each would write network-tier-0.
+    sysfs = None if config.simulate else DirHostFS(Path(config.sysfs_root))
     if config.network_infiniband:
-        style = config.network_label_style
         return (
             kubelet_source,
-            InfinibandTierSource(config.simulate is not None, label_style=style),
+            InfinibandTierSource(
+                config.simulate is not None,
+                label_style=config.network_label_style,
+                hcas=config.network_infiniband_hcas,
+                sysfs=sysfs,
+            ),
         )
     if config.network_lldp:
-        sysfs = None if config.simulate else DirHostFS(Path(config.sysfs_root))
         lldp = LldpTierSource(
             sysfs, label_style=config.network_label_style, await_listen=config.once
         )

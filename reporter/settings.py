@@ -70,6 +70,10 @@ _CONFIG_FILE = "config_file"
 """The one setting read before the others: it names where some of them come from."""
 
 
+_RDMA_DEVICE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""An RDMA device's name as the kernel allows it (IB_DEVICE_NAME_MAX is 64)."""
+
+
 class Kind(enum.Enum):
     """How a setting's text (a flag, a variable, a YAML value) becomes its value."""
 
@@ -431,6 +435,21 @@ class Settings:
         chart="network.infiniband.enabled",
     )
     """Publish InfiniBand tiers 0, 1 and 2 (reporter.collect.infiniband.InfinibandTierSource)."""
+    network_infiniband_hcas: tuple[str, ...] = setting(
+        (),
+        flag="--network-infiniband-hcas",
+        env="TOPO_REPORTER_NETWORK_INFINIBAND_HCAS",
+        help="with --network-infiniband: the compute HCAs to walk from (mlx5_0,mlx5_3), "
+        "comma-separated or repeated, instead of those the topology pairs with a GPU",
+        kind=Kind.NAMES,
+        group=Group.SOURCES,
+        chart="network.infiniband.hcas",
+        metavar="NAMES",
+        shown="those the topology pairs with a GPU",
+    )
+    """The HCAs (RDMA device names) InfiniBand discovery walks from; empty: those the topology
+    pairs with a GPU (reporter.collect.infiniband.compute_hcas), so that a storage HCA does not
+    group every node under its storage switch."""
     network_label_style: str = setting(
         "topo-reporter",
         flag="--network-label-style",
@@ -678,6 +697,17 @@ class Settings:
                 "the one of the fabric the GPUs' jobs talk over (chart: network.lldp.enabled, "
                 "network.infiniband.enabled)"
             )
+        if self.network_infiniband_hcas and not self.network_infiniband:
+            raise ConfigError(
+                "--network-infiniband-hcas names the HCAs InfiniBand discovery walks from: it "
+                "needs --network-infiniband (chart: network.infiniband.enabled)"
+            )
+        for hca in self.network_infiniband_hcas:
+            if not _RDMA_DEVICE_NAME.fullmatch(hca):
+                raise ConfigError(
+                    f"--network-infiniband-hcas: {excerpt(hca)} is not an RDMA device name "
+                    "(letters, digits, _ . -, as in /sys/class/infiniband: mlx5_0)"
+                )
         if self.network_label_style == "topograph" and self.sink != "node":
             raise ConfigError(
                 f"--network-label-style topograph writes fabric.topograph.run/ labels on the Node "

@@ -19,6 +19,7 @@ query, and never sends a Set.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import math
 import os
@@ -28,14 +29,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import structlog
+
 from parsers.errors import ParseError
 from parsers.smp import (
     MAD_BYTES,
+    MAX_PORT,
     TID_MASK,
     Attribute,
     NodeInfo,
     NodeType,
     PortInfo,
+    decode_node_description,
     decode_node_info,
     decode_port_info,
     decode_port_lids,
@@ -53,8 +58,13 @@ from reporter.collect.infiniband_tiers import (
     fabric_tiers,
     summarize,
 )
+from reporter.collect.sysfs import SysfsCollector
 from reporter.errors import CollectError
+from reporter.hostfs import HostFS
+from reporter.schema.model import LinkKind, Topology
 from reporter.schema.network import tier_labels
+
+log = structlog.get_logger(__name__)
 
 MAX_UMAD_DEVICES = 64
 """umad<N> probed, 0 to 63: a node has a few HCAs, each with a port or two."""
@@ -64,6 +74,9 @@ costs about 4,300 when every port is live, and telling apart the switches above 
 few more for each: about 8,300 in a 3-tier fabric whose spines reach 1,024 cores; a leaf already
 walked from another port is not walked again."""
 DEFAULT_TIMEOUT_S = 0.5
+SMP_TRIES = 2
+"""Each SMP is sent at most twice: one lost on a busy fabric is sent again, one unanswered twice
+is a port that stopped answering."""
 SA_TIMEOUT_S = 2.0
 """The subnet manager's answer: one query a scan, from an SM that may be answering thousands."""
 MAX_LEVELS = 2
@@ -174,13 +187,13 @@ class _Counter:
     def charge(self, attribute: Attribute) -> None:
         if self.left_s() <= 0:
             raise CollectError(
-                f"the InfiniBand scan ran out of its {self.total_s:g} s before it had seen its "
+                f"the scan ran out of its {self.total_s:g} s before it had seen its "
                 "leaves' and spines' ports: the fabric answers slowly or not at all; check the "
                 "ports' state (ibstat) or give it more time"
             )
         if self.node_info + self.port_info + self.node_description >= self.budget:
             raise CollectError(
-                f"the InfiniBand scan stopped at its budget of {self.budget} SMPs before it had "
+                f"the scan stopped at its budget of {self.budget} SMPs before it had "
                 "seen its leaves' and spines' ports; the fabric's switches have more ports than "
                 "expected: raise the budget"
             )
@@ -200,14 +213,19 @@ class _Counter:
 class _SmpChannel:
     """One umad device with an agent for directed-route SMPs: Get, then wait for its GetResp."""
 
-    def __init__(self, libc: _Libc, device: str, counter: _Counter, timeout_s: float) -> None:
+    def __init__(self, libc: _Libc, port: UmadPort, counter: _Counter, timeout_s: float) -> None:
+        self.port = port
         self.counter = counter
         self.timeout_s = timeout_s
         self.next_tid = 1
+        self.answered = True
+        """Whether the last SMP got a GetResp at all: its error status is an answer (a switch
+        refusing a port it does not have), its absence a port that stopped answering."""
+        device = port.device
         try:
             self.fd = libc.open(device, os.O_RDWR)
         except OSError as error:
-            raise CollectError(
+            raise self.stopped(
                 f"cannot open {device}: {error.strerror}; the container needs the device "
                 "(and a device-cgroup rule for c 231:* rw)"
             ) from error
@@ -219,14 +237,49 @@ class _SmpChannel:
             fcntl.ioctl(self.fd, IB_USER_MAD_REGISTER_AGENT, request, True)
         except OSError as error:
             self.close()
-            raise CollectError(f"{device} refused an SMP agent: {error.strerror}") from error
+            # The kernel's ib_register_mad_agent answers EPROTONOSUPPORT where the port has no
+            # QP0; other errors are a device that is not umad at all.
+            why = (
+                "the port has no subnet management QP (QP0): an SR-IOV VF's or a VM's HCA has none"
+                if error.errno == errno.EPROTONOSUPPORT
+                else "it is not a umad device with subnet management (QP0), as an SR-IOV VF's or "
+                "a VM's HCA is not"
+            )
+            raise self.stopped(
+                f"{device} refused an SMP agent ({error.strerror}): {why}; walk from an HCA of "
+                "the host itself (name it with --network-infiniband-hcas), or leave InfiniBand "
+                "discovery off on this node"
+            ) from error
         self.agent = struct.unpack_from("=I", request)[0]
 
     def close(self) -> None:
         self.libc.lib.close(self.fd)
 
+    def stopped(self, why: str) -> CollectError:
+        """The scan's one line for `why` it stopped: the HCA and port first, what it had sent
+        last."""
+        counter = self.counter
+        sent = counter.node_info + counter.port_info + counter.node_description
+        return CollectError(
+            f"InfiniBand scan from {self.port.name} port {self.port.port}: {why} "
+            f"[{sent} SMPs sent, {counter.unanswered} unanswered]"
+        )
+
     def get(self, path: tuple[int, ...], attribute: Attribute, modifier: int = 0) -> bytes | None:
-        """The attribute's data, or None where no good answer came within the timeout."""
+        """The attribute's data, or None where no good answer came: an error status at once, no
+        answer after SMP_TRIES sends of `timeout_s` each."""
+        for _ in range(SMP_TRIES):
+            self.answered, data = self._send(path, attribute, modifier)
+            if self.answered:
+                break
+        if data is None:
+            self.counter.unanswered += 1
+        return data
+
+    def _send(
+        self, path: tuple[int, ...], attribute: Attribute, modifier: int
+    ) -> tuple[bool, bytes | None]:
+        """(whether a GetResp came, its data where its status is 0)."""
         self.counter.charge(attribute)
         tid = self.next_tid
         self.next_tid = self.next_tid % TID_MASK + 1
@@ -251,12 +304,9 @@ class _SmpChannel:
             try:
                 reply = decode_reply(mad)
             except ParseError:
-                break
-            if reply.status == 0:
-                return reply.data
-            break
-        self.counter.unanswered += 1
-        return None
+                return True, None
+            return True, reply.data if reply.status == 0 else None
+        return False, None
 
     def node_info(self, path: tuple[int, ...]) -> NodeInfo | None:
         data = self.get(path, Attribute.NODE_INFO)
@@ -268,7 +318,21 @@ class _SmpChannel:
 
     def port_info(self, path: tuple[int, ...], port: int) -> PortInfo | None:
         data = self.get(path, Attribute.PORT_INFO, port)
-        return None if data is None else decode_port_info(data)
+        try:
+            return None if data is None else decode_port_info(data)
+        except ParseError:
+            self.counter.unanswered += 1
+            return None
+
+    def switch_name(self, path: tuple[int, ...], switch: NodeInfo) -> str:
+        """The switch at `path` for a log line: its GUID, and its NodeDescription where it
+        answers (escaped: a switch's description is whatever its firmware or admin wrote)."""
+        name = f"switch 0x{switch.node_guid:016x}"
+        try:
+            data = self.get(path, Attribute.NODE_DESCRIPTION)
+        except CollectError:
+            return name
+        return name if data is None else f'{name} "{decode_node_description(data)}"'
 
     def aggregation_node(self, path: tuple[int, ...]) -> bool:
         """Whether the CA at `path` is a switch's SHARP Aggregation Node (by NodeDescription)."""
@@ -279,17 +343,50 @@ class _SmpChannel:
 def _neighbour_switches(
     channel: _SmpChannel, path: tuple[int, ...], switch: NodeInfo
 ) -> dict[int, tuple[tuple[int, ...], NodeInfo]]:
-    """The switches on `switch`'s live ports, but the one `path` came in by: GUID -> path, info."""
+    """The switches on `switch`'s live ports, but the one `path` came in by and the switch
+    itself (a cable from one of its ports to another): GUID -> path, info.
+
+    A peer that does not answer its NodeInfo is left out, as a missing link is (a host's hung
+    HCA, or a spine going away: the tiers stand one missing link), unless no switch at all
+    answers behind `switch` (every spine silent: the tiers above would be lost, so it raises
+    CollectError); a port whose PortInfo the switch refuses with an error status is left out.
+    A port whose PortInfo goes unanswered is not: the walk would miss what is behind it, so it
+    raises CollectError naming the switch. A switch claiming more than MAX_PORT ports is walked
+    to MAX_PORT, with a warning: a directed route cannot name port 255."""
+    if switch.num_ports > MAX_PORT:
+        log.warning(
+            "infiniband_switch_ports_beyond_254",
+            switch=f"0x{switch.node_guid:016x}",
+            num_ports=switch.num_ports,
+            walked=MAX_PORT,
+        )
     found: dict[int, tuple[tuple[int, ...], NodeInfo]] = {}
-    for port in range(1, switch.num_ports + 1):
+    silent: list[int] = []
+    for port in range(1, min(switch.num_ports, MAX_PORT) + 1):
         if port == switch.local_port:
             continue
         state = channel.port_info(path, port)
+        if state is None and not channel.answered:
+            raise CollectError(
+                f"{channel.switch_name(path, switch)} did not answer PortInfo of its port {port} "
+                f"({SMP_TRIES} tries of {channel.timeout_s:g} s): the switch or the link to it "
+                "stopped answering during the scan; check the links (iblinkinfo), and the scan "
+                "runs again at its next read"
+            )
         if state is None or not state.link_up:
             continue
         peer = channel.node_info((*path, port))
-        if peer is not None and peer.node_type is NodeType.SWITCH:
+        if peer is None:
+            silent.append(port)
+        elif peer.node_type is NodeType.SWITCH and peer.node_guid != switch.node_guid:
             found.setdefault(peer.node_guid, ((*path, port), peer))
+    if silent and not found:
+        raise CollectError(
+            f"no switch behind {channel.switch_name(path, switch)} answered: nothing answered "
+            f"NodeInfo behind its live port{'s' if len(silent) > 1 else ''} "
+            f"{', '.join(map(str, silent))}, and the tiers above it would be lost; check those "
+            "links (iblinkinfo), and the scan runs again at its next read"
+        )
     return found
 
 
@@ -308,15 +405,30 @@ class _Seen:
 
 
 def _walk_port(channel: _SmpChannel, port: UmadPort, seen: _Seen, levels: int) -> PortView:
+    """What `port` sees. Raises CollectError where its own HCA or the node at the other end of
+    its link does not answer (a compute HCA left out would change the leaf group), a switch
+    stops answering, or the scan's SMPs or time run out."""
     own = channel.node_info((0,))
     if own is None:
         raise CollectError(
-            f"{port.name} port {port.port} did not answer its own NodeInfo within the timeout; "
-            "check that the port is up (ibstat)"
+            "the HCA did not answer its own NodeInfo within the timeout; check that the port is "
+            "up (ibstat)"
         )
     leaf_path = (0, port.port)
     leaf = channel.node_info(leaf_path)
-    if leaf is None or leaf.node_type is not NodeType.SWITCH:
+    if leaf is None:
+        answer = (
+            "the other end of its link answered with no NodeInfo (an error status)"
+            if channel.answered
+            else "nothing answered at the other end of its link "
+            f"({SMP_TRIES} tries of {channel.timeout_s:g} s)"
+        )
+        raise CollectError(
+            f"{answer}: the link is down, or went down "
+            f"during the scan; check it (ibstat {port.name} {port.port}), or leave this HCA out "
+            "(--network-infiniband-hcas)"
+        )
+    if leaf.node_type is not NodeType.SWITCH:
         return PortView(port.name, port.port, own.port_guid, None, frozenset())
     if levels == 1:
         return PortView(port.name, port.port, own.port_guid, leaf.node_guid, frozenset())
@@ -343,7 +455,7 @@ def _is_core(
     its pod's spines), or none is left (a core, or a leaf with no host up: neither shapes a
     tier). An Aggregation Node is no host."""
     strangers = 0
-    for port in range(1, switch.num_ports + 1):
+    for port in range(1, min(switch.num_ports, MAX_PORT) + 1):
         if port == switch.local_port:
             continue
         state = channel.port_info(path, port)
@@ -394,8 +506,10 @@ def walk_ports(
     a leaf or a core (its ports until one tells, 4 hops). `budget` SMPs a port, shared by all
     of them. Each SMP waits at most `timeout_s`, and the whole walk at most `total_s` where given.
 
-    Raises ValueError for `levels` other than 1 or 2; CollectError when a device does not
-    open, a port does not answer for itself, or the walk reaches its SMP budget or its time.
+    Raises ValueError for `levels` other than 1 or 2; CollectError, in one line that starts
+    with the HCA and port, when a device does not open or takes no SMP agent, a port or the
+    node across its link does not answer, a switch stops answering, or the walk reaches its SMP
+    budget or its time.
     """
     if levels not in range(1, MAX_LEVELS + 1):
         raise ValueError(f"levels is 1 (the leaf group) or 2 (and the spine group), not {levels}")
@@ -404,7 +518,7 @@ def walk_ports(
     seen = _Seen()
     views: list[PortView] = []
     for port in ports:
-        channel = _SmpChannel(libc, port.device, counter, timeout_s)
+        channel = _SmpChannel(libc, port, counter, timeout_s)
         try:
             view = _walk_port(channel, port, seen, levels)
             if levels == MAX_LEVELS:
@@ -416,6 +530,8 @@ def walk_ports(
                     master_sm_lid=0 if view.leaf is None else _master_sm_lid(channel, port),
                 )
             views.append(view)
+        except CollectError as error:
+            raise channel.stopped(str(error)) from error
         finally:
             channel.close()
     return tuple(views), counter.counts()
@@ -477,6 +593,43 @@ def discover(
     return summarize(views, smps + asked, managers)
 
 
+def gpu_paired_hcas(topology: Topology) -> tuple[str, ...]:
+    """The RDMA devices `topology` pairs with a GPU, sorted: for each GPU, every NIC whose PCIe
+    path to it is the closest any NIC has, where that path stays under one CPU socket (PIX, PXB,
+    PHB or NODE; not SYS). That is the NIC the GPU's GPUDirect RDMA traffic takes; a storage
+    HCA in a slot of the CPU's own, farther from every GPU than a compute HCA, is none."""
+    if not topology.nics:
+        return ()
+    paired: set[str] = set()
+    for gpu in range(len(topology.gpus)):
+        closest = min((nic.links[gpu] for nic in topology.nics), key=lambda c: c.closeness)
+        if closest.kind is LinkKind.SYS:
+            continue
+        paired.update(nic.name for nic in topology.nics if nic.links[gpu] == closest)
+    return tuple(sorted(paired))
+
+
+def compute_hcas(sysfs: HostFS) -> tuple[str, ...]:
+    """The InfiniBand HCAs of the node's topology (as the sysfs collector builds it) that it
+    pairs with a GPU: gpu_paired_hcas, less those whose ports sysfs says are Ethernet (RoCE:
+    LLDP's fabric). () where sysfs shows no NVIDIA GPU or no RDMA device.
+
+    Raises CollectError where sysfs cannot be read at all."""
+    topology = SysfsCollector(sysfs).collect().topology()
+    if topology is None or not topology.nics:
+        return ()
+    return tuple(name for name in gpu_paired_hcas(topology) if not _ethernet(sysfs, name))
+
+
+def _ethernet(sysfs: HostFS, name: str) -> bool:
+    try:
+        ports = sysfs.listdir(f"class/infiniband/{name}/ports")
+        layers = {sysfs.read_text(f"class/infiniband/{name}/ports/{p}/link_layer") for p in ports}
+    except OSError:
+        return False
+    return bool(layers) and {layer.strip() for layer in layers} == {"Ethernet"}
+
+
 AGENT_INTERVAL_S = 600.0
 """The agent reads the fabric every 10 minutes: a leaf or spine group changes with recabling."""
 AGENT_TOTAL_S = 30.0
@@ -484,20 +637,37 @@ AGENT_TOTAL_S = 30.0
 switches costs a few thousand SMPs, each answered in well under a millisecond."""
 
 
+NO_PAIRED_HCA = (
+    "no InfiniBand HCA here is one the topology pairs with a GPU (its closest RDMA NIC short of "
+    "SYS): none is walked, so no storage HCA is taken for a compute one; name the compute HCAs "
+    "with --network-infiniband-hcas"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class InfinibandTierSource:
     """Tiers 0, 1 and 2 of the InfiniBand fabric as a node source (`--network-infiniband`),
-    every AGENT_INTERVAL_S: what `topo-reporter network --infiniband` finds from every HCA port,
-    all three tiers always (reporter.collect.infiniband_tiers.fabric_tiers). A simulated
-    machine, or a node with no InfiniBand port, is no data; a scan that fails or reaches no
-    switch, a failure."""
+    every AGENT_INTERVAL_S: what `topo-reporter network --infiniband` finds from the node's
+    compute HCAs, all three tiers always (reporter.collect.infiniband_tiers.fabric_tiers). The
+    compute HCAs are those of `hcas` (`--network-infiniband-hcas`), else those the topology read
+    from `sysfs` pairs with a GPU (compute_hcas): a storage HCA must not group every node under
+    its storage switch. A simulated machine, a node with no InfiniBand port, or none paired with
+    a GPU, is no data; a scan that fails or reaches no switch, a failure, in one line that names
+    the HCA, what happened and what to do."""
 
     simulated: bool
     total_s: float = AGENT_TOTAL_S
     label_style: str = "topo-reporter"
     """One of reporter.schema.network.NETWORK_LABEL_STYLES."""
-    scan: Callable[[float], Discovery] = field(default=lambda total_s: discover(total_s=total_s))
-    """The discovery, given its time bound: a test's double stands in for the fabric."""
+    hcas: tuple[str, ...] = ()
+    """The compute HCAs by name; empty: those the topology pairs with a GPU."""
+    sysfs: HostFS | None = None
+    """The host's sysfs, the topology's; None: no topology, so only `hcas` are walked."""
+    scan: Callable[[Sequence[str], float], Discovery] = field(
+        default=lambda names, total_s: discover(names, total_s=total_s)
+    )
+    """The discovery, given the HCAs and its time bound: a test's double stands in for the
+    fabric."""
 
     name = "infiniband"
     interval_s = AGENT_INTERVAL_S
@@ -507,17 +677,19 @@ class InfinibandTierSource:
         if self.simulated:
             return NodeReading(None, SourceState.NO_DATA, "a simulated machine has no HCA")
         try:
-            found = self.scan(self.total_s)
+            names = self.hcas or (compute_hcas(self.sysfs) if self.sysfs is not None else ())
+            if not names:
+                return NodeReading(None, SourceState.NO_DATA, NO_PAIRED_HCA)
+            found = self.scan(names, self.total_s)
         except CollectError as e:
             return NodeReading(None, SourceState.FAILED, str(e))
-        if not found.views:
-            return NodeReading(None, SourceState.NO_DATA, "no InfiniBand HCA port")
         tiers = fabric_tiers(found.views, found.subnet_managers)
         if not tiers:
             return NodeReading(
                 None,
                 SourceState.FAILED,
-                "no InfiniBand HCA port is cabled to a switch: check the links (ibstat)",
+                f"no InfiniBand port of {', '.join(names)} is cabled to a switch: check the "
+                "links (ibstat)",
             )
         return NodeReading(tiers)
 

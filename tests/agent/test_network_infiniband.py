@@ -9,13 +9,19 @@ on ibsim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from reporter.assembly import config_node_sources
-from reporter.collect.infiniband import AGENT_INTERVAL_S, AGENT_TOTAL_S, InfinibandTierSource
+from reporter.collect.infiniband import (
+    AGENT_INTERVAL_S,
+    AGENT_TOTAL_S,
+    NO_PAIRED_HCA,
+    InfinibandTierSource,
+)
 from reporter.collect.infiniband_tiers import (
     CORE_GROUP_PREFIX,
     LEAF_GROUP_PREFIX,
@@ -56,26 +62,34 @@ TIERS = (
 @dataclass
 class DiscoverDouble:
     """A double of reporter.collect.infiniband.discover: one answer per call (a Discovery, or a
-    CollectError it raises), the last repeated; it records the time bound each call was given."""
+    CollectError it raises), the last repeated; it records the HCAs and the time bound each call
+    was given."""
 
     answers: list[Discovery | CollectError]
     bounds: list[float] = field(default_factory=list)
+    hcas: list[tuple[str, ...]] = field(default_factory=list)
 
-    def __call__(self, total_s: float) -> Discovery:
+    def __call__(self, names: Sequence[str], total_s: float) -> Discovery:
         answer = self.answers[min(len(self.bounds), len(self.answers) - 1)]
         self.bounds.append(total_s)
+        self.hcas.append(tuple(names))
         if isinstance(answer, CollectError):
             raise answer
         return answer
 
 
 def _source(config: Settings, fabric: DiscoverDouble) -> InfinibandTierSource:
-    """The source `run` builds from `config`, with the double in place of the fabric."""
+    """The source `run` builds from `config`, with the double in place of the fabric and the
+    node's two HCAs named (this machine's sysfs pairs no HCA with a GPU)."""
     sources = config_node_sources(config)
     found = [s for s in sources if isinstance(s, InfinibandTierSource)]
     assert len(found) == 1, sources
     return InfinibandTierSource(
-        found[0].simulated, found[0].total_s, found[0].label_style, scan=fabric
+        found[0].simulated,
+        found[0].total_s,
+        found[0].label_style,
+        hcas=("mlx5_0", "mlx5_1"),
+        scan=fabric,
     )
 
 
@@ -185,9 +199,9 @@ def test_a_switch_back_to_our_keys_leaves_every_topograph_key_to_the_operator(
     ("simulated", "answer", "problem"),
     [
         (True, TWO_TIER, "a simulated machine has no HCA"),
-        (False, summarize([], SmpCounts()), "no InfiniBand HCA port"),
+        (False, TWO_TIER, NO_PAIRED_HCA),
     ],
-    ids=["simulated machine", "no InfiniBand port"],
+    ids=["simulated machine", "no HCA named, and no topology to pair one with a GPU"],
 )
 def test_no_port_is_no_data_not_a_failure(simulated: bool, answer: Discovery, problem: str) -> None:
     reading = InfinibandTierSource(simulated, scan=DiscoverDouble([answer])).read()
@@ -196,10 +210,10 @@ def test_no_port_is_no_data_not_a_failure(simulated: bool, answer: Discovery, pr
 
 def test_ports_that_reach_no_switch_are_a_failure() -> None:
     lone = summarize([PortView("mlx5_0", 1, 0x100001, None, frozenset())], SmpCounts())
-    reading = InfinibandTierSource(False, scan=DiscoverDouble([lone])).read()
+    reading = InfinibandTierSource(False, hcas=("mlx5_0",), scan=DiscoverDouble([lone])).read()
     assert (reading.state.value, reading.problem) == (
         "failed",
-        "no InfiniBand HCA port is cabled to a switch: check the links (ibstat)",
+        "no InfiniBand port of mlx5_0 is cabled to a switch: check the links (ibstat)",
     )
 
 

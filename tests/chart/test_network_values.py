@@ -106,6 +106,18 @@ def test_infiniband_asks_one_unit_of_the_device_plugins_resource_and_no_capabili
 
 
 @pytest.mark.parametrize(
+    ("hcas", "variable"),
+    [([], None), (["mlx5_0", "mlx5_3"], "mlx5_0,mlx5_3")],
+    ids=["none named: the topology's compute HCAs", "the compute HCAs named"],
+)
+def test_the_compute_hcas_named_reach_the_agent_comma_joined(
+    hcas: list[str], variable: str | None
+) -> None:
+    rendered = render({"network": {"infiniband": {"enabled": True, "hcas": hcas}}})
+    assert env(rendered).get("TOPO_REPORTER_NETWORK_INFINIBAND_HCAS") == variable
+
+
+@pytest.mark.parametrize(
     ("values", "message"),
     [
         (

@@ -46,6 +46,9 @@ def dry_run(sim: IbSim, host_ca: str, *arguments: str) -> dict[str, Any]:
             "--listen",
             "",
             "--network-infiniband",
+            # umad2sim's one CA: the fixture's HCAs are not this fabric's.
+            "--network-infiniband-hcas",
+            "ibsim0",
             *arguments,
         ],
         timeout_s=CLIENT_TIMEOUT_S * 4,

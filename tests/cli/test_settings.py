@@ -187,6 +187,19 @@ BAD = [
         "--network-lldp and --network-infiniband both publish network-tier-0",
     ),
     (
+        "compute HCAs named without InfiniBand discovery",
+        ["--node", "n", "--network-infiniband-hcas", "mlx5_0"],
+        {},
+        "--network-infiniband-hcas names the HCAs InfiniBand discovery walks from: it needs "
+        "--network-infiniband",
+    ),
+    (
+        "an HCA name that is a path",
+        ["--node", "n", "--network-infiniband"],
+        {"TOPO_REPORTER_NETWORK_INFINIBAND_HCAS": "mlx5_0,../../etc"},
+        "--network-infiniband-hcas: '../../etc' is not an RDMA device name",
+    ),
+    (
         "Topograph's labels through a NodeFeature",
         ["--node", "n", "--network-label-style", "topograph", "--sink", "nodefeature"],
         {},

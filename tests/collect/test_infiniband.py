@@ -4,12 +4,29 @@ walked in turn, its tiers checked against the fabric's true leaf groups and spin
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from reporter.collect.infiniband import walk_ports
-from reporter.collect.infiniband_tiers import Discovery, discovery_json, summarize
+from parsers.links import SELF, Link, LinkKind
+from reporter.collect.infiniband import (
+    NO_PAIRED_HCA,
+    InfinibandTierSource,
+    gpu_paired_hcas,
+    walk_ports,
+)
+from reporter.collect.infiniband_tiers import (
+    Discovery,
+    PortView,
+    SmpCounts,
+    discovery_json,
+    summarize,
+)
+from reporter.hostfs import DirHostFS, HostFS, MemoryHostFS
 from reporter.schema.fabric import is_label_value
+from reporter.schema.model import Gpu, Nic, Source, Topology
 from tests.support.ibsim import FatTree, IbSim, WalkError, have_ibsim
 
 
@@ -192,3 +209,146 @@ def test_a_port_cabled_to_another_host_has_no_leaf_and_no_tiers() -> None:
 def test_levels_other_than_the_leaf_and_spine_groups_are_refused(levels: int) -> None:
     with pytest.raises(ValueError, match=f"not {levels}"):
         walk_ports((), levels=levels)
+
+
+# -- which HCAs: the compute ones ------------------------------------------------------------------
+
+
+def _topology(nics: dict[str, tuple[str, ...]]) -> Topology:
+    """Two GPUs (PIX to each other) and `nics`, each with its path to GPU 0 and GPU 1."""
+    gpus = (Gpu(0), Gpu(1))
+    links = ((SELF, Link(LinkKind.PIX)), (Link(LinkKind.PIX), SELF))
+    return Topology(
+        source=Source.SYSFS,
+        gpus=gpus,
+        links=links,
+        nics=tuple(
+            Nic(name, tuple(Link(LinkKind[token]) for token in paths))
+            for name, paths in nics.items()
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("nics", "paired"),
+    [
+        pytest.param(
+            {"mlx5_0": ("PIX", "PXB"), "mlx5_1": ("PXB", "PIX"), "mlx5_4": ("NODE", "NODE")},
+            ("mlx5_0", "mlx5_1"),
+            id="a compute HCA behind each GPU's PCIe switch; the storage HCA on the CPU is none",
+        ),
+        pytest.param(
+            {"mlx5_0": ("NODE", "SYS"), "mlx5_1": ("NODE", "SYS"), "mlx5_2": ("SYS", "NODE")},
+            ("mlx5_0", "mlx5_1", "mlx5_2"),
+            id="no PCIe switch: each GPU's closest HCAs, ties and all",
+        ),
+        pytest.param(
+            {"mlx5_0": ("SYS", "SYS")},
+            (),
+            id="an HCA on the other socket from every GPU is paired with none",
+        ),
+        pytest.param({}, (), id="no RDMA device"),
+    ],
+)
+def test_the_compute_hcas_are_each_gpus_closest(
+    nics: dict[str, tuple[str, ...]], paired: tuple[str, ...]
+) -> None:
+    assert gpu_paired_hcas(_topology(nics)) == paired
+
+
+@dataclass
+class ScanDouble:
+    """A double of discover for the source: it records the HCAs it is asked to walk."""
+
+    asked: list[tuple[str, ...]] = field(default_factory=list)
+
+    def __call__(self, names: Sequence[str], total_s: float) -> Discovery:
+        self.asked.append(tuple(names))
+        view = PortView(names[0], 1, 0x100001, 0x200001, frozenset({0x200001}))
+        return summarize([view], SmpCounts(node_info=2))
+
+
+MACHINES = Path(__file__).parents[1] / "fixtures" / "machines"
+
+
+@pytest.mark.parametrize(
+    ("machine", "hcas", "asked"),
+    [
+        pytest.param(
+            "aws-p5en-switch",
+            (),
+            ("rdmap85s0", "rdmap86s0", "rdmap87s0", "rdmap88s0"),
+            id="a p5en's NICs behind the GPUs' PCIe switches are walked",
+        ),
+        pytest.param(
+            "asus-esc8000a",
+            (),
+            ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"),
+            id="no PCIe switch: the HCAs on each GPU's NUMA node are walked",
+        ),
+        pytest.param(
+            "asus-esc8000a", ("mlx5_3",), ("mlx5_3",), id="the HCAs the setting names, only"
+        ),
+    ],
+)
+def test_the_source_walks_the_compute_hcas(
+    machine: str, hcas: tuple[str, ...], asked: tuple[str, ...]
+) -> None:
+    scan = ScanDouble()
+    source = InfinibandTierSource(
+        False, hcas=hcas, sysfs=DirHostFS(MACHINES / machine / "sysfs"), scan=scan
+    )
+    reading = source.read()
+    assert reading.state.value == "ok"
+    assert scan.asked == [asked]
+
+
+@dataclass
+class _EthernetPorts:
+    """A HostFS over a fixture tree that adds port 1, link layer Ethernet, to every RDMA device."""
+
+    under: DirHostFS
+
+    def read_text(self, path: str) -> str:
+        if path.startswith("class/infiniband/") and path.endswith("/ports/1/link_layer"):
+            return "Ethernet\n"
+        return self.under.read_text(path)
+
+    def listdir(self, path: str) -> list[str]:
+        if path.startswith("class/infiniband/") and path.endswith("/ports"):
+            return ["1"]
+        return self.under.listdir(path)
+
+    def realpath(self, path: str) -> str:
+        return self.under.realpath(path)
+
+
+@pytest.mark.parametrize(
+    "sysfs",
+    [
+        pytest.param(
+            MemoryHostFS({"bus/pci/devices/0000:00:00.0/vendor": "0x8086\n"}, {}),
+            id="no GPU, no RDMA device",
+        ),
+        pytest.param(
+            _EthernetPorts(DirHostFS(MACHINES / "asus-esc8000a" / "sysfs")),
+            id="every HCA paired with a GPU has Ethernet ports (RoCE: LLDP's)",
+        ),
+    ],
+)
+def test_no_hca_paired_with_a_gpu_is_no_data_and_nothing_walked(sysfs: HostFS) -> None:
+    scan = ScanDouble()
+    reading = InfinibandTierSource(False, sysfs=sysfs, scan=scan).read()
+    assert (reading.value, reading.state.value, reading.problem) == (
+        None,
+        "no_data",
+        NO_PAIRED_HCA,
+    )
+    assert scan.asked == []
+
+
+def test_a_sysfs_that_cannot_be_read_is_a_failure_in_one_line() -> None:
+    reading = InfinibandTierSource(False, sysfs=MemoryHostFS({}, {}), scan=ScanDouble()).read()
+    assert reading.state.value == "failed"
+    assert reading.problem is not None
+    assert reading.problem.startswith("cannot list bus/pci/devices under the sysfs root")

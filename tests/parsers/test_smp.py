@@ -1,4 +1,5 @@
-"""Directed-route SMPs: the Get's bytes, the GetResp judged, NodeInfo and PortInfo decoded."""
+"""Directed-route SMPs: the Get's bytes, the GetResp judged, NodeInfo, PortInfo and NodeDescription
+decoded."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from parsers.smp import (
     Attribute,
     NodeType,
     PortInfo,
+    decode_node_description,
     decode_node_info,
     decode_port_info,
     decode_reply,
@@ -184,6 +186,43 @@ def test_port_info_says_whether_a_peer_is_there(
 
 @given(mad=st.binary(max_size=300))
 def test_any_bytes_decode_or_raise_parse_error(mad: bytes) -> None:
-    for decode in (decode_reply, decode_node_info, decode_port_info):
+    for decode in (decode_reply, decode_node_info, decode_port_info, decode_node_description):
         with contextlib.suppress(ParseError):
             decode(mad)
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        pytest.param(
+            b"leaf-1 MF0;ib-leaf-1:MQM9700/U1".ljust(64, b"\0"),
+            "leaf-1 MF0;ib-leaf-1:MQM9700/U1",
+            id="a switch's name, ended by NULs",
+        ),
+        pytest.param(b"x" * 64, "x" * 64, id="64 bytes without a NUL: all of them"),
+        pytest.param(
+            b"\x1b[2J\x1b]0;t\x07a\\b\r\x7f\0junk".ljust(64, b"\0"),
+            "\\x1b[2J\\x1b]0;t\\x07a\\\\b\\x0d\\x7f",
+            id="control characters escaped, a backslash doubled, nothing after the NUL",
+        ),
+        pytest.param(
+            bytes(range(0x80, 0xC0)),
+            "".join(f"\\x{b:02x}" for b in range(0x80, 0xC0)),
+            id="64 bytes that are not UTF-8, each escaped",
+        ),
+        pytest.param("Ünïcode".encode().ljust(64, b"\0"), "Ünïcode", id="UTF-8 kept"),
+    ],
+)
+def test_a_node_description_is_printable_text(raw: bytes, text: str) -> None:
+    assert decode_node_description(raw) == text
+    assert decode_node_description(raw).isprintable()
+
+
+def test_a_node_description_of_short_data_is_refused() -> None:
+    with pytest.raises(ParseError, match="63 bytes, NodeDescription has 64"):
+        decode_node_description(bytes(63))
+
+
+@given(st.binary(min_size=64, max_size=64))
+def test_any_node_description_is_one_printable_line(raw: bytes) -> None:
+    assert decode_node_description(raw).isprintable()
