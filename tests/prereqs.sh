@@ -16,6 +16,10 @@
 #   iproute2, lldpd           tests/collect/test_lldp_namespaces.py runs the real lldpd in network
 #                             namespaces it makes; lldpd is installed with its service kept from
 #                             starting (below), so it never sends LLDP on this machine's interfaces
+#   containerd, containernetworking-plugins   the node harness (`controlplane node`) runs the
+#                             real kubelet on containerd with the CNI bridge plugin; containerd is
+#                             installed with its service kept from starting (below): the harness
+#                             runs its own, all state in the test's directory
 #
 # Idempotent: where everything is there it changes nothing and needs neither network nor sudo.
 # `sudo` only where not root. Node.js: NodeSource's `nodejs` package carries its own npm and
@@ -141,6 +145,10 @@ fi
 if ! command -v lldpd >/dev/null 2>&1 || ! command -v lldpcli >/dev/null 2>&1; then
     say "installing: lldpd (its service kept from starting: the tests run it in namespaces only)"
     install_without_starting lldpd
+fi
+if ! command -v containerd >/dev/null 2>&1 || [ ! -x /usr/lib/cni/bridge ]; then
+    say "installing: containerd, containernetworking-plugins (containerd kept from starting: the node harness runs its own)"
+    install_without_starting containerd containernetworking-plugins
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
