@@ -58,10 +58,12 @@ var nodeSysctls = []string{
 }
 
 // The fixed paths the kubelet, containerd and the CNI plugins use whatever their configuration
-// says; in the private mount namespace the first is DIR/kubelet, the others a fresh tmpfs.
+// says; in the private mount namespace the first is DIR/kubelet, the others a fresh tmpfs. /run
+// whole, not /run/netns: the host's /run/netns comes and goes with `ip netns` (other tests make
+// it), so no mount point of ours may be made in it.
 const kubeletRoot = "/var/lib/kubelet"
 
-var tmpfsPaths = []string{"/var/log/containers", "/run/containerd", "/run/netns", "/var/lib/cni"}
+var tmpfsPaths = []string{"/run", "/var/log/containers", "/var/lib/cni"}
 
 type stringList []string
 
