@@ -1,0 +1,165 @@
+"""The chart as a user installs it, on a real node (tests/support/node_harness.py): the image that
+image/build.sh builds, imported into the node's containerd; `helm install` (Helm SDK) of the chart
+with the agent on a simulated machine whose GPUs the device plugin double advertises; the kubelet's
+own probes, config file, PodResources socket and Job runs. No fake stands where the kubelet does.
+
+One node for the module (its apiserver, controllers and scheduler are the module's own)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import helm_python as helm
+import pytest
+from kubernetes import client as k8s
+
+from reporter.collect.simulate.machine import load_machine
+from reporter.schema.keys import TOPOLOGY_MANAGER_POLICY
+from tests.support.helm_chart import chart
+from tests.support.image_support import built_image
+from tests.support.node_harness import (  # noqa: F401  # the node_cluster fixture
+    NodeCluster,
+    RealNode,
+    image_archive,
+    node_cluster,
+    wait_until,
+)
+
+pytestmark = pytest.mark.controlplane
+
+MACHINE = "dgx-h100"
+PREFIX = "gpu.topology.io"
+NAMESPACE = "gpu-system"
+POLICY = "best-effort"
+"""The kubelet's Topology Manager policy: `best-effort` admits whatever the GPUs' NUMA nodes (this
+host has one NUMA node; the simulated machine two)."""
+LABEL_TIMEOUT_S = 120.0
+"""The agent's first scan and publish follow its start by a second or two; the pod's start
+(image already imported) by a few more."""
+
+
+def _devices() -> list[dict[str, Any]]:
+    """The simulated machine's GPUs as the device plugin double advertises them."""
+    machine = load_machine(MACHINE)
+    return [
+        {"id": g.uuid, "numa": min(g.memory_affinity) if g.memory_affinity else 0}
+        for g in machine.gpus
+    ]
+
+
+@pytest.fixture(scope="module")
+def chart_node(
+    node_cluster: NodeCluster,  # noqa: F811  # the fixture imported above
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RealNode]:
+    """The node, with the project's image imported and the labels GPU feature discovery would
+    set (the chart's DaemonSet selects nvidia.com/gpu.present=true)."""
+    work = tmp_path_factory.mktemp("chart-node")
+    archive = image_archive(built_image(), work)
+    with node_cluster.node(
+        work, "chart-node", devices=_devices(), images=[archive], policy=POLICY
+    ) as node:
+        node_cluster.core().patch_node(
+            node.name, {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}}
+        )
+        node_cluster.core().create_namespace(
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE))
+        )
+        yield node
+
+
+def _values() -> dict[str, Any]:
+    return {
+        "image": {"repository": "localhost/topo-reporter", "pullPolicy": "Never"},
+        "runtimeClassName": "",
+        "agent": {"simulate": MACHINE, "interval": "10s"},
+        "availability": {"enabled": True},
+    }
+
+
+def _labels(cluster: NodeCluster, node: str) -> dict[str, str]:
+    got: dict[str, str] = cluster.core().read_node(node).metadata.labels or {}
+    return got
+
+
+def _ours(cluster: NodeCluster, node: str) -> list[str]:
+    meta = cluster.core().read_node(node).metadata
+    keys = [*(meta.labels or {}), *(meta.annotations or {})]
+    return sorted(k for k in keys if k.startswith(PREFIX + "/"))
+
+
+def _agent_pod(cluster: NodeCluster) -> k8s.V1Pod | None:
+    pods = (
+        cluster.core()
+        .list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=topo-reporter")
+        .items
+    )
+    agents = [p for p in pods if not (p.metadata.labels or {}).get("job-name")]
+    return agents[0] if len(agents) == 1 else None
+
+
+def _ready_agent(cluster: NodeCluster) -> k8s.V1Pod | None:
+    """The agent's pod once Running and Ready, else None."""
+    pod = _agent_pod(cluster)
+    if pod is None or pod.status.phase != "Running":
+        return None
+    ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+    return pod if ready else None
+
+
+def test_install_ready_through_the_kubelets_probes_then_uninstall_prunes(
+    node_cluster: NodeCluster,  # noqa: F811  # the fixture imported above
+    chart_node: RealNode,
+    record_property: Any,
+) -> None:
+    config = helm.Config(kubeconfig_path=node_cluster.server.kubeconfig, namespace=NAMESPACE)
+    try:
+        started = time.monotonic()
+        installed = config.install(chart(), "tr", _values(), namespace=NAMESPACE)
+        assert (installed["revision"], installed["status"]) == (1, "deployed")
+        policy_key = f"{PREFIX}/{TOPOLOGY_MANAGER_POLICY}"
+        labels = wait_until(
+            "the agent's labels on the Node",
+            lambda: (got := _labels(node_cluster, chart_node.name)).get(f"{PREFIX}/count") and got,
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        record_property("install_to_labels_s", round(time.monotonic() - started, 2))
+        assert labels[f"{PREFIX}/count"] == str(len(_devices()))
+        # The kubelet's config file, read through the chart's hostPath mount: its policy.
+        assert labels[policy_key] == POLICY
+        pod = wait_until(
+            "the agent's pod Ready (the kubelet's readiness probe on /readyz)",
+            lambda: _ready_agent(node_cluster),
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        assert pod.spec.node_name == chart_node.name
+        (status,) = pod.status.container_statuses
+        assert (status.ready, status.restart_count) == (True, 0)
+
+        # helm uninstall runs the pre-delete prune hook: a real Job, its pod run by this kubelet.
+        config.uninstall("tr", timeout=180)
+        assert _ours(node_cluster, chart_node.name) == []
+        jobs = k8s.BatchV1Api(node_cluster.server.api()).list_namespaced_job(NAMESPACE).items
+        assert jobs == []
+        prune_logs = [
+            line
+            for path in sorted(
+                chart_node.pod_logs.glob(f"{NAMESPACE}_tr-topo-reporter-prune-*/*/*.log")
+            )
+            for line in path.read_text().splitlines()
+        ]
+        assert prune_logs, "the prune Job's pod left no log on the node"
+        wait_until(
+            "the agent's pod deleted (garbage collector)",
+            lambda: (
+                _agent_pod(node_cluster) is None
+                and not node_cluster.core().list_namespaced_pod(NAMESPACE).items
+            ),
+            log=chart_node.log_tail,
+        )
+    finally:
+        config.close()
