@@ -7,6 +7,8 @@ One node for the module (its apiserver, controllers and scheduler are the module
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +17,9 @@ import helm_python as helm
 import pytest
 from kubernetes import client as k8s
 
+from parsers.cpulist import format_cpulist
 from reporter.collect.simulate.machine import load_machine
-from reporter.schema.keys import TOPOLOGY_MANAGER_POLICY
+from reporter.schema.keys import GPU_FREE, GPU_SETS, TOPOLOGY_MANAGER_POLICY
 from tests.support.helm_chart import chart
 from tests.support.image_support import built_image
 from tests.support.node_harness import (  # noqa: F401  # the node_cluster fixture
@@ -24,6 +27,7 @@ from tests.support.node_harness import (  # noqa: F401  # the node_cluster fixtu
     RealNode,
     image_archive,
     node_cluster,
+    topo_reporter,
     wait_until,
 )
 
@@ -161,5 +165,130 @@ def test_install_ready_through_the_kubelets_probes_then_uninstall_prunes(
             ),
             log=chart_node.log_tail,
         )
+    finally:
+        config.close()
+
+
+def _annotations(cluster: NodeCluster, node: str) -> dict[str, str]:
+    got: dict[str, str] = cluster.core().read_node(node).metadata.annotations or {}
+    return got
+
+
+def _gpu_pod(cluster: NodeCluster, node: RealNode, name: str, gpus: int) -> list[int]:
+    """A pod holding `gpus` GPUs, Running; the simulated machine's indices of the GPUs the
+    kubelet's device manager gave it (NVIDIA_VISIBLE_DEVICES, which the plugin set in Allocate)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node.name,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "localhost/controlplane/pause:3.10",
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
+    cluster.core().create_namespaced_pod("default", pod)
+    wait_until(
+        f"pod {name} Running",
+        lambda: cluster.core().read_namespaced_pod(name, "default").status.phase == "Running",
+        log=node.log_tail,
+    )
+    # One pod at a time: the last Allocate is this pod's.
+    allocated = [e["devices"] for e in node.events() if e.get("call") == "Allocate"][-1]
+    assert len(allocated) == gpus
+    index = {d["id"]: i for i, d in enumerate(_devices())}
+    return sorted(index[i] for i in allocated)
+
+
+def _doctor(cluster: NodeCluster, node: str) -> list[str]:
+    done = subprocess.run(
+        [topo_reporter(), "doctor", "--node", node, "--format", "json",
+         "--kubeconfig", str(cluster.server.kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    return sorted(f["code"] for n in report["nodes"] for f in n["findings"])
+
+
+def test_gpu_pods_show_in_availability_and_the_doctor_sees_the_plugins_failures(
+    node_cluster: NodeCluster,  # noqa: F811  # the fixture imported above
+    chart_node: RealNode,
+    record_property: Any,
+) -> None:
+    config = helm.Config(kubeconfig_path=node_cluster.server.kubeconfig, namespace=NAMESPACE)
+    free_key, sets_key = f"{PREFIX}/{GPU_FREE}", f"{PREFIX}/{GPU_SETS}"
+    try:
+        config.install(chart(), "tr", _values(), namespace=NAMESPACE)
+        wait_until(
+            "the first availability",
+            lambda: _labels(node_cluster, chart_node.name).get(free_key) == "8",
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        started = time.monotonic()
+        two = _gpu_pod(node_cluster, chart_node, "holds-two", 2)
+        wait_until(
+            "availability: 6 free, holds-two's GPUs named",
+            lambda: (
+                _labels(node_cluster, chart_node.name).get(free_key) == "6"
+                and f"default/holds-two/main={format_cpulist(two)}"
+                in _annotations(node_cluster, chart_node.name).get(sets_key, "")
+            ),
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        record_property("gpu_pod_to_availability_s", round(time.monotonic() - started, 2))
+        four = _gpu_pod(node_cluster, chart_node, "holds-four", 4)
+        assert not set(two) & set(four)
+        wait_until(
+            "availability: 2 free, both sets named",
+            lambda: (
+                _labels(node_cluster, chart_node.name).get(free_key) == "2"
+                and _annotations(node_cluster, chart_node.name).get(sets_key)
+                == f"1;default/holds-four/main={format_cpulist(four)};"
+                f"default/holds-two/main={format_cpulist(two)}"
+            ),
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        node_cluster.core().delete_namespaced_pod("holds-two", "default")
+        wait_until(
+            "availability: 4 free once holds-two is gone",
+            lambda: _labels(node_cluster, chart_node.name).get(free_key) == "4",
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        node_cluster.core().delete_namespaced_pod("holds-four", "default")
+        assert _doctor(node_cluster, chart_node.name) == []
+
+        devices = _devices()
+        for fault, undo, code in (
+            (f"unhealthy {devices[3]['id']}", f"healthy {devices[3]['id']}", "gpus-unallocatable"),
+            # The kubelet keeps nvidia.com/gpu at 0 (not absent) after its plugin goes.
+            ("crash", "start", "gpus-unallocatable"),
+            ("stop", "start", "gpus-unallocatable"),
+        ):
+            chart_node.control(fault)
+            wait_until(
+                f"doctor: {code} after {fault}",
+                lambda code=code: code in _doctor(node_cluster, chart_node.name),
+                timeout_s=LABEL_TIMEOUT_S,
+                log=chart_node.log_tail,
+            )
+            chart_node.control(undo)
+            wait_until(
+                f"doctor: clear after {undo}",
+                lambda: _doctor(node_cluster, chart_node.name) == [],
+                timeout_s=LABEL_TIMEOUT_S,
+                log=chart_node.log_tail,
+            )
+        config.uninstall("tr", timeout=180)
     finally:
         config.close()
