@@ -124,6 +124,7 @@ command -v runc >/dev/null 2>&1 || want runc
 command -v mmdebstrap >/dev/null 2>&1 || want mmdebstrap
 command -v ibsim >/dev/null 2>&1 || want ibsim-utils
 command -v ip >/dev/null 2>&1 || want iproute2
+installed containernetworking-plugins || want containernetworking-plugins
 command -v node >/dev/null 2>&1 || want nodejs
 need_go=""
 if ! go_found; then
@@ -146,9 +147,9 @@ if ! command -v lldpd >/dev/null 2>&1 || ! command -v lldpcli >/dev/null 2>&1; t
     say "installing: lldpd (its service kept from starting: the tests run it in namespaces only)"
     install_without_starting lldpd
 fi
-if ! command -v containerd >/dev/null 2>&1 || [ ! -x /usr/lib/cni/bridge ]; then
-    say "installing: containerd, containernetworking-plugins (containerd kept from starting: the node harness runs its own)"
-    install_without_starting containerd containernetworking-plugins
+if ! command -v containerd >/dev/null 2>&1; then
+    say "installing: containerd (its service kept from starting: the node harness runs its own)"
+    install_without_starting containerd
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||

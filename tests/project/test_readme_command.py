@@ -80,6 +80,13 @@ for p in $packages; do
             [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" lldpd start; policy=$?; }
             [ "$policy" = 101 ] || echo 'lldpd started' >> "$MACHINE/log"
             ;;
+        containerd)
+            tool containerd
+            tool ctr
+            policy=0
+            [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" containerd start; policy=$?; }
+            [ "$policy" = 101 ] || echo 'containerd started' >> "$MACHINE/log"
+            ;;
         npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
         ibsim-utils) tool ibsim ;;
     esac
@@ -206,9 +213,13 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
 LLDP_TOOLS = ("ip", "lldpd", "lldpcli")
-EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS)
+NODE_TOOLS = ("containerd", "ctr")
+EVERYTHING = (
+    "dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS, *NODE_TOOLS,
+)  # fmt: skip
 LLDPD = "apt-get install -y -qq --no-install-recommends lldpd"
-BUILD = ("libc6-dev", "libpfm4-dev")
+CONTAINERD = "apt-get install -y -qq --no-install-recommends containerd"
+BUILD = ("libc6-dev", "libpfm4-dev", "containernetworking-plugins")
 
 
 @pytest.mark.parametrize(
@@ -219,9 +230,11 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
                 LLDPD,
+                CONTAINERD,
             ],
         ),
         (
@@ -229,8 +242,10 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins",
                 LLDPD,
+                CONTAINERD,
             ],
         ),
         (
@@ -238,8 +253,10 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins nodejs",
                 LLDPD,
+                CONTAINERD,
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
@@ -254,6 +271,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                     *IMAGE_TOOLS,
                     "ibsim",
                     *LLDP_TOOLS,
+                    *NODE_TOOLS,
                 ),
                 "packages": BUILD,
             },
@@ -284,7 +302,7 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
         tmp_path,
-        commands=("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, "ibsim", *LLDP_TOOLS),
+        commands=EVERYTHING,
         root=False,
     )
     done = fresh.run(prerequisites())
@@ -293,7 +311,8 @@ def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
         "sudo",
         "sudo apt-get update -qq",
         "sudo",
-        "sudo apt-get install -y -qq --no-install-recommends libc6-dev libpfm4-dev",
+        "sudo apt-get install -y -qq --no-install-recommends libc6-dev libpfm4-dev "
+        "containernetworking-plugins",
     ]
 
 
