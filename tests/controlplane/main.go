@@ -1,6 +1,8 @@
 // Command controlplane hosts Kubernetes' own server code for topo-reporter's tests: the real
-// kube-apiserver on an embedded etcd, the real kube-scheduler and kube-controller-manager, the real kubelet on
-// containerd (with a double of NVIDIA's device plugin), and the kubelet's PodResources gRPC server. The product is Python; this module exists only so the tests meet the real thing.
+// kube-apiserver on an embedded etcd, the real kube-scheduler and kube-controller-manager, the
+// real kubelet on containerd (with a double of NVIDIA's device plugin), and the kubelet's
+// PodResources gRPC server. The product is Python; this module exists only so the tests meet the
+// real thing.
 package main
 
 import (
