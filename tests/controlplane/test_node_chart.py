@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import helm_python as helm
 import pytest
 from kubernetes import client as k8s
+from kubernetes import watch
 
 from parsers.cpulist import format_cpulist
 from reporter.collect.simulate.machine import load_machine
@@ -292,3 +294,102 @@ def test_gpu_pods_show_in_availability_and_the_doctor_sees_the_plugins_failures(
         config.uninstall("tr", timeout=180)
     finally:
         config.close()
+
+
+def _metrics(pod: k8s.V1Pod) -> dict[str, float]:
+    """The agent's /metrics, from the host over the pods' bridge (the kubelet's probes' path)."""
+    url = f"http://{pod.status.pod_ip}:8080/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_helm_upgrade_rolls_the_agent_without_a_node_write(
+    node_cluster: NodeCluster,  # noqa: F811  # the fixture imported above
+    chart_node: RealNode,
+) -> None:
+    config = helm.Config(kubeconfig_path=node_cluster.server.kubeconfig, namespace=NAMESPACE)
+    free_key = f"{PREFIX}/{GPU_FREE}"
+    try:
+        config.install(chart(), "tr", _values(), namespace=NAMESPACE)
+        wait_until(
+            "the first availability",
+            lambda: _labels(node_cluster, chart_node.name).get(free_key) == "8",
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        old = wait_until("the agent Ready", lambda: _ready_agent(node_cluster))
+        node = node_cluster.core().read_node(chart_node.name)
+        before, version = _ours_values(node), node.metadata.resource_version
+        values = _values()
+        values["agent"]["logLevel"] = "debug"
+        upgraded = config.upgrade(chart(), "tr", values, namespace=NAMESPACE)
+        assert upgraded["revision"] == 2
+        new = wait_until(
+            "the rolled agent Ready, the old one gone",
+            lambda: (
+                (p := _ready_agent(node_cluster)) is not None
+                and p.metadata.uid != old.metadata.uid
+                and p
+            ),
+            timeout_s=LABEL_TIMEOUT_S,
+            log=chart_node.log_tail,
+        )
+        # The new agent has read and published at least once, and found nothing to write.
+        samples = wait_until(
+            "the new agent's first publish and availability read",
+            lambda: (
+                (m := _metrics(new)).get(UNCHANGED_AVAILABILITY, 0) >= 1
+                and m.get(UNCHANGED_PUBLISH, 0) >= 1
+                and m
+            ),
+            timeout_s=LABEL_TIMEOUT_S,
+        )
+        assert samples.get(WRITTEN_AVAILABILITY, 0) == 0
+        assert samples.get(WRITTEN_PUBLISH, 0) == 0
+        changes = [
+            e
+            for e in _node_changes(node_cluster, chart_node.name, version)
+            if _ours_values(e) != before
+        ]
+        assert changes == []
+        config.uninstall("tr", timeout=180)
+    finally:
+        config.close()
+
+
+UNCHANGED_AVAILABILITY = 'topo_reporter_availability_writes_total{result="unchanged"}'
+WRITTEN_AVAILABILITY = 'topo_reporter_availability_writes_total{result="written"}'
+UNCHANGED_PUBLISH = 'topo_reporter_publishes_total{result="unchanged"}'
+WRITTEN_PUBLISH = 'topo_reporter_publishes_total{result="written"}'
+
+
+def _ours_values(node: Any) -> dict[str, str]:
+    meta = node.metadata
+    keys = {**(meta.labels or {}), **(meta.annotations or {})}
+    return {k: v for k, v in keys.items() if k.startswith(PREFIX + "/")}
+
+
+def _node_changes(cluster: NodeCluster, node: str, since: str) -> list[Any]:
+    """Every version of the Node written after resource version `since` (a watch from there,
+    ended as soon as it has replayed up to now)."""
+    now = cluster.core().read_node(node).metadata.resource_version
+    if now == since:
+        return []
+    seen = []
+    stream = watch.Watch()
+    for event in stream.stream(
+        cluster.core().list_node,
+        field_selector=f"metadata.name={node}",
+        resource_version=since,
+        timeout_seconds=30,
+    ):
+        seen.append(event["object"])
+        if int(event["object"].metadata.resource_version) >= int(now):
+            stream.stop()
+    return seen
