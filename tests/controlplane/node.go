@@ -255,12 +255,20 @@ func (n *node) run(apiserver string, devices []gpuDevice, images []string, polic
 		return err
 	}
 	n.logf("ready (%s)", l.path("ready"))
-	select {
-	case <-stopped:
-		return nil
-	case err := <-n.namespaceEnd:
-		n.namespace = nil
-		return fmt.Errorf("containerd or the kubelet stopped: %v (logs in %s)", err, l.path("logs"))
+	// SIGHUP restarts the kubelet (containerd and the pods stay), as a node's kubelet restarts.
+	restart := make(chan os.Signal, 1)
+	signal.Notify(restart, syscall.SIGHUP)
+	for {
+		select {
+		case <-stopped:
+			return nil
+		case <-restart:
+			n.logf("restarting the kubelet")
+			_ = n.namespace.Process.Signal(syscall.SIGHUP)
+		case err := <-n.namespaceEnd:
+			n.namespace = nil
+			return fmt.Errorf("containerd or the kubelet stopped: %v (logs in %s)", err, l.path("logs"))
+		}
 	}
 }
 

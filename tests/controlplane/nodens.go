@@ -21,7 +21,8 @@ const (
 
 // runNodeNamespace is the first process of the node's mount and PID namespaces (started by
 // `node`). It makes the private mounts, starts containerd, imports the images, starts the
-// kubelet, and on SIGTERM stops the kubelet, then containerd; when it returns, the kernel kills
+// kubelet (again on SIGHUP, which `node` passes on), and on SIGTERM stops the kubelet, then
+// containerd; when it returns, the kernel kills
 // whatever is left in the PID namespace (the pods and their shims), and the mounts go with the
 // mount namespace. As PID 1 it also reaps the shims that containerd's daemonizing leaves to it.
 func runNodeNamespace(args []string) error {
@@ -112,21 +113,36 @@ func runNodeNamespace(args []string) error {
 	if err != nil {
 		return err
 	}
-	kubelet, err := startLogged(filepath.Join(logs, "kubelet.log"), self, kubeletCommand,
-		"--config="+filepath.Join(*root, "kubelet", "config.yaml"),
-		"--kubeconfig="+*kubeconfig,
-		"--hostname-override="+*name,
-		"--node-ip="+*nodeIP,
-		"--v=1")
+	startKubelet := func() (*os.Process, error) {
+		p, err := startLogged(filepath.Join(logs, "kubelet.log"), self, kubeletCommand,
+			"--config="+filepath.Join(*root, "kubelet", "config.yaml"),
+			"--kubeconfig="+*kubeconfig,
+			"--hostname-override="+*name,
+			"--node-ip="+*nodeIP,
+			"--v=1")
+		if err == nil {
+			exits[p.Pid] = make(chan syscall.WaitStatus, 1)
+		}
+		return p, err
+	}
+	kubelet, err := startKubelet()
 	if err != nil {
 		return err
 	}
-	exits[kubelet.Pid] = make(chan syscall.WaitStatus, 1)
-	defer stop(kubelet, kubeletStopTimeout)
+	defer func() { stop(kubelet, kubeletStopTimeout) }()
+	restart := make(chan os.Signal, 1)
+	signal.Notify(restart, syscall.SIGHUP)
 	for {
 		select {
 		case <-stopped:
 			return nil
+		case <-restart:
+			stop(kubelet, kubeletStopTimeout)
+			delete(exits, kubelet.Pid)
+			if kubelet, err = startKubelet(); err != nil {
+				return fmt.Errorf("restarting the kubelet: %w", err)
+			}
+			fmt.Println("kubelet restarted")
 		case <-children:
 			reap()
 		case status := <-exits[kubelet.Pid]:

@@ -226,6 +226,10 @@ class RealNode:
             answer = sock.makefile().readline().strip()
         assert answer == "ok", f"device plugin double: {command}: {answer}"
 
+    def restart_kubelet(self) -> None:
+        """Restart the kubelet (SIGHUP to the node); containerd and the pods stay."""
+        self.proc.send_signal(signal.SIGHUP)
+
     def events(self) -> list[dict[str, Any]]:
         """Every call the kubelet made to the device plugin double, in order."""
         path = self.root / "logs" / "device-plugin.jsonl"
