@@ -123,11 +123,15 @@ resolvConf: ""
 topologyManagerPolicy: %s
 `, l.cgroupRoot, l.path("containerd", "containerd.sock"), l.path("containerd", "containerd.sock"),
 		l.path("pod-logs"), l.path("kubelet", "volume-plugins"), kubeletPort, healthzPort, policy)
-	return writeFiles(map[string][]byte{
+	if err := writeFiles(map[string][]byte{
 		l.path("containerd", "config.toml"):          []byte(containerd),
 		l.path("cni", "net.d", "10-bridge.conflist"): cniJSON,
-		l.path("kubelet", "config.yaml"):             []byte(kubelet),
-	})
+	}); err != nil {
+		return err
+	}
+	// 0644, as kubeadm writes it: the agent reads it as a non-root user when availability is off
+	// (the chart runs it as root only for the PodResources socket), and a 0600 file is unreadable.
+	return os.WriteFile(l.path("kubelet", "config.yaml"), []byte(kubelet), 0o644)
 }
 
 func nthAddress(subnet *net.IPNet, n byte) net.IP {

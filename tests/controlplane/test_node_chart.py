@@ -33,7 +33,7 @@ from tests.support.node_harness import (  # noqa: F401  # the node_cluster fixtu
     wait_until,
 )
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
 MACHINE = "dgx-h100"
 PREFIX = "gpu.topology.io"

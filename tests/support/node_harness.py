@@ -240,6 +240,11 @@ class RealNode:
         found = sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log"))
         return "".join(p.read_text(errors="replace") for p in found)
 
+    def namespace_logs(self, namespace: str) -> str:
+        """The tail of every container log of the namespace's pods on this node."""
+        found = sorted(self.pod_logs.glob(f"{namespace}_*/*/*.log"))
+        return _tail("".join(f"--- {p}\n" + p.read_text(errors="replace") for p in found))
+
     def log_tail(self) -> str:
         parts = [self.log.read_text(errors="replace")]
         for name in ("kubelet.log", "containerd.log", "namespace.log"):
