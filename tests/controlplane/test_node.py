@@ -128,6 +128,17 @@ def _best_set(gpus: int, available: list[str]) -> list[str]:
     return [str(GPUS[i]["id"]) for i in json.loads(chosen.stdout)["gpus"]]
 
 
+def _links(ids: list[str]) -> set[str]:
+    """The links between every pair of these GPUs, as the machine's `nvidia-smi topo -m` says."""
+    rows = [
+        line.split("\t")
+        for line in TOPOLOGY.read_text().splitlines()
+        if line.startswith("GPU") and "\t" in line
+    ]
+    index = [next(i for i, d in enumerate(GPUS) if d["id"] == gpu) for gpu in ids]
+    return {rows[a][1 + b].strip() for a in index for b in index if a < b}
+
+
 def _container_env(node: RealNode, namespace: str, pod: str) -> dict[str, str]:
     """The environment containerd gave the pod's container `main` (its OCI spec), read with ctr."""
     ctr = ["ctr", "-a", str(node.root / "containerd" / "containerd.sock"), "-n", "k8s.io"]
@@ -251,6 +262,8 @@ def test_the_kubelet_takes_the_best_set_the_plugin_double_prefers(
         ]
         pods, _ = _pod_devices(node)
         assert pods["first-two"] == sorted(first)
+        # NVLink-connected, as free connected pairs existed: two NVLinks (NV2), the best.
+        assert _links(first) == {"NV2"}
         # The kubelet hands Allocate its devices as a set: any order.
         visible = _container_env(node, "default", "first-two")["NVIDIA_VISIBLE_DEVICES"]
         assert sorted(visible.split(",")) == sorted(first)
@@ -266,6 +279,8 @@ def test_the_kubelet_takes_the_best_set_the_plugin_double_prefers(
         )
         pods, _ = _pod_devices(node)
         assert pods["then-four"] == sorted(four)
+        # Every pair of the four NVLink-joined: GPUs 4-7 were free, and are such a set.
+        assert all(link.startswith("NV") for link in _links(four))
 
         # Deleting the pod frees its GPUs: the next pod of two is offered them again.
         node_cluster.core().delete_namespaced_pod("first-two", "default")
