@@ -19,6 +19,10 @@
 #   iproute2, lldpd           tests/collect/test_lldp_namespaces.py runs the real lldpd in network
 #                             namespaces it makes; lldpd is installed with its service kept from
 #                             starting (below), so it never sends LLDP on this machine's interfaces
+#   containerd, containernetworking-plugins   the node harness (`controlplane node`) runs the
+#                             real kubelet on containerd with the CNI bridge plugin; containerd is
+#                             installed with its service kept from starting (below): the harness
+#                             runs its own, all state in the test's directory
 #
 # Idempotent: where everything is there it changes nothing and needs neither network nor sudo.
 # `sudo` only where not root. Node.js: NodeSource's `nodejs` package carries its own npm and
@@ -123,6 +127,7 @@ command -v runc >/dev/null 2>&1 || want runc
 command -v mmdebstrap >/dev/null 2>&1 || want mmdebstrap
 command -v ibsim >/dev/null 2>&1 || want ibsim-utils
 command -v ip >/dev/null 2>&1 || want iproute2
+installed containernetworking-plugins || want containernetworking-plugins
 command -v node >/dev/null 2>&1 || want nodejs
 need_go=""
 if ! go_found; then
@@ -148,6 +153,10 @@ fi
 if ! command -v opensm >/dev/null 2>&1; then
     say "installing: opensm (its service kept from starting: the tests run it on ibsim only)"
     install_without_starting opensm
+fi
+if ! command -v containerd >/dev/null 2>&1; then
+    say "installing: containerd (its service kept from starting: the node harness runs its own)"
+    install_without_starting containerd
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||

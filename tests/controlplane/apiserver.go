@@ -190,8 +190,12 @@ func apiserverOptions(ctx context.Context, dir, etcdURL string, certs *pki, list
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--profiling=false",
 		// The kubernetes Service's endpoints would be 127.0.0.1, which Endpoints validation
-		// refuses; nothing in the tests reaches the apiserver through that Service.
+		// refuses; pods on `node` reach the apiserver through the Service's address, which the
+		// node carries to loopback itself.
 		"--endpoint-reconciler-type=none",
+		// A node registers a Hostname address too: looking that up would send a DNS query off
+		// the machine (`kubectl logs`). The InternalIP is the node harness's bridge address.
+		"--kubelet-preferred-address-types=InternalIP",
 	}
 	if err := fs.Parse(append(flags, extra...)); err != nil {
 		return options.CompletedOptions{}, err

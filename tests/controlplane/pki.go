@@ -105,7 +105,8 @@ func newPKI(dir string) (*pki, error) {
 		NotBefore: now, NotAfter: now.Add(pkiValidity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		// 10.96.0.1: the `kubernetes` Service's address, which pods on `node` dial.
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 96, 0, 1)},
 		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 	}, ca, servKey.Public(), caKey)
 	if err != nil {

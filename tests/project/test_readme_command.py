@@ -80,6 +80,13 @@ for p in $packages; do
             [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" lldpd start; policy=$?; }
             [ "$policy" = 101 ] || echo 'lldpd started' >> "$MACHINE/log"
             ;;
+        containerd)
+            tool containerd
+            tool ctr
+            policy=0
+            [ -x "$POLICY_RC_D" ] && { "$POLICY_RC_D" containerd start; policy=$?; }
+            [ "$policy" = 101 ] || echo 'containerd started' >> "$MACHINE/log"
+            ;;
         npm|jq|openssl|gcc|curl|podman|runc|mmdebstrap) tool "$p" ;;
         ibsim-utils) tool ibsim ;;
         opensm)
@@ -213,10 +220,14 @@ def test_ci_runs_the_readme_command_exactly_as_written() -> None:
 IMAGE_TOOLS = ("podman", "runc", "mmdebstrap")
 LLDP_TOOLS = ("ip", "lldpd", "lldpcli")
 IB_TOOLS = ("ibsim", "opensm")
-EVERYTHING = ("dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, *IB_TOOLS, *LLDP_TOOLS)
+NODE_TOOLS = ("containerd", "ctr")
+EVERYTHING = (
+    "dot", "jq", "openssl", "gcc", "node", "npm", *IMAGE_TOOLS, *IB_TOOLS, *LLDP_TOOLS, *NODE_TOOLS,
+)  # fmt: skip
 LLDPD = "apt-get install -y -qq --no-install-recommends lldpd"
 OPENSM = "apt-get install -y -qq --no-install-recommends opensm"
-BUILD = ("libc6-dev", "libpfm4-dev")
+CONTAINERD = "apt-get install -y -qq --no-install-recommends containerd"
+BUILD = ("libc6-dev", "libpfm4-dev", "containernetworking-plugins")
 
 
 @pytest.mark.parametrize(
@@ -227,10 +238,12 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins nodejs",
                 "apt-get install -y -qq --no-install-recommends npm",
                 LLDPD,
                 OPENSM,
+                CONTAINERD,
             ],
         ),
         (
@@ -238,9 +251,11 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins",
                 LLDPD,
                 OPENSM,
+                CONTAINERD,
             ],
         ),
         (
@@ -248,9 +263,11 @@ BUILD = ("libc6-dev", "libpfm4-dev")
             [
                 "apt-get update -qq",
                 "apt-get install -y -qq --no-install-recommends graphviz jq openssl gcc libc6-dev "
-                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 nodejs",
+                "libpfm4-dev podman runc mmdebstrap ibsim-utils iproute2 "
+                "containernetworking-plugins nodejs",
                 LLDPD,
                 OPENSM,
+                CONTAINERD,
             ],
         ),
         ({"commands": EVERYTHING, "packages": BUILD}, []),
@@ -265,6 +282,7 @@ BUILD = ("libc6-dev", "libpfm4-dev")
                     *IMAGE_TOOLS,
                     *IB_TOOLS,
                     *LLDP_TOOLS,
+                    *NODE_TOOLS,
                 ),
                 "packages": BUILD,
             },
@@ -295,17 +313,7 @@ def test_the_readme_prerequisites_install_only_what_is_missing(
 def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
     fresh = machine(
         tmp_path,
-        commands=(
-            "dot",
-            "jq",
-            "openssl",
-            "gcc",
-            "node",
-            "npm",
-            *IMAGE_TOOLS,
-            *IB_TOOLS,
-            *LLDP_TOOLS,
-        ),
+        commands=EVERYTHING,
         root=False,
     )
     done = fresh.run(prerequisites())
@@ -314,7 +322,8 @@ def test_not_root_installs_through_sudo(tmp_path: Path) -> None:
         "sudo",
         "sudo apt-get update -qq",
         "sudo",
-        "sudo apt-get install -y -qq --no-install-recommends libc6-dev libpfm4-dev",
+        "sudo apt-get install -y -qq --no-install-recommends libc6-dev libpfm4-dev "
+        "containernetworking-plugins",
     ]
 
 
