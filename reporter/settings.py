@@ -445,7 +445,6 @@ class Settings:
         group=Group.SOURCES,
         chart="network.infiniband.hcas",
         metavar="NAMES",
-        shown="those the topology pairs with a GPU",
     )
     """The HCAs (RDMA device names) InfiniBand discovery walks from; empty: those the topology
     pairs with a GPU (reporter.collect.infiniband.compute_hcas), so that a storage HCA does not
