@@ -115,7 +115,8 @@ authorization:
 serializeImagePulls: false
 syncFrequency: 10s
 fileCheckFrequency: 2s
-nodeStatusUpdateFrequency: 10s
+nodeStatusUpdateFrequency: 2s
+nodeStatusReportFrequency: 5m
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99

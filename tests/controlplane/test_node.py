@@ -50,7 +50,8 @@ PAUSE = "localhost/controlplane/pause:3.10"
 ROOT_CA = "metadata.name=kube-root-ca.crt"
 SA = "metadata.name=default"
 STATUS_TIMEOUT_S = 60.0
-"""The kubelet reports allocatable every nodeStatusUpdateFrequency (10 s here)."""
+"""The kubelet reports allocatable every nodeStatusUpdateFrequency (2 s here: its default of 10 s
+made the plugin-failure tests wait most of a minute)."""
 
 
 def _node(cluster: NodeCluster, name: str) -> k8s.V1Node:
