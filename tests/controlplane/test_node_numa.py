@@ -1,7 +1,9 @@
 """The Topology Manager of a real kubelet beside what `doctor` predicts (`numa-alignment-limit`).
 
 This host has one NUMA node; the simulated dgx-h100's GPUs sit on NUMA nodes 0 and 1 (4 each), as
-the device plugin double reports them. With `single-numa-node` the kubelet can align only the 4
+the device plugin double reports them. With `single-numa-node`, and with `restricted` (which
+admits only a preferred hint, and a set across two NUMA nodes is not one), the kubelet can align
+only the 4
 GPUs of one NUMA node (1.37's device manager counts the NUMA nodes its devices name): that is
 exactly the limit `doctor` predicts for the machine (4 GPUs per pod), so a pod of 5 is rejected
 with `TopologyAffinityError` and one of 4 admitted. What cannot be shown here is which 4 it
@@ -12,6 +14,7 @@ Its own module: one node at a time (the node owns 10.96.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from typing import Any
@@ -35,7 +38,8 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
 MACHINE = "dgx-h100"
 NAMESPACE = "gpu-system"
-POLICY = "single-numa-node"
+POLICIES = ("single-numa-node", "restricted")
+"""The policies that reject what they cannot align (parsers.kubelet.KubeletPolicies.aligns_numa)."""
 
 
 def _pod(name: str, node: str, gpus: int) -> dict[str, Any]:
@@ -53,20 +57,25 @@ def _pod(name: str, node: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def test_single_numa_node_admits_what_doctor_predicts(
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_aligning_policy_admits_what_doctor_predicts(
     node_cluster: NodeCluster,  # noqa: F811  # the fixture imported above
     tmp_path_factory: pytest.TempPathFactory,
+    policy: str,
 ) -> None:
     machine = load_machine(MACHINE)
     devices = [{"id": g.uuid, "numa": min(g.memory_affinity or {0})} for g in machine.gpus]
     work = tmp_path_factory.mktemp("numa-node")
     archive = image_archive(built_image(), work)
     core = node_cluster.core()
+    # A node, and pods, of each policy's own: the module's apiserver outlives each node.
+    five, four = f"five-{policy}", f"four-{policy}"
     with node_cluster.node(
-        work, "numa-node", devices=devices, images=[archive], policy=POLICY
+        work, f"numa-{policy}", devices=devices, images=[archive], policy=policy
     ) as node:
         core.patch_node(node.name, {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
-        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+        if not core.list_namespace(field_selector=f"metadata.name={NAMESPACE}").items:
+            core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
         config = helm.Config(kubeconfig_path=node_cluster.server.kubeconfig, namespace=NAMESPACE)
         try:
             values = {
@@ -83,7 +92,7 @@ def test_single_numa_node_admits_what_doctor_predicts(
                 timeout_s=120,
                 log=lambda: node.namespace_logs(NAMESPACE),
             )
-            assert labels == POLICY
+            assert labels == policy
             done = subprocess.run(
                 [topo_reporter(), "doctor", "--node", node.name, "--format", "json",
                  "--kubeconfig", str(node_cluster.server.kubeconfig)],
@@ -95,20 +104,19 @@ def test_single_numa_node_admits_what_doctor_predicts(
             limit = findings["numa-alignment-limit"]
             assert "at most 4 GPUs per pod" in limit["summary"], limit
 
-            core.create_namespaced_pod("default", _pod("five", node.name, 5))
+            core.create_namespaced_pod("default", _pod(five, node.name, 5))
             rejected = wait_until(
                 "the pod of 5 rejected by the kubelet",
                 lambda: (
-                    (p := core.read_namespaced_pod("five", "default")).status.phase == "Failed"
-                    and p
+                    (p := core.read_namespaced_pod(five, "default")).status.phase == "Failed" and p
                 ),
                 log=node.log_tail,
             )
             assert rejected.status.reason == "TopologyAffinityError"
-            core.create_namespaced_pod("default", _pod("four", node.name, 4))
+            core.create_namespaced_pod("default", _pod(four, node.name, 4))
             wait_until(
                 "the pod of 4 Running",
-                lambda: core.read_namespaced_pod("four", "default").status.phase == "Running",
+                lambda: core.read_namespaced_pod(four, "default").status.phase == "Running",
                 log=node.log_tail,
             )
             # Which 4 it hands out is not checked: the device manager groups devices by the
@@ -118,3 +126,6 @@ def test_single_numa_node_admits_what_doctor_predicts(
             config.uninstall("tr", timeout=180)
         finally:
             config.close()
+            for name in (five, four):
+                with contextlib.suppress(k8s.ApiException):
+                    core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
