@@ -37,22 +37,24 @@ from kubernetes import client as k8s
 
 from reporter.schema import keys
 from reporter.schema.labels import labels
-from tests.controlplane.test_racks import (
+from tests.controlplane.test_racks import Jobs
+from tests.support.consumer_fixtures import (
+    GPU,
+    HOSTNAME,
     HYPERNODE_CRD,
     VOLCANO_MODULE,
     VOLCANO_VERSION,
-    Jobs,
-    hypernode_batches,
+    RackScheduler,
+    RealKueue,
+    discover_hypernodes,
     members,
+    poll,
 )
-from tests.support.consumer_fixtures import GPU, HOSTNAME, RackScheduler, RealKueue, poll
 from tests.support.controlplane_fixtures import (
     RealApiServer,
     create_node,
     go_module_dir,
     install_crds,
-    start_harness,
-    stop_process,
     unique,
 )
 from tests.support.leaf_groups import GPUS, PREFIX, dgx_h100
@@ -466,30 +468,11 @@ def test_volcano_builds_the_fabrics_tree_from_the_tier_labels(
     core.create_namespaced_config_map(namespace, configmap)
 
     ours = set(fabric.nodes)
-    stdout = tmp_path / "hypernodes.jsonl"
-    log = tmp_path / "volcano.log"
-    with stdout.open("wb") as out:
-        proc = start_harness(
-            consumers_bin,
-            ["volcano-hypernodes", "--kubeconfig", str(real_apiserver.kubeconfig)],
-            log,
-            stdout=out.fileno(),
-        )
     try:
-
-        def discovered() -> list[dict[str, Any]] | None:
-            """The latest batch in which the fabric's nodes are all in tier-1 HyperNodes."""
-            for batch in reversed(hypernode_batches(stdout)):
-                tier1 = [h for h in batch if h["spec"]["tier"] == 1 and members(h) & ours]
-                if set().union(*(members(h) for h in tier1)) >= ours:
-                    return batch
-            return None
-
-        batch: list[dict[str, Any]] = poll(
-            "Volcano's HyperNodes for the fabric", discovered, log=log
+        batch = discover_hypernodes(
+            consumers_bin, real_apiserver.kubeconfig, tmp_path, ours, "fabric"
         )
     finally:
-        stop_process(proc)
         with contextlib.suppress(k8s.ApiException):
             core.delete_namespaced_config_map(configmap["metadata"]["name"], namespace)
 

@@ -36,14 +36,19 @@ from tests.support.consumer_fixtures import (
     DOMAIN,
     GPU,
     HOSTNAME,
+    HYPERNODE_CRD,
     PARTITION,
     PREFIX,
     RACKS_LABEL,
     TRAYS,
+    VOLCANO_MODULE,
+    VOLCANO_VERSION,
     YUNIKORN,
     RackCluster,
     RackScheduler,
     RealKueue,
+    discover_hypernodes,
+    members,
     poll,
     profile_with,
 )
@@ -51,8 +56,6 @@ from tests.support.controlplane_fixtures import (
     RealApiServer,
     go_module_dir,
     install_crds,
-    start_harness,
-    stop_process,
     unique,
 )
 
@@ -326,23 +329,6 @@ def test_kueue_leaves_a_node_whose_fabric_is_unhealthy_and_tainted(
 
 # --- Volcano ------------------------------------------------------------------------------------
 
-VOLCANO_MODULE = "volcano.sh/volcano"
-VOLCANO_VERSION = "v1.15.1"
-"""The Volcano release the consumers module builds; its HyperNode CRD is installed from it."""
-HYPERNODE_CRD = "config/crd/volcano/bases/topology.volcano.sh_hypernodes.yaml"
-
-
-def hypernode_batches(stdout: Path) -> list[list[dict[str, Any]]]:
-    """The discovery batches printed so far, oldest first (a last line still being written is
-    left for the next read)."""
-    text = stdout.read_text()
-    lines = text.split("\n")[:-1]
-    return [json.loads(line)["hyperNodes"] for line in lines if line.strip()]
-
-
-def members(hypernode: dict[str, Any]) -> set[str]:
-    return {m["selector"]["exactMatch"]["name"] for m in hypernode["spec"]["members"]}
-
 
 def test_volcano_discovers_one_hypernode_per_partition_and_one_per_rack(
     consumers_bin: Path,
@@ -370,30 +356,7 @@ def test_volcano_discovers_one_hypernode_per_partition_and_one_per_rack(
     assert len(partitions) == 4  # racks 0 and 1 (same clique ID, two partitions) and rack 2's two
     assert len(domains) == 3
 
-    stdout = tmp_path / "hypernodes.jsonl"
-    log = tmp_path / "volcano.log"
-    with stdout.open("wb") as out:
-        proc = start_harness(
-            consumers_bin,
-            ["volcano-hypernodes", "--kubeconfig", str(real_apiserver.kubeconfig)],
-            log,
-            stdout=out.fileno(),
-        )
-    try:
-
-        def discovered() -> list[dict[str, Any]] | None:
-            """The latest batch in which the racks' nodes are all in tier-1 HyperNodes."""
-            for batch in reversed(hypernode_batches(stdout)):
-                tier1 = [h for h in batch if h["spec"]["tier"] == 1 and members(h) & ours]
-                if set().union(*(members(h) for h in tier1)) >= ours:
-                    return batch
-            return None
-
-        batch: list[dict[str, Any]] = poll(
-            "Volcano's HyperNodes for the racks", discovered, log=log
-        )
-    finally:
-        stop_process(proc)
+    batch = discover_hypernodes(consumers_bin, real_apiserver.kubeconfig, tmp_path, ours, "racks")
 
     by_name = {h["metadata"]["name"]: h for h in batch}
     tier1 = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import json
 import socket
 import time
 import urllib.error
@@ -521,4 +522,52 @@ def real_kueue(
         ):
             with contextlib.suppress(k8s.ApiException):
                 delete()
+        stop_process(proc)
+
+
+VOLCANO_MODULE = "volcano.sh/volcano"
+VOLCANO_VERSION = "v1.15.1"
+"""The Volcano release the consumers module builds; its HyperNode CRD is installed from it."""
+HYPERNODE_CRD = "config/crd/volcano/bases/topology.volcano.sh_hypernodes.yaml"
+
+
+def hypernode_batches(stdout: Path) -> list[list[dict[str, Any]]]:
+    """The discovery batches printed so far, oldest first (a last line still being written is
+    left for the next read)."""
+    text = stdout.read_text()
+    lines = text.split("\n")[:-1]
+    return [json.loads(line)["hyperNodes"] for line in lines if line.strip()]
+
+
+def members(hypernode: dict[str, Any]) -> set[str]:
+    return {m["selector"]["exactMatch"]["name"] for m in hypernode["spec"]["members"]}
+
+
+def discover_hypernodes(
+    consumers_bin: Path, kubeconfig: Path, work: Path, nodes: set[str], what: str
+) -> list[dict[str, Any]]:
+    """The HyperNodes Volcano's label discovery makes (`consumers volcano-hypernodes`, its own
+    code, on the ConfigMap the test wrote): the latest batch in which `nodes` are all members of
+    tier-1 HyperNodes, within the poll's bound."""
+    stdout = work / "hypernodes.jsonl"
+    log = work / "volcano.log"
+    with stdout.open("wb") as out:
+        proc = start_harness(
+            consumers_bin, ["volcano-hypernodes", "--kubeconfig", str(kubeconfig)], log,
+            stdout=out.fileno(),
+        )  # fmt: skip
+    try:
+
+        def discovered() -> list[dict[str, Any]] | None:
+            for batch in reversed(hypernode_batches(stdout)):
+                tier1 = [h for h in batch if h["spec"]["tier"] == 1 and members(h) & nodes]
+                if set().union(*(members(h) for h in tier1)) >= nodes:
+                    return batch
+            return None
+
+        batch: list[dict[str, Any]] = poll(
+            f"Volcano's HyperNodes for the {what}", discovered, log=log
+        )
+        return batch
+    finally:
         stop_process(proc)
