@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from parsers.errors import ParseError
 from reporter.collect.infiniband_sa import (
@@ -84,3 +86,24 @@ def test_the_records_name_the_subnets_sms(
 def test_a_bad_answer_is_a_parse_error(mad: bytes, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         decode_table(mad, ATTRIBUTE_SMINFO_RECORD)
+
+
+@given(
+    head=st.binary(min_size=0, max_size=64),
+    words=st.integers(min_value=0, max_value=0xFFFF),
+    body=st.binary(max_size=2048),
+)
+def test_any_answer_decodes_to_bounded_records_or_raises_parse_error(
+    head: bytes, words: int, body: bytes
+) -> None:
+    """Whatever an SM (or anything on QP1 with our TID) answers: records that lie inside the
+    answer, at most one per 8 bytes of it, or a ParseError, never another exception."""
+    for mad in (head + body, _reply([body], words=words)):
+        try:
+            table = decode_table(mad, ATTRIBUTE_SMINFO_RECORD)
+        except ParseError:
+            continue
+        assert sum(map(len, table.records)) <= max(0, len(mad) - 56)
+        assert len(table.records) <= max(0, len(mad) - 56) // 8
+        assert len(sm_guids(table)) <= len(table.records)
+        assert table.segments >= 1
