@@ -215,18 +215,7 @@ def ib_queue(real_kueue: RealKueue, fabric_nodes: FabricNodes) -> Iterator[str]:
 
 @pytest.fixture
 def ib_local_queue(real_kueue: RealKueue, ib_queue: str, real_namespace: str) -> str:
-    name = "gpus"
-    real_kueue.create(
-        "localqueues",
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": name},
-            "spec": {"clusterQueue": ib_queue},
-        },
-        real_namespace,
-    )
-    return name
+    return real_kueue.local_queue("gpus", ib_queue, real_namespace)
 
 
 def hostname_in(nodes: frozenset[str]) -> dict[str, Any]:

@@ -138,18 +138,7 @@ def kueue_queue(real_kueue: RealKueue, rack_cluster: RackCluster) -> str:
 
 @pytest.fixture
 def local_queue(real_kueue: RealKueue, kueue_queue: str, real_namespace: str) -> str:
-    name = "gpus"
-    real_kueue.create(
-        "localqueues",
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": name},
-            "spec": {"clusterQueue": kueue_queue},
-        },
-        real_namespace,
-    )
-    return name
+    return real_kueue.local_queue("gpus", kueue_queue, real_namespace)
 
 
 def gpu_job(name: str, pods: int, queue: str, scheduler: str) -> dict[str, Any]:

@@ -406,6 +406,20 @@ class RealKueue:
             "kueue.x-k8s.io", "v1beta2", namespace, plural, body
         )
 
+    def local_queue(self, name: str, cluster_queue: str, namespace: str) -> str:
+        """A LocalQueue `name` in `namespace` feeding `cluster_queue`; its name."""
+        self.create(
+            "localqueues",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": name},
+                "spec": {"clusterQueue": cluster_queue},
+            },
+            namespace,
+        )
+        return name
+
     def workloads(self, namespace: str) -> list[dict[str, Any]]:
         found = self.api.list_namespaced_custom_object(
             "kueue.x-k8s.io", "v1beta2", namespace, "workloads"
