@@ -363,14 +363,23 @@ func (p *gpuPlugin) PreStartContainer(context.Context, *pluginapi.PreStartContai
 // forgot its plugins), as NVIDIA's plugin does by watching the directory.
 func (p *gpuPlugin) watchKubelet(ctx context.Context, logf func(string, ...any)) {
 	socket := filepath.Join(p.dir, "kubelet.sock")
-	inode := func() uint64 {
+	// The socket's identity: its inode and its change time. A socket made anew can get the
+	// inode number the old one just freed, so the inode alone misses a restart by chance.
+	type identity struct {
+		ino  uint64
+		ctim syscall.Timespec
+	}
+	made := func() (identity, bool) {
 		var st syscall.Stat_t
 		if syscall.Stat(socket, &st) != nil {
-			return 0
+			return identity{}, false
 		}
-		return st.Ino
+		return identity{st.Ino, st.Ctim}, true
 	}
-	last := inode()
+	last, _ := made()
+	// Whether a re-registration is owed: the kubelet restarted while the plugin served, and the
+	// new kubelet has not taken it yet (it may not take registrations at once).
+	owed := false
 	ticker := time.NewTicker(kubeletSocketPoll)
 	defer ticker.Stop()
 	for {
@@ -379,18 +388,19 @@ func (p *gpuPlugin) watchKubelet(ctx context.Context, logf func(string, ...any))
 			return
 		case <-ticker.C:
 		}
-		now := inode()
-		if now == last || now == 0 {
+		if now, there := made(); there && now != last {
+			last = now
+			owed = p.stop(true)
+		}
+		if !owed || p.serving() {
+			owed = false
 			continue
 		}
-		last = now
-		if !p.serving() {
-			continue
-		}
-		p.stop(true)
 		if err := p.start(); err != nil {
 			logf("device plugin: re-registering after the kubelet restarted: %v", err)
+			continue
 		}
+		owed = false
 	}
 }
 
